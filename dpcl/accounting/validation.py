@@ -1,0 +1,91 @@
+"""Input validation shared by every mechanism and accountant.
+
+Each checker accepts a scalar or an array, refuses NaN/inf and out-of-range
+values with :class:`~dpcl.errors.InvalidParameterError`, and returns the value
+as a float (scalar input) or a float64 ``numpy`` array (array input).
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+
+from dpcl.errors import InvalidParameterError
+
+
+def _as_float_array(name: str, value: Any) -> tuple[np.ndarray, bool]:
+    if isinstance(value, bool):
+        raise InvalidParameterError(f"{name} must be a number, got a boolean ({value!r}).")
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameterError(f"{name} must be a number, got {value!r}.") from exc
+    if array.size == 0:
+        raise InvalidParameterError(f"{name} is empty; give at least one value.")
+    if not np.all(np.isfinite(array)):
+        bad = array[~np.isfinite(array)].ravel()[0]
+        raise InvalidParameterError(f"{name} must be finite, got {bad!r}.")
+    return array, array.ndim == 0
+
+
+def _ret(array: np.ndarray, scalar: bool) -> float | np.ndarray:
+    return float(array) if scalar else array
+
+
+def _describe(array: np.ndarray, mask: np.ndarray) -> str:
+    return repr(float(array[mask].ravel()[0]))
+
+
+def check_positive(name: str, value: Any) -> float | np.ndarray:
+    """Finite and > 0 (epsilon, sigma, sensitivity, scale)."""
+    array, scalar = _as_float_array(name, value)
+    bad = array <= 0
+    if np.any(bad):
+        raise InvalidParameterError(f"{name} must be > 0 and finite, got {_describe(array, bad)}.")
+    return _ret(array, scalar)
+
+
+def check_nonnegative(name: str, value: Any) -> float | np.ndarray:
+    """Finite and >= 0."""
+    array, scalar = _as_float_array(name, value)
+    bad = array < 0
+    if np.any(bad):
+        raise InvalidParameterError(f"{name} must be >= 0 and finite, got {_describe(array, bad)}.")
+    return _ret(array, scalar)
+
+
+def check_delta(name: str, value: Any, *, allow_zero: bool = False) -> float | np.ndarray:
+    """delta in (0, 1) (or [0, 1) with ``allow_zero``)."""
+    array, scalar = _as_float_array(name, value)
+    bad = (array < 0) | (array >= 1) | ((array == 0) & (not allow_zero))
+    if np.any(bad):
+        allowed = "[0, 1)" if allow_zero else "(0, 1)"
+        raise InvalidParameterError(f"{name} must lie in {allowed}, got {_describe(array, bad)}.")
+    return _ret(array, scalar)
+
+
+def check_sample_rate(name: str, value: Any) -> float:
+    """Poisson sampling rate q in (0, 1]."""
+    array, scalar = _as_float_array(name, value)
+    if not scalar:
+        raise InvalidParameterError(f"{name} must be a single number, got an array.")
+    q = float(array)
+    if not 0 < q <= 1:
+        raise InvalidParameterError(f"{name} must lie in (0, 1], got {q!r}.")
+    return q
+
+
+def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
+    """An integer count >= ``minimum`` (steps, repetitions, tasks)."""
+    if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
+        raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    if isinstance(value, Real) and not isinstance(value, Integral):
+        if not math.isfinite(float(value)) or float(value) != int(value):
+            raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    count = int(value)
+    if count < minimum:
+        raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {count}.")
+    return count

@@ -1,0 +1,64 @@
+"""Shared output helpers: one JSON object on stdout with ``--json``, a readable table otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
+
+
+def to_jsonable(value: Any) -> Any:
+    """Convert numpy scalars/arrays, tuples, enums and dataclass-likes to JSON types."""
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if hasattr(value, "value") and type(value).__module__.startswith("dpcl"):
+        return value.value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def print_json(payload: Mapping[str, Any]) -> None:
+    print(json.dumps(to_jsonable(payload), indent=2, sort_keys=False))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_fmt(v) for v in value)
+    return str(value)
+
+
+def print_table(title: str, payload: Mapping[str, Any]) -> None:
+    """A two-column key/value table (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("quantity")
+    table.add_column("value", overflow="fold")
+    for key, value in payload.items():
+        table.add_row(str(key), _fmt(value))
+    Console().print(table)
+
+
+def emit(args: argparse.Namespace, title: str, payload: Mapping[str, Any]) -> None:
+    """Print ``payload`` as JSON (``--json``) or as a table."""
+    if getattr(args, "json", False):
+        print_json(payload)
+    else:
+        print_table(title, payload)

@@ -1,0 +1,69 @@
+"""Typed errors raised by dpcl.
+
+Every error carries a message that says what to change. The CLI maps them to
+exit codes: :class:`InvalidParameterError` (and its subclasses) -> 2,
+:class:`PrivacyViolationError` (and its subclasses) -> 3.
+"""
+
+from __future__ import annotations
+
+
+class DpclError(Exception):
+    """Base class of every error dpcl raises on purpose."""
+
+    exit_code: int = 2
+
+
+class InvalidParameterError(DpclError, ValueError):
+    """A parameter is outside the range where the requested number is defined.
+
+    The message names the parameter, the value received and what is allowed.
+    """
+
+    exit_code = 2
+
+
+class UnsupportedEventError(InvalidParameterError):
+    """An accountant cannot soundly handle this event (e.g. PRV on a Laplace event)."""
+
+
+class ConfigError(InvalidParameterError):
+    """A configuration file is malformed: missing or unknown key, wrong type or range."""
+
+
+class MalformedCertificateError(InvalidParameterError):
+    """A certificate file cannot be parsed or lacks required fields."""
+
+
+class LedgerCorruptError(DpclError):
+    """A persisted ledger file is truncated, corrupt or inconsistent; it is never silently replaced."""
+
+    exit_code = 2
+
+
+class PrivacyViolationError(DpclError):
+    """A configuration or action would break the stated privacy guarantee."""
+
+    exit_code = 3
+
+
+class BudgetExceededError(PrivacyViolationError):
+    """A privacy filter refused an event because the budget would be exceeded."""
+
+
+class LabelSpaceViolationError(PrivacyViolationError):
+    """The label-space setting leaks private information (Tobaben et al., Prop. 4.6 / F.1)."""
+
+
+class DisjointnessViolationError(PrivacyViolationError):
+    """Tasks declared to hold disjoint privacy units share a unit."""
+
+
+class VerificationError(PrivacyViolationError):
+    """A certificate does not verify (stated epsilon, events or checkpoint hash disagree)."""
+
+
+class MissingDependencyError(DpclError):
+    """An optional dependency or data source is missing; the message gives the install command."""
+
+    exit_code = 2
