@@ -1,0 +1,96 @@
+"""How a training method declares its config keys and its privacy plan.
+
+A method never computes epsilon itself. Instead each method name in a config's
+``[method] name = ...`` maps to a :class:`MethodSpec` that (a) lists the method
+keys it accepts (so configs with unknown keys are refused by name) and (b) turns
+a task's size into a :class:`TaskPlan`: the noise the method must use and the
+privacy events that noise causes. ``dpcl audit`` and ``dpcl run`` call the same
+plan, so what is audited is what is trained.
+
+Specs are looked up lazily by name (:func:`get_method_spec`), so the modules that
+define them are imported only when needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol
+
+from dpcl.accounting.events import PrivacyEvent
+from dpcl.errors import ConfigError
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+#: Default value of a key that must be given.
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class MethodKey:
+    """One documented key of a method's config section.
+
+    ``check`` returns an error message (what is allowed) for a bad value, or None.
+    """
+
+    name: str
+    type: type | tuple[type, ...]
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """What a method does to one task's data, privacy-wise.
+
+    ``events`` are charged to the task's data in the ledger; ``noise`` holds the
+    calibrated parameters the method must use (e.g. ``sigma`` or
+    ``noise_multiplier``, ``sample_rate``, ``steps``); ``assumptions`` are plain
+    sentences copied into certificates.
+    """
+
+    events: tuple[PrivacyEvent, ...]
+    noise: Mapping[str, Any]
+    assumptions: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+class MethodSpec(Protocol):
+    name: str
+    keys: tuple[MethodKey, ...]
+    #: True when the method trains on the union of all tasks seen so far (data reuse across tasks).
+    reuses_past_tasks: bool
+
+    def plan_task(
+        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+    ) -> TaskPlan:
+        """Plan task ``task_index`` (0-based) holding ``n_examples`` examples.
+
+        ``method`` is the validated ``[method]`` section (defaults filled in),
+        ``privacy`` the validated ``[privacy]`` section.
+        """
+        ...
+
+
+#: method name -> "module:attribute" of its MethodSpec.
+METHOD_SPECS: dict[str, str] = {
+    "cosine": "dpcl.guarantees.schedules:COSINE",
+    "peft_ensemble": "dpcl.guarantees.schedules:PEFT_ENSEMBLE",
+    "naive": "dpcl.guarantees.schedules:NAIVE",
+    "non_cl": "dpcl.guarantees.schedules:NON_CL",
+    "l2dpml": "dpcl.guarantees.lifelong:L2DPML_SPEC",
+    "pecl": "dpcl.guarantees.per_token:PECL_SPEC",
+}
+
+
+def get_method_spec(name: str) -> MethodSpec:
+    """The spec of method ``name``; an unknown name raises ConfigError listing the known ones."""
+    if name not in METHOD_SPECS:
+        raise ConfigError(f"[method] name must be one of {', '.join(METHOD_SPECS)}; got {name!r}.")
+    module_name, attribute = METHOD_SPECS[name].split(":")
+    return getattr(importlib.import_module(module_name), attribute)
