@@ -1,0 +1,225 @@
+"""The interface every continual-learning training method implements.
+
+``dpcl run`` (:mod:`dpcl.runner`) drives a method through a task stream:
+
+1. the runner builds the method with :meth:`ContinualMethod.__init__` from the
+   validated config, the public label space and the input dimension;
+2. for each task ``t`` the runner asks the method's :class:`MethodSpec`
+   (:mod:`dpcl.guarantees.method_schema`) for the task's :class:`TaskPlan` —
+   the same plan ``dpcl audit`` checks — charges ``plan.events`` to the task
+   ledger, and only then calls :meth:`ContinualMethod.fit_task` with the task's
+   label-filtered training data, its public output labels ``O_t`` and the plan;
+3. the runner saves :meth:`ContinualMethod.state_dict` as the task's checkpoint,
+   certifies it, and evaluates :meth:`ContinualMethod.predict` on the test
+   sets of the tasks seen so far.
+
+A method never computes epsilon: it takes its noise (``sigma`` or
+``noise_multiplier`` / ``sample_rate`` / ``steps``) from ``plan.noise`` and
+must not touch the private data in any other way than the plan describes.
+A method must release a proper classifier for every task, even when the task's
+filtered data set is empty (Tobaben et al., Prop. F.1).
+
+Methods are looked up lazily by ``[method] name`` (:data:`METHOD_CLASSES`), so
+``import dpcl.methods`` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from dpcl.errors import ConfigError, InvalidParameterError, MissingDependencyError
+from dpcl.guarantees.method_schema import TaskPlan
+
+#: ``[method] name`` -> "module:class" of its :class:`ContinualMethod`.
+METHOD_CLASSES: dict[str, str] = {
+    "cosine": "dpcl.methods.cosine:CosineClassifier",
+    "peft_ensemble": "dpcl.methods.peft_ensemble:PeftEnsemble",
+    "naive": "dpcl.methods.baselines:NaiveFineTuning",
+    "non_cl": "dpcl.methods.baselines:NonContinualTraining",
+    "l2dpml": "dpcl.methods.l2dpml:L2DPMLMethod",
+    "pecl": "dpcl.methods.pecl:PeCLMethod",
+}
+
+#: Called by a method after each unit of work (one DP-SGD step, one class-sum release) with the count done.
+ProgressCallback = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """One task's private training data, after the label-space filter.
+
+    ``features`` [n, d] float32, ``labels`` [n] int64 (global label ids),
+    ``unit_ids`` [n] (privacy unit of each example). ``n`` may be 0: the method
+    must still release a proper classifier (Prop. F.1). ``texts`` is set for
+    text streams whose methods need the raw text (e.g. LoRA on the encoder).
+    """
+
+    features: np.ndarray
+    labels: np.ndarray
+    unit_ids: np.ndarray
+    texts: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.labels)
+        if self.features.ndim != 2 or self.features.shape[0] != n or len(self.unit_ids) != n:
+            raise InvalidParameterError(
+                "training data must have features [n, d] with one label and one unit id per row; got "
+                f"features {self.features.shape}, {n} labels, {len(self.unit_ids)} unit ids."
+            )
+        if self.texts is not None and len(self.texts) != n:
+            raise InvalidParameterError(f"texts must hold one text per example ({n}), got {len(self.texts)}.")
+
+    def __len__(self) -> int:
+        return int(len(self.labels))
+
+
+@dataclass(frozen=True)
+class MethodSetup:
+    """What a method is built from: everything here is public or configuration.
+
+    ``label_space`` is the sorted union of every task's public output labels
+    (``O^prior`` under ``prior_const``, the union of the ``O_t^prior`` under
+    ``prior``); ``input_dim`` the feature dimension of the (public, frozen)
+    encoder. ``device`` is a torch device string ("cpu" or "cuda").
+    """
+
+    method: Mapping[str, Any]
+    privacy: Mapping[str, Any]
+    label_space: tuple[int, ...]
+    input_dim: int
+    seed: int
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.label_space:
+            raise InvalidParameterError("label_space must list at least one public label.")
+        if int(self.input_dim) < 1:
+            raise InvalidParameterError(f"input_dim must be >= 1, got {self.input_dim}.")
+
+
+class ContinualMethod(ABC):
+    """A continual-learning method trained task by task under a privacy plan.
+
+    Subclasses set :attr:`name` (the ``[method] name``) and implement
+    :meth:`fit_task`, :meth:`scores`, :meth:`state_dict` and
+    :meth:`load_state_dict`. Prediction (:meth:`predict`) is restricted to the
+    labels released so far, ``\\cup_{k<=t} O_k`` (Tobaben et al., eq. 9 / 10).
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, setup: MethodSetup) -> None:
+        self.setup = setup
+        self.label_space = tuple(int(label) for label in setup.label_space)
+        self._label_index = {label: i for i, label in enumerate(self.label_space)}
+        #: Boolean mask over ``label_space``: labels some released task covered.
+        self.seen_labels = np.zeros(len(self.label_space), dtype=bool)
+        self.tasks_fitted = 0
+
+    # -- label bookkeeping ---------------------------------------------
+    def label_positions(self, labels: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Positions of global ``labels`` in :attr:`label_space`; labels outside it raise."""
+        labels = np.asarray(labels, dtype=np.int64).ravel()
+        lookup = np.asarray(self.label_space, dtype=np.int64)
+        positions = np.searchsorted(lookup, labels)
+        positions = np.clip(positions, 0, len(lookup) - 1)
+        bad = lookup[positions] != labels
+        if np.any(bad):
+            raise InvalidParameterError(
+                f"label {int(labels[bad][0])} is not in the public label space {list(self.label_space)}; "
+                "filter the task with its public prior labels first."
+            )
+        return positions
+
+    def mark_released(self, output_labels: Sequence[int]) -> None:
+        self.seen_labels[self.label_positions(output_labels)] = True
+
+    # -- the contract ----------------------------------------------------
+    @abstractmethod
+    def fit_task(
+        self,
+        task_index: int,
+        data: TrainingData,
+        output_labels: tuple[int, ...],
+        plan: TaskPlan,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """Learn task ``task_index`` from ``data`` with the noise in ``plan.noise``.
+
+        ``output_labels`` is the task's public label set ``O_t``; every label in
+        ``data.labels`` is in it. Implementations call :meth:`mark_released`.
+        """
+
+    @abstractmethod
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        """Scores [n, len(label_space)] (higher = more likely); any value for unreleased labels."""
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """Predicted global labels, argmax over the labels released so far."""
+        if not self.seen_labels.any():
+            raise InvalidParameterError("predict called before any task was fitted.")
+        scores = np.asarray(self.scores(features), dtype=np.float64)
+        scores = np.where(self.seen_labels[None, :], scores, -np.inf)
+        return np.asarray(self.label_space, dtype=np.int64)[np.argmax(scores, axis=1)]
+
+    def accuracy(self, features: np.ndarray, labels: np.ndarray) -> float:
+        """Fraction of correct predictions (NaN for an empty test set)."""
+        labels = np.asarray(labels, dtype=np.int64)
+        if labels.size == 0:
+            return float("nan")
+        return float(np.mean(self.predict(features) == labels))
+
+    def planned_work(self, plan: TaskPlan) -> int:
+        """Units of work :meth:`fit_task` reports through ``progress`` (for the progress bar)."""
+        return int(plan.noise.get("steps", 1))
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to predict and to continue the stream (torch tensors / numpy arrays)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (used to resume a run)."""
+
+    def _base_state(self) -> dict[str, Any]:
+        return {"seen_labels": self.seen_labels.copy(), "tasks_fitted": self.tasks_fitted}
+
+    def _load_base_state(self, state: Mapping[str, Any]) -> None:
+        seen = np.asarray(state["seen_labels"], dtype=bool)
+        if seen.shape != self.seen_labels.shape:
+            raise InvalidParameterError(
+                f"checkpoint covers {seen.size} labels but this run's label space has {self.seen_labels.size}."
+            )
+        self.seen_labels = seen.copy()
+        self.tasks_fitted = int(state["tasks_fitted"])
+
+
+def method_class(name: str) -> type[ContinualMethod]:
+    """The :class:`ContinualMethod` subclass for ``[method] name``.
+
+    Unknown names raise :class:`ConfigError`; a known method whose module needs
+    the training extra raises :class:`MissingDependencyError` with the install command.
+    """
+    if name not in METHOD_CLASSES:
+        raise ConfigError(f"[method] name must be one of {', '.join(METHOD_CLASSES)}; got {name!r}.")
+    module_name, attribute = METHOD_CLASSES[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name in {"torch", "opacus", "peft", "transformers"}:
+            raise MissingDependencyError(
+                f"method {name!r} needs {exc.name}; install the training extra: "
+                "pip install torch==2.13.0 && pip install 'dpcl[train]'"
+            ) from exc
+        if exc.name == module_name:
+            raise ConfigError(f"method {name!r} is declared but not available in this build ({module_name}).") from exc
+        raise
+    cls = getattr(module, attribute, None)
+    if cls is None:
+        raise ConfigError(f"method {name!r}: {module_name} defines no {attribute}.")
+    return cls
