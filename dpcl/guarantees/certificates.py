@@ -1,0 +1,392 @@
+"""Privacy certificates of released checkpoints, and their verification.
+
+A certificate is a JSON file written next to (or near) a released checkpoint.
+It states the guarantee -- epsilon, delta, neighbouring relation, privacy unit,
+accountant, composition across tasks (Tobaben et al., Thm 4.4 / 4.5), label-space
+policy and the assumptions it relies on as plain sentences -- and carries
+everything needed to check it: the full list of charged privacy events, the
+SHA-256 of the checkpoint (whose path is stored *relative to the certificate*),
+the dpcl version and the training config.
+
+:func:`verify_certificate` recomputes epsilon from the events with the
+accountant named for each composition group and compares it with the stated
+value within :data:`RELATIVE_TOLERANCE` (per accountant), and re-hashes the
+checkpoint. An edited epsilon, an edited event or a swapped checkpoint fails.
+
+Typical use by a training run (one certificate per release)::
+
+    record = ledger.release(t, checkpoint_sha256=sha256_file(ckpt))
+    cert = certificate_from_ledger(ledger, checkpoint=ckpt, method="cosine",
+                                   label_space="prior_const", assumptions=plan.assumptions,
+                                   config=config_dict)
+    write_certificate(run_dir / f"task{t}.cert.json", cert)
+    verify_certificate(run_dir / f"task{t}.cert.json").raise_if_invalid()
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from dpcl import __version__
+from dpcl.errors import DpclError, InvalidParameterError, MalformedCertificateError, VerificationError
+from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
+from dpcl.guarantees.ledger import Charge, StreamGuarantee, TaskLedger, compose_stream
+
+__all__ = [
+    "CERTIFICATE_FORMAT",
+    "RELATIVE_TOLERANCE",
+    "DEFAULT_RELATIVE_TOLERANCE",
+    "build_certificate",
+    "certificate_from_ledger",
+    "write_certificate",
+    "read_certificate",
+    "verify_certificate",
+    "VerificationCheck",
+    "VerificationReport",
+]
+
+CERTIFICATE_FORMAT = "dpcl-certificate"
+CERTIFICATE_VERSION = 1
+
+#: Relative tolerance between stated and recomputed epsilon, per accountant.
+#: Closed-form and RDP accountants are deterministic to rounding (1e-9). PLD and
+#: PRV are recomputed deterministically from the same events, but their FFT-based
+#: numerics may differ in the last digits across numpy/scipy builds, hence 1e-6.
+RELATIVE_TOLERANCE: dict[str, float] = {
+    "exact": 1e-9,
+    "basic": 1e-9,
+    "advanced": 1e-9,
+    "rdp": 1e-9,
+    "pld": 1e-6,
+    "prv": 1e-6,
+}
+DEFAULT_RELATIVE_TOLERANCE = 1e-9
+
+COMPOSITION_TEXT = {
+    "parallel": (
+        "parallel composition over tasks holding disjoint privacy units (Tobaben et al., Thm 4.4): "
+        "epsilon is the largest epsilon of any group of events that can read one unit's data"
+    ),
+    "sequential": (
+        "sequential composition of every event charged so far (Tobaben et al., Thm 4.5), "
+        "accounted with the named accountant"
+    ),
+}
+
+
+def _tolerance(accountant: str) -> float:
+    parts = accountant.split("+")
+    return max(RELATIVE_TOLERANCE.get(p, DEFAULT_RELATIVE_TOLERANCE) for p in parts)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def build_certificate(
+    *,
+    guarantee: StreamGuarantee,
+    charges: Sequence[Charge],
+    release_task: int,
+    method: str,
+    label_space: str,
+    assumptions: Sequence[str],
+    checkpoint: "str | os.PathLike[str] | None" = None,
+    checkpoint_sha256: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    filter_state: Mapping[str, Any] | None = None,
+    label_filtering: Sequence[Mapping[str, int]] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Assemble a certificate (a JSON-able dict) for the checkpoint released after ``release_task``.
+
+    ``checkpoint`` is the checkpoint file (hashed here unless ``checkpoint_sha256``
+    is given; when both are given they must agree). Its path is made relative to
+    the certificate by :func:`write_certificate`. ``assumptions`` are plain
+    sentences; ``extra`` holds method-specific fields (e.g. per-token budgets).
+    """
+    if not charges:
+        raise InvalidParameterError("a certificate needs at least one charged event.")
+    sentences = [str(a).strip() for a in assumptions if str(a).strip()]
+    if not sentences:
+        raise InvalidParameterError("a certificate must state at least one assumption sentence.")
+    ckpt: dict[str, Any] | None = None
+    if checkpoint is not None:
+        cpath = Path(checkpoint)
+        if not cpath.is_file():
+            raise InvalidParameterError(f"checkpoint {str(cpath)!r} does not exist or is not a file.")
+        digest = sha256_file(cpath)
+        if checkpoint_sha256 is not None and checkpoint_sha256 != digest:
+            raise InvalidParameterError(
+                f"checkpoint {str(cpath)!r} hashes to {digest} but the ledger recorded {checkpoint_sha256}."
+            )
+        ckpt = {"path": str(cpath.resolve()), "sha256": digest}
+    elif checkpoint_sha256 is not None:
+        ckpt = {"path": None, "sha256": str(checkpoint_sha256)}
+    return {
+        "format": CERTIFICATE_FORMAT,
+        "version": CERTIFICATE_VERSION,
+        "dpcl_version": __version__,
+        "created": _now(),
+        "release": {"task_index": int(release_task), "method": str(method)},
+        "guarantee": {
+            "epsilon": guarantee.epsilon,
+            "delta": guarantee.delta,
+            "adjacency": guarantee.adjacency,
+            "unit": guarantee.unit,
+            "accountant": guarantee.accountant,
+            "across_tasks": guarantee.across_tasks,
+            "composition": COMPOSITION_TEXT[guarantee.across_tasks],
+            "groups": [g.to_dict() for g in guarantee.groups],
+            "notes": list(guarantee.notes),
+        },
+        "label_space": {"policy": str(label_space), "filtered": [dict(x) for x in (label_filtering or [])]},
+        "assumptions": sentences,
+        "events": [c.to_dict() for c in charges],
+        "filter": dict(filter_state) if filter_state else None,
+        "checkpoint": ckpt,
+        "tolerance": {"relative": _tolerance(guarantee.accountant)},
+        "config": dict(config or {}),
+        "extra": dict(extra or {}),
+    }
+
+
+def certificate_from_ledger(
+    ledger: TaskLedger,
+    *,
+    method: str,
+    label_space: str,
+    assumptions: Sequence[str],
+    checkpoint: "str | os.PathLike[str] | None" = None,
+    release_index: int = -1,
+    config: Mapping[str, Any] | None = None,
+    label_filtering: Sequence[Mapping[str, int]] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Certificate of release ``release_index`` (default: the latest) recorded in ``ledger``."""
+    if not ledger.releases:
+        raise InvalidParameterError("the ledger has no release yet; call ledger.release(task) first.")
+    record = ledger.releases[release_index]
+    return build_certificate(
+        guarantee=record.guarantee,
+        charges=ledger.charges[: record.n_charges],
+        release_task=record.task_index,
+        method=method,
+        label_space=label_space,
+        assumptions=assumptions,
+        checkpoint=checkpoint,
+        checkpoint_sha256=record.checkpoint_sha256,
+        config=config if config is not None else ledger.metadata.get("config"),
+        filter_state=ledger.filter_state() or None,
+        label_filtering=label_filtering,
+        extra=extra,
+    )
+
+
+def write_certificate(path: "str | os.PathLike[str]", certificate: Mapping[str, Any]) -> Path:
+    """Write ``certificate`` atomically to ``path``, storing the checkpoint path relative to it."""
+    target = Path(path)
+    cert = dict(certificate)
+    ckpt = cert.get("checkpoint")
+    if ckpt and ckpt.get("path"):
+        absolute = Path(ckpt["path"]).resolve()
+        rel = os.path.relpath(absolute, target.resolve().parent)
+        cert["checkpoint"] = {**ckpt, "path": Path(rel).as_posix()}
+    return write_json_atomic(target, cert)
+
+
+def read_certificate(path: "str | os.PathLike[str]") -> dict[str, Any]:
+    """Read and structurally validate a certificate; malformed input raises MalformedCertificateError."""
+    p = Path(path)
+    try:
+        data = read_json(p)
+    except FileNotFoundError:
+        raise MalformedCertificateError(f"certificate {str(p)!r} does not exist.") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedCertificateError(f"certificate {str(p)!r} is not valid JSON: {exc}.") from exc
+    if not isinstance(data, dict) or data.get("format") != CERTIFICATE_FORMAT:
+        raise MalformedCertificateError(f"{str(p)!r} is not a dpcl certificate (format must be {CERTIFICATE_FORMAT!r}).")
+    if data.get("version") != CERTIFICATE_VERSION:
+        raise MalformedCertificateError(
+            f"certificate version {data.get('version')!r} is not supported (this dpcl reads {CERTIFICATE_VERSION})."
+        )
+    required = ("guarantee", "events", "assumptions", "label_space", "checkpoint", "dpcl_version", "config")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise MalformedCertificateError(f"certificate {str(p)!r} lacks required field(s): {', '.join(missing)}.")
+    g = data["guarantee"]
+    needed = ("epsilon", "delta", "adjacency", "unit", "accountant", "across_tasks", "groups")
+    if not isinstance(g, dict) or any(k not in g for k in needed):
+        raise MalformedCertificateError(f"certificate guarantee must have the fields {', '.join(needed)}.")
+    if not isinstance(g["epsilon"], (int, float)) or isinstance(g["epsilon"], bool) or not math.isfinite(g["epsilon"]):
+        raise MalformedCertificateError(f"certificate epsilon must be a finite number, got {g['epsilon']!r}.")
+    if not isinstance(data["events"], list) or not data["events"]:
+        raise MalformedCertificateError("certificate events must be a non-empty list of charges.")
+    if not isinstance(data["assumptions"], list) or not all(isinstance(a, str) for a in data["assumptions"]):
+        raise MalformedCertificateError("certificate assumptions must be a list of sentences.")
+    return data
+
+
+@dataclass(frozen=True)
+class VerificationCheck:
+    name: str
+    passed: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class VerificationReport:
+    """Outcome of :func:`verify_certificate`: every check with its result."""
+
+    path: str
+    stated_epsilon: float
+    recomputed_epsilon: float | None
+    delta: float
+    relative_tolerance: float
+    checks: tuple[VerificationCheck, ...] = field(default_factory=tuple)
+
+    @property
+    def valid(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failed(self) -> tuple[VerificationCheck, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+    def raise_if_invalid(self) -> "VerificationReport":
+        """Raise :class:`VerificationError` (exit code 3) naming every failed check."""
+        if not self.valid:
+            raise VerificationError(
+                f"certificate {self.path!r} does not verify: "
+                + "; ".join(f"{c.name}: {c.detail}" for c in self.failed)
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "certificate": self.path,
+            "valid": self.valid,
+            "stated_epsilon": self.stated_epsilon,
+            "recomputed_epsilon": self.recomputed_epsilon,
+            "delta": self.delta,
+            "relative_tolerance": self.relative_tolerance,
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+
+def _parse_charges(data: Mapping[str, Any]) -> list[Charge]:
+    try:
+        return [Charge.from_dict(c) for c in data["events"]]
+    except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
+        raise MalformedCertificateError(f"certificate events cannot be parsed: {exc}") from exc
+
+
+def verify_certificate(
+    path: "str | os.PathLike[str]", checkpoint: "str | os.PathLike[str] | None" = None
+) -> VerificationReport:
+    """Check a certificate: recompute epsilon from its events and re-hash its checkpoint.
+
+    ``checkpoint`` overrides the checkpoint path named in the certificate (which is
+    relative to the certificate's directory). Returns a :class:`VerificationReport`;
+    call :meth:`VerificationReport.raise_if_invalid` to turn a failure into
+    :class:`VerificationError`. A malformed certificate raises
+    :class:`MalformedCertificateError` (exit code 2).
+    """
+    p = Path(path)
+    data = read_certificate(p)
+    g = data["guarantee"]
+    charges = _parse_charges(data)
+    checks: list[VerificationCheck] = []
+
+    try:
+        stated = float(g["epsilon"])
+        delta = float(g["delta"])
+        group_accountants = [str(x["accountant"]) for x in g["groups"]]
+        stated_groups = [(tuple(int(t) for t in x["tasks"]), float(x["epsilon"])) for x in g["groups"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MalformedCertificateError(f"certificate guarantee is malformed: {exc}") from exc
+    tolerance = _tolerance(str(g["accountant"]))
+
+    # 1. events agree with the stated neighbouring relation and unit.
+    adj = {e.adjacency.value for c in charges for e in c.events}
+    units = {e.unit for c in charges for e in c.events}
+    ok = adj == {g["adjacency"]} and units == {g["unit"]}
+    checks.append(
+        VerificationCheck(
+            "relation",
+            ok,
+            f"events state adjacency {sorted(adj)} and unit {sorted(units)}; certificate states "
+            f"{g['adjacency']!r} / {g['unit']!r}",
+        )
+    )
+
+    # 2. recompute epsilon.
+    recomputed: float | None = None
+    try:
+        again = compose_stream(charges, str(g["across_tasks"]), delta, group_accountants=group_accountants)
+        recomputed = again.epsilon
+        close = abs(recomputed - stated) <= tolerance * max(abs(recomputed), 1e-300)
+        checks.append(
+            VerificationCheck(
+                "epsilon",
+                close,
+                f"stated {stated!r}, recomputed {recomputed!r} from {sum(len(c.events) for c in charges)} events "
+                f"(relative tolerance {tolerance:g})",
+            )
+        )
+        got_groups = [(grp.tasks, grp.epsilon) for grp in again.groups]
+        same_groups = len(got_groups) == len(stated_groups) and all(
+            a[0] == b[0] and abs(a[1] - b[1]) <= tolerance * max(abs(a[1]), 1e-300)
+            for a, b in zip(got_groups, stated_groups)
+        )
+        checks.append(
+            VerificationCheck(
+                "composition_groups",
+                same_groups,
+                f"stated groups {stated_groups}, recomputed {got_groups}",
+            )
+        )
+    except MalformedCertificateError:
+        raise
+    except DpclError as exc:  # an accountant refusing the events is a failed check, not a crash
+        checks.append(VerificationCheck("epsilon", False, f"epsilon cannot be recomputed from the events: {exc}"))
+
+    # 3. checkpoint hash.
+    ckpt = data.get("checkpoint")
+    if checkpoint is not None or (ckpt and ckpt.get("path")):
+        if checkpoint is not None:
+            cpath = Path(checkpoint)
+        else:
+            cpath = (p.resolve().parent / ckpt["path"]).resolve()
+        if not ckpt or not ckpt.get("sha256"):
+            checks.append(VerificationCheck("checkpoint", False, "certificate records no checkpoint SHA-256"))
+        elif not cpath.is_file():
+            checks.append(VerificationCheck("checkpoint", False, f"checkpoint file {str(cpath)!r} not found"))
+        else:
+            digest = sha256_file(cpath)
+            checks.append(
+                VerificationCheck(
+                    "checkpoint",
+                    digest == ckpt["sha256"],
+                    f"{str(cpath)!r} hashes to {digest}; certificate records {ckpt['sha256']}",
+                )
+            )
+    else:
+        checks.append(VerificationCheck("checkpoint", True, "certificate names no checkpoint file (not checked)"))
+
+    return VerificationReport(
+        path=str(p),
+        stated_epsilon=stated,
+        recomputed_epsilon=recomputed,
+        delta=delta,
+        relative_tolerance=tolerance,
+        checks=tuple(checks),
+    )
