@@ -1,0 +1,147 @@
+"""``dpcl calibrate``: the noise that reaches a target (epsilon, delta).
+
+``dpcl calibrate gaussian --epsilon E --delta D [--sensitivity S]``
+    Analytic Gaussian calibration (Balle & Wang 2018, Thm 8 and Alg. 1): the
+    smallest sigma whose exact privacy profile satisfies delta(E) <= D. Also
+    reports the classic sigma = S * sqrt(2 ln(1.25/D)) / E (Dwork & Roth 2014,
+    Thm A.1), its validity flag (the theorem needs E < 1) and the epsilon that
+    classic sigma truly gives at D.
+
+``dpcl calibrate dpsgd --epsilon E --delta D --sample-rate Q --steps T [--accountant prv|pld|rdp]``
+    The smallest DP-SGD noise multiplier (Poisson sampling at rate Q, T steps,
+    add/remove adjacency, one example as privacy unit) whose accounted epsilon
+    at D does not exceed E.
+
+Every number is parsed by :mod:`dpcl.cli.numbers`, so bad values exit with code
+2 and one line naming the option. The accounting modules are imported inside
+the handlers: ``dpcl --help`` stays fast and does not load dp-accounting.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dpcl.cli.numbers import parse_count, parse_delta, parse_positive, parse_sample_rate
+from dpcl.cli.output import add_json_flag, emit
+
+
+def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
+    """``emit`` with the ``notes`` list shown one note per line in the table view."""
+    if not getattr(args, "json", False) and "notes" in payload:
+        payload = {**payload, "notes": "\n".join(payload["notes"])}
+    emit(args, title, payload)
+
+#: Accountants that can calibrate DP-SGD noise (``auto`` is for reporting epsilon only).
+DPSGD_CALIBRATION_ACCOUNTANTS = ("prv", "pld", "rdp")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="noise needed for a target (epsilon, delta)",
+        description="Calibrate noise to a target (epsilon, delta).",
+    )
+    mechanisms = parser.add_subparsers(dest="mechanism", metavar="MECHANISM", required=True)
+
+    gaussian = mechanisms.add_parser(
+        "gaussian",
+        help="analytic Gaussian sigma (Balle & Wang 2018) and the classic formula",
+        description=(
+            "Smallest Gaussian sigma with delta(epsilon) <= delta under the exact privacy profile "
+            "(Balle & Wang 2018, Thm 8), next to the classic formula and whether it is valid (epsilon < 1)."
+        ),
+    )
+    gaussian.add_argument("--epsilon", required=True, metavar="E", help="target epsilon, > 0")
+    gaussian.add_argument("--delta", required=True, metavar="D", help="target delta, in (0, 1)")
+    gaussian.add_argument(
+        "--sensitivity", default="1.0", metavar="S", help="l2 sensitivity of the query under your neighbouring relation (default 1)"
+    )
+    add_json_flag(gaussian)
+    gaussian.set_defaults(handler=run_calibrate_gaussian)
+
+    dpsgd = mechanisms.add_parser(
+        "dpsgd",
+        help="smallest DP-SGD noise multiplier for a target epsilon",
+        description=(
+            "Smallest DP-SGD noise multiplier (sigma / clipping norm) such that T steps of Poisson-subsampled "
+            "Gaussian at rate Q stay within (epsilon, delta) under add/remove adjacency."
+        ),
+    )
+    dpsgd.add_argument("--epsilon", required=True, metavar="E", help="target epsilon, > 0")
+    dpsgd.add_argument("--delta", required=True, metavar="D", help="delta, in (0, 1)")
+    dpsgd.add_argument("--sample-rate", required=True, metavar="Q", help="Poisson sampling rate, in (0, 1]")
+    dpsgd.add_argument("--steps", required=True, metavar="T", help="number of noisy steps, integer >= 1")
+    dpsgd.add_argument(
+        "--accountant",
+        default="prv",
+        choices=DPSGD_CALIBRATION_ACCOUNTANTS,
+        help="accountant used for the search (default prv, its upper bound)",
+    )
+    add_json_flag(dpsgd)
+    dpsgd.set_defaults(handler=run_calibrate_dpsgd)
+
+
+def calibrate_gaussian_payload(epsilon: float, delta: float, sensitivity: float) -> dict:
+    """The ``dpcl calibrate gaussian`` answer as a dict (keys documented in docs/cli.md)."""
+    from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_epsilon, gaussian_sigma
+
+    sigma = float(gaussian_sigma(epsilon, delta, sensitivity=sensitivity))
+    classic = classic_gaussian_sigma(epsilon, delta, sensitivity=sensitivity)
+    classic_sigma = float(classic.sigma)
+    classic_valid = bool(classic.valid)
+    classic_actual = float(gaussian_epsilon(classic_sigma, delta, sensitivity=sensitivity))
+    notes = [
+        "sigma is the smallest noise with exact delta(epsilon) <= delta (Balle & Wang 2018, Thm 8).",
+    ]
+    if classic_valid:
+        notes.append("classic formula valid (epsilon < 1) but looser: it adds more noise than needed.")
+    else:
+        notes.append(
+            "classic formula NOT valid at epsilon >= 1 (Dwork & Roth 2014, Thm A.1 needs epsilon < 1): "
+            f"its sigma truly gives epsilon = {classic_actual:.6g} at this delta."
+            if classic_actual > epsilon
+            else "classic formula outside its proven range (epsilon >= 1); do not rely on it."
+        )
+    return {
+        "sigma": sigma,
+        "epsilon": epsilon,
+        "delta": delta,
+        "sensitivity": sensitivity,
+        "classic_sigma": classic_sigma,
+        "classic_valid": classic_valid,
+        "classic_actual_epsilon": classic_actual,
+        "accountant": "exact",
+        "notes": notes,
+    }
+
+
+def run_calibrate_gaussian(args: argparse.Namespace) -> int:
+    epsilon = parse_positive("--epsilon", args.epsilon)
+    delta = parse_delta("--delta", args.delta)
+    sensitivity = parse_positive("--sensitivity", args.sensitivity)
+    _emit(args, "Gaussian calibration", calibrate_gaussian_payload(epsilon, delta, sensitivity))
+    return 0
+
+
+def run_calibrate_dpsgd(args: argparse.Namespace) -> int:
+    epsilon = parse_positive("--epsilon", args.epsilon)
+    delta = parse_delta("--delta", args.delta)
+    sample_rate = parse_sample_rate("--sample-rate", args.sample_rate)
+    steps = parse_count("--steps", args.steps)
+
+    from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
+
+    calibration = dpsgd_noise_multiplier(epsilon, delta, sample_rate, steps, accountant=args.accountant)
+    payload = {
+        "noise_multiplier": float(calibration.noise_multiplier),
+        "epsilon": float(calibration.epsilon),
+        "accountant": str(calibration.accountant),
+        "target_epsilon": epsilon,
+        "delta": delta,
+        "sample_rate": sample_rate,
+        "steps": steps,
+        "adjacency": "add_remove",
+        "unit": "example",
+    }
+    _emit(args, "DP-SGD noise calibration", payload)
+    return 0

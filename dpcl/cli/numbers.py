@@ -1,0 +1,154 @@
+"""Parse numeric command-line values into validated numbers.
+
+argparse's ``type=float`` accepts ``nan``, ``inf`` and ``1e999`` and reports
+other problems in its own words. The accounting commands instead read every
+number as text and parse it here, so that each bad value -- ``abc``, ``nan``,
+``inf``, ``-1``, ``0`` -- raises :class:`~dpcl.errors.InvalidParameterError`
+whose message names the option (``--epsilon``) and what it allows. The
+dispatcher in :mod:`dpcl.cli` turns that error into one line on stderr and exit
+code 2.
+
+The ``--sigmas`` file reader lives here too: one sigma per line (blank lines
+and lines starting with ``#`` are ignored) or a NumPy ``.npy`` array.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from dpcl.errors import InvalidParameterError
+
+
+def _finite_float(option: str, text: str, allowed: str) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r} (not a number).") from None
+    if not math.isfinite(value):
+        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
+    return value
+
+
+def parse_positive(option: str, text: str) -> float:
+    """A finite number > 0 (epsilon, sigma, sensitivity, noise multiplier)."""
+    allowed = "a finite number > 0"
+    value = _finite_float(option, text, allowed)
+    if value <= 0:
+        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
+    return value
+
+
+def parse_delta(option: str, text: str) -> float:
+    """delta strictly inside (0, 1)."""
+    allowed = "a number in the open interval (0, 1)"
+    value = _finite_float(option, text, allowed)
+    if not 0.0 < value < 1.0:
+        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
+    return value
+
+
+def parse_sample_rate(option: str, text: str) -> float:
+    """Poisson sampling rate q in (0, 1]."""
+    allowed = "a number in (0, 1]"
+    value = _finite_float(option, text, allowed)
+    if not 0.0 < value <= 1.0:
+        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
+    return value
+
+
+def parse_count(option: str, text: str, minimum: int = 1) -> int:
+    """An integer >= ``minimum``; ``10000`` and ``1e4`` are accepted, ``2.5`` is not."""
+    allowed = f"an integer >= {minimum}"
+    stripped = str(text).strip()
+    try:
+        value = int(stripped)
+    except ValueError:
+        as_float = _finite_float(option, stripped, allowed)
+        if as_float != math.floor(as_float):
+            raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.") from None
+        value = int(as_float)
+    if value < minimum:
+        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
+    return value
+
+
+def read_sigmas(option: str, path: str | Path) -> np.ndarray:
+    """Read noise scales from ``path``: a ``.npy`` array or a text file with one sigma per line.
+
+    Text files: blank lines and lines whose first non-space character is ``#``
+    are ignored; every other line must hold exactly one finite number > 0, and
+    the first line that does not is named by its (1-based) line number.
+    ``.npy`` files (any shape, flattened) must hold finite numbers > 0; the
+    first bad entry is named by its flat index. An empty, missing or unreadable
+    file raises :class:`InvalidParameterError`.
+    """
+    path = Path(path)
+    if path.suffix.lower() == ".npy":
+        return _read_npy(option, path)
+    return _read_text(option, path)
+
+
+def _read_npy(option: str, path: Path) -> np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise InvalidParameterError(f"{option}: cannot read {str(path)!r} as a .npy array ({exc}).") from None
+    if not isinstance(array, np.ndarray) or not (
+        np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+    ):
+        raise InvalidParameterError(
+            f"{option}: {str(path)!r} must hold a numeric array of sigmas, got dtype {getattr(array, 'dtype', '?')}."
+        )
+    sigmas = np.asarray(array, dtype=np.float64).ravel()
+    if sigmas.size == 0:
+        raise InvalidParameterError(f"{option}: {str(path)!r} is empty; give at least one sigma > 0.")
+    bad = ~(np.isfinite(sigmas) & (sigmas > 0))
+    if np.any(bad):
+        index = int(np.flatnonzero(bad)[0])
+        raise InvalidParameterError(
+            f"{option}: {str(path)!r} entry {index} must be a finite number > 0, got {float(sigmas[index])!r}."
+        )
+    return sigmas
+
+
+def _read_text(option: str, path: Path) -> np.ndarray:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InvalidParameterError(f"{option}: cannot read {str(path)!r} ({exc.strerror or exc}).") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidParameterError(
+            f"{option}: {str(path)!r} is not UTF-8 text; give one sigma per line or a .npy array."
+        ) from None
+    stripped = np.char.strip(np.array(text.splitlines() or [""], dtype=str))
+    keep = (np.char.str_len(stripped) > 0) & ~np.char.startswith(stripped, "#")
+    values_text = stripped[keep]
+    line_numbers = np.flatnonzero(keep) + 1
+    if values_text.size == 0:
+        raise InvalidParameterError(f"{option}: {str(path)!r} holds no sigma; give one sigma > 0 per line.")
+    try:
+        sigmas = values_text.astype(np.float64)
+    except ValueError:
+        # Error path only: find the first line that is not a number.
+        for text_value, line in zip(values_text.tolist(), line_numbers.tolist()):
+            try:
+                float(text_value)
+            except ValueError:
+                raise InvalidParameterError(
+                    f"{option}: {str(path)!r} line {line} is not a number: {text_value[:40]!r}; "
+                    "give one sigma > 0 per line."
+                ) from None
+        raise  # pragma: no cover - numpy and float() disagree on a number
+    bad = ~(np.isfinite(sigmas) & (sigmas > 0))
+    if np.any(bad):
+        index = int(np.flatnonzero(bad)[0])
+        raise InvalidParameterError(
+            f"{option}: {str(path)!r} line {int(line_numbers[index])} must be a finite number > 0, "
+            f"got {str(values_text[index])!r}."
+        )
+    return sigmas
