@@ -447,6 +447,10 @@ class TaskLedger:
             raise InvalidParameterError(f"no charge recorded for task {task_index}.")
         return float(_compute(events, self.delta, self.accountant).epsilon)
 
+    def events_epsilon(self, events: Sequence[PrivacyEvent]) -> float:
+        """Epsilon (at the ledger's delta and accountant) of ``events`` alone."""
+        return float(_compute(list(events), self.delta, self.accountant).epsilon)
+
     def release(self, task_index: int, *, checkpoint_sha256: str | None = None) -> ReleaseRecord:
         """Record the checkpoint released after ``task_index`` with its cumulative guarantee; saves."""
         if not self.charges:

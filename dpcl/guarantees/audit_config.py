@@ -1,0 +1,272 @@
+"""Audit a training config without training: the total guarantee of the run it describes.
+
+:func:`audit_config` plans every task with the method's
+:class:`~dpcl.guarantees.method_schema.MethodSpec` (the same plan ``dpcl run``
+trains with), charges the planned events to a :class:`TaskLedger` exactly as a
+run would, and reports the cumulative guarantee after every release together
+with every privacy violation it finds:
+
+* ``label_space = "data"`` (Tobaben et al., Prop. 4.6);
+* a method that releases nothing for an empty task (Prop. F.1);
+* ``across_tasks = "parallel"`` while ``disjoint_units = false`` (Thm 4.4 needs disjoint units);
+* training on the union of tasks whose units may be shared (needs group privacy);
+* a stream that exceeds ``total_epsilon`` (the privacy filter refuses a task).
+
+Whatever the violations, the reported epsilon is a sound bound for what the
+config would do, or ``None`` when no sound bound exists; the verdict is
+:attr:`AuditReport.sound`. Task sizes are an argument: the guarantees layer does
+not load data (``dpcl audit`` obtains them from the data layer or from
+``[stream] task_sizes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from dpcl.errors import (
+    BudgetExceededError,
+    ConfigError,
+    InvalidParameterError,
+    LabelSpaceViolationError,
+    PrivacyViolationError,
+)
+from dpcl.guarantees.config import TrainingConfig
+from dpcl.guarantees.label_space import (
+    PROP_4_6_COUNTEREXAMPLE,
+    PROP_F_1_COUNTEREXAMPLE,
+    FilterReport,
+    label_space_assumption,
+    require_proper_release,
+)
+from dpcl.guarantees.ledger import TaskLedger
+
+__all__ = ["AuditReport", "audit_config", "resolve_across_tasks"]
+
+DISJOINT_ASSUMPTION = (
+    "Tasks hold disjoint privacy units: no person/unit contributes data to two tasks (Tobaben et al., Thm 4.4)."
+)
+SHARED_ASSUMPTION = "Privacy units may occur in several tasks; releases compose sequentially (Tobaben et al., Thm 4.5)."
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """Result of :func:`audit_config`; :meth:`to_dict` is the ``dpcl audit --json`` payload."""
+
+    epsilon: float | None
+    delta: float
+    across_tasks: str
+    accountant: str
+    adjacency: str
+    unit: str
+    method: str
+    per_task: tuple[dict[str, Any], ...]
+    assumptions: tuple[str, ...]
+    violations: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    total_epsilon: float | None = None
+    filter: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sound(self) -> bool:
+        return not self.violations
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.sound else PrivacyViolationError.exit_code
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sound": self.sound,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "across_tasks": self.across_tasks,
+            "accountant": self.accountant,
+            "adjacency": self.adjacency,
+            "unit": self.unit,
+            "method": self.method,
+            "total_epsilon": self.total_epsilon,
+            "per_task": [dict(p) for p in self.per_task],
+            "assumptions": list(self.assumptions),
+            "violations": list(self.violations),
+            "notes": list(self.notes),
+            "filter": dict(self.filter),
+        }
+
+
+def resolve_across_tasks(requested: str, disjoint_units: bool) -> tuple[str, list[str]]:
+    """``auto`` -> parallel iff units are disjoint. Returns (mode, violations)."""
+    if requested == "auto":
+        return ("parallel" if disjoint_units else "sequential"), []
+    if requested == "parallel" and not disjoint_units:
+        return "sequential", [
+            "across_tasks = 'parallel' but disjoint_units = false: parallel composition (Tobaben et al., Thm 4.4) "
+            "needs tasks with disjoint privacy units. The stream is accounted sequentially instead; set "
+            "across_tasks = 'sequential' or make the tasks' units disjoint."
+        ]
+    return requested, []
+
+
+def _check_sizes(task_sizes: Sequence[int], n_tasks: int) -> list[int]:
+    sizes = list(task_sizes)
+    if n_tasks and len(sizes) != n_tasks:
+        raise ConfigError(f"{len(sizes)} task sizes were given for {n_tasks} tasks; give one size per task.")
+    if not sizes:
+        raise ConfigError("the stream has no task; give at least one task.")
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ConfigError(f"task sizes must be integers >= 0, got {s!r}.")
+    return sizes
+
+
+def audit_config(
+    config: TrainingConfig,
+    task_sizes: Sequence[int],
+    *,
+    filter_reports: Sequence[FilterReport] | None = None,
+) -> AuditReport:
+    """Plan every task of ``config`` and report the stream's guarantee and its violations.
+
+    ``task_sizes`` are the training examples of each task *after* label
+    filtering; ``filter_reports`` (optional) are the per-task filter counts shown
+    in the report.
+    """
+    privacy, stream, method, spec = config.privacy, config.stream, config.method, config.spec
+    sizes = _check_sizes(task_sizes, config.n_tasks)
+    violations: list[str] = []
+    notes: list[str] = []
+    assumptions: list[str] = []
+
+    if stream["label_space"] == "data":
+        violations.append(PROP_4_6_COUNTEREXAMPLE)
+    else:
+        assumptions.append(label_space_assumption(stream["label_space"]))
+
+    across, problems = resolve_across_tasks(privacy["across_tasks"], stream["disjoint_units"])
+    violations.extend(problems)
+    assumptions.append(DISJOINT_ASSUMPTION if across == "parallel" else SHARED_ASSUMPTION)
+
+    plans = []
+    for t, n in enumerate(sizes):
+        n_plan = sum(sizes[: t + 1]) if spec.reuses_past_tasks else n
+        try:
+            plan = spec.plan_task(method, privacy, n_plan, t)
+        except (ConfigError, PrivacyViolationError):
+            raise
+        except InvalidParameterError as exc:
+            if n_plan == 0:
+                violations.append(
+                    f"method {spec.name!r} cannot plan task {t}, which is empty after label filtering ({exc}), "
+                    f"so it would release nothing: {PROP_F_1_COUNTEREXAMPLE}"
+                )
+                plans.append((t, 0, None))
+                continue
+            raise ConfigError(f"[method] cannot plan task {t}: {exc}") from None
+        if n_plan == 0:
+            try:
+                require_proper_release(plan.noise, spec.name, t)
+            except LabelSpaceViolationError as exc:
+                violations.append(str(exc))
+        plans.append((t, n_plan, plan))
+        for a in plan.assumptions:
+            if a not in assumptions:
+                assumptions.append(a)
+        notes.extend(plan.notes)
+
+    events_all = [e for _, _, p in plans if p is not None for e in p.events]
+    adjacency = events_all[0].adjacency.value if events_all else privacy["adjacency"]
+    unit = events_all[0].unit if events_all else "example"
+    if adjacency != privacy["adjacency"]:
+        notes.append(
+            f"method {spec.name!r} accounts its events under {adjacency!r} adjacency (config says "
+            f"{privacy['adjacency']!r}); the guarantee is stated under {adjacency!r}."
+        )
+
+    ledger = TaskLedger(
+        delta=privacy["delta"],
+        across_tasks=across,
+        accountant=privacy["accountant"],
+        adjacency=adjacency,
+        unit=unit,
+        total_epsilon=privacy.get("total_epsilon"),
+        total_delta=privacy.get("total_delta"),
+    )
+    reports = {r.task_index: r for r in (filter_reports or ())}
+    per_task: list[dict[str, Any]] = []
+    epsilon: float | None = None
+    accountant_used = privacy["accountant"]
+    stopped = False
+    no_sound_bound = False
+    for t, n_plan, plan in plans:
+        entry: dict[str, Any] = {"task": t, "examples": sizes[t]}
+        if spec.reuses_past_tasks:
+            entry["trained_on_examples"] = n_plan
+        if t in reports:
+            entry["filtered_out"] = reports[t].filtered
+        if plan is None:
+            entry["status"] = "refused: releases nothing on an empty task (Prop. F.1)"
+            per_task.append(entry)
+            continue
+        entry["noise"] = {k: v for k, v in plan.noise.items() if isinstance(v, (int, float, str, bool))}
+        if stopped:
+            entry["status"] = "not trained: stream stopped earlier"
+            per_task.append(entry)
+            continue
+        if n_plan == 0:
+            entry["status"] = "empty task: " + str(plan.noise.get("empty_task_release", "nothing released"))
+        if plan.events:
+            tasks_read = list(range(t + 1)) if spec.reuses_past_tasks else [t]
+            try:
+                ledger.charge(tasks_read, plan.events, label=f"{spec.name} task {t}")
+            except BudgetExceededError as exc:
+                violations.append(f"task {t} refused by the privacy filter (total_epsilon): {exc}")
+                entry["status"] = "refused by the privacy filter"
+                stopped = True
+                per_task.append(entry)
+                continue
+            except PrivacyViolationError as exc:
+                violations.append(str(exc))
+                entry["status"] = "refused"
+                stopped = no_sound_bound = True
+                per_task.append(entry)
+                continue
+            if spec.reuses_past_tasks:
+                # this release reads tasks 0..t; its own cost is accounted on its events alone
+                entry["release_epsilon"] = ledger.events_epsilon(plan.events)
+            else:
+                entry["epsilon"] = ledger.task_guarantee(t)
+        else:
+            entry["epsilon"] = 0.0
+        if ledger.charges:
+            record = ledger.release(t)
+            entry["cumulative_epsilon"] = record.guarantee.epsilon
+            epsilon = record.guarantee.epsilon
+            accountant_used = record.guarantee.accountant
+        else:
+            entry["cumulative_epsilon"] = 0.0
+            epsilon = 0.0
+        per_task.append(entry)
+    if no_sound_bound:
+        epsilon = None
+
+    total = privacy.get("total_epsilon")
+    if total is not None and epsilon is not None and epsilon > total and not stopped:
+        violations.append(
+            f"the stream's epsilon {epsilon:.6g} exceeds total_epsilon = {total:g} by {epsilon - total:.6g}."
+        )
+    filter_state = ledger.filter_state() if ledger.uses_filter else {}
+    return AuditReport(
+        epsilon=epsilon,
+        delta=privacy["delta"],
+        across_tasks=across,
+        accountant=accountant_used,
+        adjacency=adjacency,
+        unit=unit,
+        method=spec.name,
+        per_task=tuple(per_task),
+        assumptions=tuple(assumptions),
+        violations=tuple(violations),
+        notes=tuple(notes),
+        total_epsilon=total,
+        filter=filter_state,
+    )

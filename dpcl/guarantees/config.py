@@ -1,0 +1,314 @@
+"""The TOML training config: loading and validation of ``[privacy]``, ``[stream]`` and ``[method]``.
+
+Schema (every key is documented in ``docs/guarantees.md``)::
+
+    [privacy]
+    epsilon = 1.0              # per-task (per-release) budget, > 0
+    delta = 1e-5               # in (0, 1)
+    adjacency = "add_remove"   # or "replace_one"
+    accountant = "prv"         # prv | pld | rdp | auto
+    across_tasks = "auto"      # auto | parallel | sequential
+    total_epsilon = 4.0        # optional: privacy filter over the whole stream
+    total_delta = 1e-5         # optional (with total_epsilon): the filter's delta budget, default delta
+    [stream]
+    dataset = "digits"
+    tasks = [[0, 1], [2, 3]]
+    label_space = "prior_const"  # data | prior | prior_const
+    prior_labels = [[0, 1], [2, 3]]
+    disjoint_units = true
+    task_sizes = [300, 290]    # optional: training examples per task after label filtering
+    [method]
+    name = "peft_ensemble"     # keys below come from the method's MethodSpec
+    epochs = 2
+    batch_size = 64
+    max_grad_norm = 1.0
+
+The guarantees layer validates the privacy section, the guarantee keys of
+``[stream]`` and the ``[method]`` section (keys come from
+:func:`dpcl.guarantees.method_schema.get_method_spec`). The data keys of
+``[stream]`` belong to the data layer; the caller passes their names
+(``data_stream_keys``) so that unknown keys are still refused by name. A
+``[run]`` section, read by ``dpcl run``, is accepted and left to it.
+
+Every problem raises :class:`~dpcl.errors.ConfigError` naming the key and what
+is allowed. Privacy *violations* (``label_space = "data"``...) are not raised
+here: they are reported by :mod:`dpcl.guarantees.audit_config`.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.guarantees.method_schema import METHOD_SPECS, REQUIRED, MethodSpec, get_method_spec
+
+__all__ = [
+    "PRIVACY_KEYS",
+    "GUARANTEE_STREAM_KEYS",
+    "CONFIG_ACCOUNTANTS",
+    "ACROSS_TASKS_CHOICES",
+    "RUNNER_SECTIONS",
+    "TrainingConfig",
+    "load_config",
+    "parse_config",
+]
+
+CONFIG_ACCOUNTANTS = ("prv", "pld", "rdp", "auto")
+ACROSS_TASKS_CHOICES = ("auto", "parallel", "sequential")
+LABEL_SPACES = ("data", "prior", "prior_const")
+#: Sections read by other commands (``dpcl run``); accepted here, validated there.
+RUNNER_SECTIONS = ("run",)
+
+#: ``[privacy]`` keys: name -> (default, help).
+PRIVACY_KEYS: dict[str, tuple[Any, str]] = {
+    "epsilon": (REQUIRED, "per-task (per-release) epsilon budget, a finite number > 0"),
+    "delta": (REQUIRED, "delta of every guarantee, a number in (0, 1)"),
+    "adjacency": ("add_remove", "neighbouring relation: 'add_remove' or 'replace_one'"),
+    "accountant": ("auto", "accountant: 'prv', 'pld', 'rdp' or 'auto' (tightest sound bound)"),
+    "across_tasks": ("auto", "composition over tasks: 'auto' (parallel iff disjoint_units), 'parallel' or "
+                             "'sequential'"),
+    "total_epsilon": (None, "optional epsilon budget of a privacy filter over the whole stream, > 0"),
+    "total_delta": (None, "optional delta budget of that filter, in (0, 1); default: delta"),
+}
+
+#: ``[stream]`` keys interpreted by the guarantees layer: name -> (default, help).
+GUARANTEE_STREAM_KEYS: dict[str, tuple[Any, str]] = {
+    "dataset": (REQUIRED, "dataset name (see docs/data.md), or any name when task_sizes is given"),
+    "tasks": (None, "label groups, one list of integer labels per task"),
+    "label_space": (REQUIRED, "output label space: 'prior' or 'prior_const' ('data' is not DP, Prop. 4.6)"),
+    "prior_labels": (None, "public labels: one list per task ('prior') or one list / list of lists "
+                           "('prior_const')"),
+    "disjoint_units": (REQUIRED, "true when no privacy unit (person, document...) occurs in two tasks"),
+    "task_sizes": (None, "optional training examples per task after label filtering, integers >= 0"),
+}
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """A validated config. ``method`` has every method key filled with its default."""
+
+    privacy: Mapping[str, Any]
+    stream: Mapping[str, Any]
+    method: Mapping[str, Any]
+    spec: MethodSpec
+    source: str = "<config>"
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_tasks(self) -> int:
+        if self.stream.get("tasks") is not None:
+            return len(self.stream["tasks"])
+        if self.stream.get("task_sizes") is not None:
+            return len(self.stream["task_sizes"])
+        return int(self.stream.get("n_tasks", 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as read (JSON-able), for certificates."""
+        return _jsonable(self.raw)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def _number(section: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise ConfigError(f"[{section}] {key} must be a finite number, got {value!r}.")
+    return float(value)
+
+
+def _choice(section: str, key: str, value: Any, allowed: Iterable[str]) -> str:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(f"[{section}] {key} must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}.")
+    return value
+
+
+def _table(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    if name not in raw:
+        raise ConfigError(f"the config needs a [{name}] section.")
+    section = raw[name]
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"[{name}] must be a table, got {type(section).__name__}.")
+    return section
+
+
+def _unknown(section: str, given: Iterable[str], allowed: Iterable[str]) -> None:
+    allowed = list(allowed)
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown [{section}] key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}.")
+
+
+def _parse_privacy(section: Mapping[str, Any]) -> dict[str, Any]:
+    _unknown("privacy", section, PRIVACY_KEYS)
+    out: dict[str, Any] = {}
+    for key, (default, help_text) in PRIVACY_KEYS.items():
+        if key not in section:
+            if default is REQUIRED:
+                raise ConfigError(f"[privacy] {key} is required: {help_text}.")
+            out[key] = default
+    eps = _number("privacy", "epsilon", section["epsilon"])
+    if eps <= 0:
+        raise ConfigError(f"[privacy] epsilon must be > 0, got {section['epsilon']!r}.")
+    delta = _number("privacy", "delta", section["delta"])
+    if not 0 < delta < 1:
+        raise ConfigError(f"[privacy] delta must lie in (0, 1), got {section['delta']!r}.")
+    out.update(epsilon=eps, delta=delta)
+    if "adjacency" in section:
+        out["adjacency"] = _choice("privacy", "adjacency", section["adjacency"], ("add_remove", "replace_one"))
+    if "accountant" in section:
+        out["accountant"] = _choice("privacy", "accountant", section["accountant"], CONFIG_ACCOUNTANTS)
+    if "across_tasks" in section:
+        out["across_tasks"] = _choice("privacy", "across_tasks", section["across_tasks"], ACROSS_TASKS_CHOICES)
+    if "total_epsilon" in section:
+        total = _number("privacy", "total_epsilon", section["total_epsilon"])
+        if total <= 0:
+            raise ConfigError(f"[privacy] total_epsilon must be > 0, got {section['total_epsilon']!r}.")
+        out["total_epsilon"] = total
+    if "total_delta" in section:
+        if "total_epsilon" not in section:
+            raise ConfigError("[privacy] total_delta is only allowed together with total_epsilon.")
+        total_delta = _number("privacy", "total_delta", section["total_delta"])
+        if not 0 < total_delta < 1:
+            raise ConfigError(f"[privacy] total_delta must lie in (0, 1), got {section['total_delta']!r}.")
+        out["total_delta"] = total_delta
+    return out
+
+
+def _int_list(where: str, value: Any, minimum: int) -> list[int]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{where} must be a list of integers, got {value!r}.")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ConfigError(f"{where} must contain integers >= {minimum}, got {v!r}.")
+    return list(value)
+
+
+def _parse_stream(section: Mapping[str, Any], data_stream_keys: Iterable[str] | None) -> dict[str, Any]:
+    data_keys = [k for k in (data_stream_keys or ()) if k not in GUARANTEE_STREAM_KEYS]
+    _unknown("stream", section, [*GUARANTEE_STREAM_KEYS, *data_keys])
+    out: dict[str, Any] = {k: v for k, v in section.items() if k in data_keys}
+    for key, (default, help_text) in GUARANTEE_STREAM_KEYS.items():
+        if key not in section:
+            if default is REQUIRED:
+                raise ConfigError(f"[stream] {key} is required: {help_text}.")
+            out[key] = default
+    if not isinstance(section["dataset"], str) or not section["dataset"].strip():
+        raise ConfigError(f"[stream] dataset must be a non-empty string, got {section['dataset']!r}.")
+    out["dataset"] = section["dataset"]
+    if "tasks" in section:
+        tasks = section["tasks"]
+        if not isinstance(tasks, list) or not tasks:
+            raise ConfigError(f"[stream] tasks must be a non-empty list of label lists, got {tasks!r}.")
+        out["tasks"] = [_int_list(f"[stream] tasks[{i}]", t, 0) for i, t in enumerate(tasks)]
+    out["label_space"] = _choice("stream", "label_space", section["label_space"], LABEL_SPACES)
+    if not isinstance(section["disjoint_units"], bool):
+        raise ConfigError(f"[stream] disjoint_units must be true or false, got {section['disjoint_units']!r}.")
+    out["disjoint_units"] = section["disjoint_units"]
+    if "prior_labels" in section:
+        prior = section["prior_labels"]
+        if not isinstance(prior, list):
+            raise ConfigError(f"[stream] prior_labels must be a list, got {prior!r}.")
+        out["prior_labels"] = prior
+    elif out["label_space"] != "data":
+        raise ConfigError(
+            f"[stream] prior_labels is required when label_space = {out['label_space']!r}: "
+            + GUARANTEE_STREAM_KEYS["prior_labels"][1] + "."
+        )
+    if "task_sizes" in section:
+        sizes = _int_list("[stream] task_sizes", section["task_sizes"], 0)
+        if not sizes:
+            raise ConfigError("[stream] task_sizes must give one size per task, got an empty list.")
+        if out.get("tasks") is not None and len(sizes) != len(out["tasks"]):
+            raise ConfigError(
+                f"[stream] task_sizes gives {len(sizes)} sizes for {len(out['tasks'])} tasks; give one per task."
+            )
+        out["task_sizes"] = sizes
+    return out
+
+
+def _parse_method(section: Mapping[str, Any]) -> tuple[dict[str, Any], MethodSpec]:
+    if "name" not in section:
+        raise ConfigError(f"[method] name is required: one of {', '.join(METHOD_SPECS)}.")
+    name = section["name"]
+    if not isinstance(name, str):
+        raise ConfigError(f"[method] name must be one of {', '.join(METHOD_SPECS)}; got {name!r}.")
+    spec = get_method_spec(name)
+    keys = {k.name: k for k in spec.keys}
+    _unknown("method", [k for k in section if k != "name"], keys)
+    out: dict[str, Any] = {"name": name}
+    for key_name, key in keys.items():
+        if key_name not in section:
+            if key.default is REQUIRED:
+                raise ConfigError(f"[method] {key_name} is required for method {name!r}: {key.help}.")
+            out[key_name] = key.default
+            continue
+        value = section[key_name]
+        types = key.type if isinstance(key.type, tuple) else (key.type,)
+        if float in types and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        bool_ok = bool in types
+        if (isinstance(value, bool) and not bool_ok) or not isinstance(value, types):
+            expected = " or ".join(t.__name__ for t in types)
+            raise ConfigError(f"[method] {key_name} must be {expected} for method {name!r} ({key.help}); got {value!r}.")
+        if key.check is not None:
+            problem = key.check(value)
+            if problem:
+                raise ConfigError(f"[method] {key_name} must be {problem} for method {name!r}; got {value!r}.")
+        out[key_name] = value
+    return out, spec
+
+
+def parse_config(
+    raw: Mapping[str, Any],
+    *,
+    source: str = "<config>",
+    data_stream_keys: Iterable[str] | None = None,
+) -> TrainingConfig:
+    """Validate a config already parsed from TOML (a dict)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: a config must be a TOML table, got {type(raw).__name__}.")
+    _unknown("config", raw, ("privacy", "stream", "method", *RUNNER_SECTIONS))
+    for name in RUNNER_SECTIONS:
+        if name in raw and not isinstance(raw[name], Mapping):
+            raise ConfigError(f"[{name}] must be a table, got {type(raw[name]).__name__}.")
+    privacy = _parse_privacy(_table(raw, "privacy"))
+    stream = _parse_stream(_table(raw, "stream"), data_stream_keys)
+    method, spec = _parse_method(_table(raw, "method"))
+    if stream.get("tasks") is None and stream.get("task_sizes") is None and "n_tasks" not in stream:
+        raise ConfigError("[stream] tasks is required (one list of labels per task), or give task_sizes.")
+    return TrainingConfig(privacy=privacy, stream=stream, method=method, spec=spec, source=source, raw=dict(raw))
+
+
+def load_config(
+    path: "str | Path", *, data_stream_keys: Iterable[str] | None = None
+) -> TrainingConfig:
+    """Read and validate a TOML config file; problems raise ConfigError (exit code 2)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}.") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}.") from None
+    try:
+        return parse_config(raw, source=str(p), data_stream_keys=data_stream_keys)
+    except ConfigError:
+        raise
+    except InvalidParameterError as exc:
+        raise ConfigError(f"{p}: {exc}") from None

@@ -1,0 +1,285 @@
+"""Privacy plans of the methods of Tobaben et al.: Cosine Classifier, PEFT Ensemble, Naive, Non-CL.
+
+Each ``*_SPEC`` is a :class:`~dpcl.guarantees.method_schema.MethodSpec`: it lists
+the ``[method]`` keys the method accepts and turns a task's size into a
+:class:`~dpcl.guarantees.method_schema.TaskPlan` (the noise the method must use
+and the privacy events that noise causes). ``dpcl audit`` and ``dpcl run`` call
+the same plan.
+
+Event structure of each method (derived from the paper's algorithms):
+
+* **Cosine Classifier** (Alg. 1, eq. 8): per task, the matrix of per-class sums of
+  l2-normalised features for the public labels O_t, plus N(0, sigma^2 I). Adding
+  or removing one example moves exactly one class row by a vector of norm <= 1:
+  l2 sensitivity 1 under add/remove. Replacing one example removes a unit vector
+  from one row and adds one to another (or the same) row: norm <= sqrt(2) for
+  different classes and ||u - v|| <= 2 for the same class, so sensitivity 2 under
+  replace-one. One Gaussian event per task; sigma from the analytic calibration
+  :func:`dpcl.accounting.gaussian.gaussian_sigma` (Balle & Wang 2018, Thm 8) for
+  the per-task (epsilon, delta). The paper writes N(0, sigma I); sigma here is
+  the standard deviation. An empty task still releases noise-only sums.
+* **PEFT Ensemble** (Alg. 2): per task, a fresh adapter + head trained with
+  DP-SGD (Alg. A1) on D_t only. Poisson sampling rate q = batch_size / n_t,
+  T = epochs * ceil(n_t / batch_size) steps, noise multiplier calibrated so that
+  the T-fold subsampled Gaussian meets the per-task epsilon
+  (:func:`dpcl.accounting.dpsgd.dpsgd_noise_multiplier`). An empty task
+  releases the (data-independent) initialisation.
+* **Naive** (Alg. A2): one model trained further with DP-SGD on each task in
+  turn. The model entering task t is a post-processing of the releases of tasks
+  < t, so D_t is read only by task t's DP-SGD: the same per-task event as PEFT
+  Ensemble, charged to task t alone. Across tasks its guarantee is therefore the
+  same as PEFT Ensemble's (parallel: the worst task; sequential: their
+  composition) -- the carried-over weights add no privacy cost.
+* **Non-CL** (Alg. A3): at every release t a fresh model is trained with DP-SGD
+  on the union D_1 u ... u D_t, so ``n_examples`` is the size of that union and
+  the release is charged to every task 1..t (``reuses_past_tasks``). A unit of
+  D_1 is read by all T releases: with disjoint units the stream's guarantee is
+  the composition of every release's DP-SGD run (the ledger groups the charges
+  per task); with shared units the union can hold one unit several times and a
+  per-example accountant does not apply, so the ledger refuses it.
+
+Task sizes enter the plan through q and T; like every DP-SGD accountant
+(opacus included) the plan treats them as public (:data:`TASK_SIZE_ASSUMPTION`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dpcl.accounting.events import Adjacency, GaussianEvent
+from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
+from dpcl.guarantees.method_schema import REQUIRED, MethodKey, TaskPlan
+
+__all__ = [
+    "COSINE",
+    "PEFT_ENSEMBLE",
+    "NAIVE",
+    "NON_CL",
+    "CosineSpec",
+    "DpSgdSpec",
+    "cosine_sensitivity",
+    "dpsgd_schedule",
+    "TASK_SIZE_ASSUMPTION",
+]
+
+TASK_SIZE_ASSUMPTION = (
+    "Task sizes after label filtering are treated as public: they set the DP-SGD sampling rate "
+    "q = batch_size / n_t and the number of steps, as in standard DP-SGD accounting."
+)
+PUBLIC_ENCODER_ASSUMPTION = (
+    "The pre-trained encoder (feature extractor) was trained on public data only and is not fitted "
+    "on any task's data."
+)
+COSINE_SENSITIVITY_ASSUMPTION = (
+    "Each example adds its l2-normalised feature vector to exactly one class sum "
+    "(l2 sensitivity 1 under add/remove, 2 under replace-one)."
+)
+DPSGD_ASSUMPTION = (
+    "DP-SGD uses Poisson sampling at the planned rate, per-example clipping to max_grad_norm and Gaussian "
+    "noise of standard deviation noise_multiplier * max_grad_norm on every step, including empty batches."
+)
+NAIVE_ASSUMPTION = (
+    "Naive fine-tuning starts task t from the previous release, a post-processing of earlier releases; "
+    "task t's data is read only by task t's DP-SGD run."
+)
+NON_CL_ASSUMPTION = (
+    "Non-CL retrains on the union of all tasks seen so far at every release; every release is charged to "
+    "every task it read."
+)
+
+
+# -- key checks -------------------------------------------------------------------------------------------
+def _positive_int(value: Any) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else "an integer >= 1"
+
+
+def _nonnegative_int(value: Any) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else "an integer >= 0"
+
+
+def _positive_float(value: Any) -> str | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return None if ok else "a finite number > 0"
+
+
+def _one_of(*allowed: str):
+    def check(value: Any) -> str | None:
+        return None if value in allowed else "one of " + ", ".join(repr(a) for a in allowed)
+
+    return check
+
+
+DEVICE_KEY = MethodKey("device", str, "cpu", "torch device for training: 'cpu' or 'cuda'", _one_of("cpu", "cuda"))
+
+DPSGD_KEYS: tuple[MethodKey, ...] = (
+    MethodKey("epochs", int, REQUIRED, "passes over each task's data; steps = epochs * ceil(n / batch_size)",
+              _positive_int),
+    MethodKey("batch_size", int, REQUIRED, "expected batch size; Poisson sampling rate q = batch_size / n",
+              _positive_int),
+    MethodKey("max_grad_norm", float, REQUIRED, "per-example gradient clipping norm C of DP-SGD",
+              _positive_float),
+    MethodKey("adapter_dim", int, 64, "bottleneck width of the residual adapter (0: train the head only)",
+              _nonnegative_int),
+    MethodKey("learning_rate", float, 1e-3, "optimiser learning rate", _positive_float),
+    DEVICE_KEY,
+)
+
+PEFT_KEYS: tuple[MethodKey, ...] = DPSGD_KEYS + (
+    MethodKey("aggregation", str, "argmax", "ensemble prediction rule: 'argmax' (eq. 10), 'median' (eq. A41) "
+              "or 'entropy'", _one_of("argmax", "median", "entropy")),
+)
+
+COSINE_KEYS: tuple[MethodKey, ...] = (DEVICE_KEY,)
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+def cosine_sensitivity(adjacency: "Adjacency | str") -> float:
+    """l2 sensitivity of the per-class sums of unit-norm features (1 add/remove, 2 replace-one)."""
+    return 1.0 if Adjacency.parse(adjacency) is Adjacency.ADD_REMOVE else 2.0
+
+
+def _privacy(privacy: Mapping[str, Any]) -> tuple[float, float, Adjacency, str]:
+    try:
+        eps = float(privacy["epsilon"])
+        delta = float(privacy["delta"])
+        adjacency = Adjacency.parse(privacy.get("adjacency", "add_remove"))
+    except KeyError as exc:
+        raise ConfigError(f"[privacy] {exc.args[0]} is required.") from None
+    except InvalidParameterError as exc:
+        raise ConfigError(f"[privacy] {exc}") from None
+    return eps, delta, adjacency, str(privacy.get("accountant", "auto"))
+
+
+def _value(method: Mapping[str, Any], keys: tuple[MethodKey, ...], name: str) -> Any:
+    if name in method:
+        return method[name]
+    for key in keys:
+        if key.name == name:
+            if key.default is REQUIRED:
+                raise ConfigError(f"[method] {name} is required ({key.help}).")
+            return key.default
+    raise ConfigError(f"[method] {name} is not a key of this method.")  # pragma: no cover - programming error
+
+
+def _check_size(n_examples: Any) -> int:
+    if isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples < 0:
+        raise InvalidParameterError(f"n_examples must be an integer >= 0, got {n_examples!r}.")
+    return n_examples
+
+
+def dpsgd_schedule(n_examples: int, batch_size: int, epochs: int, task_index: int) -> tuple[float, int]:
+    """Sampling rate q = batch_size / n and steps T = epochs * ceil(n / batch_size) of one task."""
+    if batch_size > n_examples:
+        raise ConfigError(
+            f"[method] batch_size = {batch_size} exceeds the size of task {task_index} "
+            f"({n_examples} examples after label filtering): the Poisson sampling rate batch_size / n must be "
+            f"<= 1. Use batch_size <= {n_examples}."
+        )
+    return batch_size / n_examples, epochs * math.ceil(n_examples / batch_size)
+
+
+# -- specs ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CosineSpec:
+    """DP Cosine Classifier (Tobaben et al., Alg. 1): one Gaussian mechanism per task."""
+
+    name: str = "cosine"
+    keys: tuple[MethodKey, ...] = COSINE_KEYS
+    reuses_past_tasks: bool = False
+
+    def plan_task(
+        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+    ) -> TaskPlan:
+        from dpcl.accounting.gaussian import gaussian_epsilon, gaussian_sigma
+
+        _check_size(n_examples)
+        eps, delta, adjacency, _ = _privacy(privacy)
+        sensitivity = cosine_sensitivity(adjacency)
+        sigma = float(gaussian_sigma(eps, delta, sensitivity))
+        achieved = float(gaussian_epsilon(sigma, delta, sensitivity))
+        event = GaussianEvent(sigma=sigma, sensitivity=sensitivity, adjacency=adjacency, unit="example")
+        return TaskPlan(
+            events=(event,),
+            noise={
+                "sigma": sigma,
+                "sensitivity": sensitivity,
+                "task_epsilon": achieved,
+                EMPTY_TASK_RELEASE_KEY: "noise-only class sums",
+            },
+            assumptions=(PUBLIC_ENCODER_ASSUMPTION, COSINE_SENSITIVITY_ASSUMPTION),
+            notes=(
+                f"task {task_index}: Gaussian noise sigma={sigma:.6g} on the per-class feature sums "
+                f"(sensitivity {sensitivity:g}, {adjacency.value}) gives epsilon={achieved:.6g} at delta={delta:.3g} "
+                "(analytic Gaussian, Balle & Wang 2018).",
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class DpSgdSpec:
+    """A method that trains with DP-SGD on each release's data (PEFT Ensemble, Naive, Non-CL)."""
+
+    name: str
+    keys: tuple[MethodKey, ...]
+    reuses_past_tasks: bool
+    assumption: str
+
+    def plan_task(
+        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+    ) -> TaskPlan:
+        n = _check_size(n_examples)
+        eps, delta, adjacency, accountant = _privacy(privacy)
+        epochs = int(_value(method, self.keys, "epochs"))
+        batch_size = int(_value(method, self.keys, "batch_size"))
+        max_grad_norm = float(_value(method, self.keys, "max_grad_norm"))
+        assumptions = (PUBLIC_ENCODER_ASSUMPTION, DPSGD_ASSUMPTION, TASK_SIZE_ASSUMPTION, self.assumption)
+        if n == 0:
+            return TaskPlan(
+                events=(),
+                noise={EMPTY_TASK_RELEASE_KEY: "initialisation", "steps": 0, "max_grad_norm": max_grad_norm},
+                assumptions=assumptions,
+                notes=(f"task {task_index} is empty after label filtering: the data-independent initialisation "
+                       "is released (Prop. F.1) and nothing is charged.",),
+            )
+        from dpcl.accounting.dpsgd import dpsgd_events, dpsgd_noise_multiplier
+
+        q, steps = dpsgd_schedule(n, batch_size, epochs, task_index)
+        calibration_accountant = "prv" if accountant == "auto" else accountant
+        calibration = dpsgd_noise_multiplier(eps, delta, q, steps, accountant=calibration_accountant)
+        event = dpsgd_events(calibration.noise_multiplier, q, steps, adjacency=adjacency.value, unit="example")
+        return TaskPlan(
+            events=(event,),
+            noise={
+                "noise_multiplier": float(calibration.noise_multiplier),
+                "sample_rate": q,
+                "steps": steps,
+                "max_grad_norm": max_grad_norm,
+                "task_epsilon": float(calibration.epsilon),
+                "calibration_accountant": calibration.accountant,
+                EMPTY_TASK_RELEASE_KEY: "initialisation",
+            },
+            assumptions=assumptions,
+            notes=(
+                f"task {task_index}: DP-SGD on {n} examples, q={q:.6g}, {steps} steps, noise multiplier "
+                f"{calibration.noise_multiplier:.6g} -> epsilon={calibration.epsilon:.6g} at delta={delta:.3g} "
+                f"({calibration.accountant}).",
+            ),
+        )
+
+
+#: ``[method] name = "cosine"``
+COSINE = CosineSpec()
+#: ``[method] name = "peft_ensemble"``
+PEFT_ENSEMBLE = DpSgdSpec(
+    "peft_ensemble",
+    PEFT_KEYS,
+    False,
+    "PEFT Ensemble trains a fresh adapter and head per task on that task's data only (Tobaben et al., Alg. 2).",
+)
+#: ``[method] name = "naive"``
+NAIVE = DpSgdSpec("naive", DPSGD_KEYS, False, NAIVE_ASSUMPTION)
+#: ``[method] name = "non_cl"``
+NON_CL = DpSgdSpec("non_cl", DPSGD_KEYS, True, NON_CL_ASSUMPTION)

@@ -1,0 +1,123 @@
+"""audit_config: stream guarantee of a config and its privacy violations (Gaussian paths, reference accountant)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from dpcl.accounting.gaussian import gaussian_sigma
+from dpcl.errors import ConfigError
+from dpcl.guarantees import ledger as ledger_module
+from dpcl.guarantees.audit_config import audit_config, resolve_across_tasks
+from dpcl.guarantees.config import parse_config
+from dpcl.guarantees.label_space import FilterReport
+from dpcl.guarantees.method_schema import MethodKey, TaskPlan
+
+from .reference import gaussian_profile_epsilon, reference_compute
+
+COSINE_RAW = {
+    "privacy": {"epsilon": 1.0, "delta": 1e-5},
+    "stream": {
+        "dataset": "mine",
+        "tasks": [[0, 1], [2, 3], [4, 5]],
+        "label_space": "prior",
+        "prior_labels": [[0, 1], [2, 3], [4, 5]],
+        "disjoint_units": True,
+    },
+    "method": {"name": "cosine"},
+}
+SIZES = [100, 120, 90]
+
+
+@pytest.fixture(autouse=True)
+def reference_accountant(monkeypatch):
+    monkeypatch.setattr(ledger_module, "_compute", reference_compute)
+
+
+def _cfg(**changes):
+    raw = copy.deepcopy(COSINE_RAW)
+    for dotted, value in changes.items():
+        section, key = dotted.split("__")
+        raw[section][key] = value
+    return parse_config(raw)
+
+
+def test_parallel_stream_is_one_task():
+    report = audit_config(_cfg(), SIZES, filter_reports=[FilterReport(1, 120, 7)])
+    assert report.sound and report.exit_code == 0
+    assert report.across_tasks == "parallel"
+    assert report.epsilon == pytest.approx(1.0, rel=1e-8)
+    assert [p["cumulative_epsilon"] for p in report.per_task] == pytest.approx([1.0] * 3, rel=1e-8)
+    assert report.per_task[1]["filtered_out"] == 7
+    payload = report.to_dict()
+    for key in ("epsilon", "delta", "across_tasks", "per_task", "accountant", "assumptions", "violations"):
+        assert key in payload
+    assert any("Thm 4.4" in a for a in payload["assumptions"])
+
+
+def test_sequential_stream_composes_every_release():
+    report = audit_config(_cfg(stream__disjoint_units=False), SIZES)
+    sigma = gaussian_sigma(1.0, 1e-5)
+    expected = [gaussian_profile_epsilon(np.sqrt(k) / sigma, 1e-5) for k in (1, 2, 3)]
+    assert report.sound and report.across_tasks == "sequential"
+    assert [p["cumulative_epsilon"] for p in report.per_task] == pytest.approx(expected, rel=1e-9)
+    assert report.epsilon == pytest.approx(expected[-1], rel=1e-9)
+    assert 1.0 < report.epsilon < 3.0
+
+
+def test_replace_one_doubles_cosine_sensitivity():
+    report = audit_config(_cfg(privacy__adjacency="replace_one"), SIZES)
+    assert report.adjacency == "replace_one" and report.per_task[0]["noise"]["sensitivity"] == 2.0
+    assert report.epsilon == pytest.approx(1.0, rel=1e-8)
+
+
+def test_label_space_from_data_is_a_violation():
+    report = audit_config(_cfg(stream__label_space="data"), SIZES)
+    assert not report.sound and report.exit_code == 3
+    assert "Prop. 4.6" in report.violations[0]
+
+
+def test_parallel_without_disjoint_units_is_a_violation_and_accounted_sequentially():
+    report = audit_config(_cfg(privacy__across_tasks="parallel", stream__disjoint_units=False), SIZES)
+    assert not report.sound and "disjoint_units = false" in report.violations[0]
+    assert report.across_tasks == "sequential" and report.epsilon > 1.5
+    assert resolve_across_tasks("auto", True) == ("parallel", [])
+    assert resolve_across_tasks("sequential", True) == ("sequential", [])
+
+
+def test_empty_task_keeps_cosine_releasing():
+    report = audit_config(_cfg(), [100, 0, 90])
+    assert report.sound
+    assert report.per_task[1]["status"].startswith("empty task: noise-only")
+    assert report.per_task[1]["epsilon"] == pytest.approx(1.0, rel=1e-8)  # the noise-only release is charged
+
+
+class _SilentSpec:
+    """A method that releases nothing on an empty task (refused, Prop. F.1)."""
+
+    name = "silent"
+    keys: tuple[MethodKey, ...] = ()
+    reuses_past_tasks = False
+
+    def plan_task(self, method, privacy, n_examples, task_index):
+        from dpcl.accounting.events import GaussianEvent
+
+        if n_examples == 0:
+            return TaskPlan(events=(), noise={"empty_task_release": "nothing"})
+        return TaskPlan(events=(GaussianEvent(sigma=5.0),), noise={"sigma": 5.0})
+
+
+def test_method_releasing_nothing_on_empty_task_is_a_violation():
+    cfg = _cfg()
+    cfg = type(cfg)(privacy=cfg.privacy, stream=cfg.stream, method={"name": "silent"}, spec=_SilentSpec(), raw={})
+    report = audit_config(cfg, [100, 0, 90])
+    assert not report.sound and "Prop. F.1" in report.violations[0] and "task 1" in report.violations[0]
+
+
+def test_task_sizes_checked():
+    with pytest.raises(ConfigError, match="2 task sizes were given for 3 tasks"):
+        audit_config(_cfg(), [1, 2])
+    with pytest.raises(ConfigError, match="integers >= 0"):
+        audit_config(_cfg(), [1, 2, -3])

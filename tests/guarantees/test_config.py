@@ -1,0 +1,124 @@
+"""Config loading: schema, defaults, unknown keys refused by name, wrong types and ranges."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from dpcl.errors import ConfigError
+from dpcl.guarantees.config import load_config, parse_config
+
+BASE = {
+    "privacy": {"epsilon": 1.0, "delta": 1e-5},
+    "stream": {
+        "dataset": "digits",
+        "tasks": [[0, 1], [2, 3]],
+        "label_space": "prior",
+        "prior_labels": [[0, 1], [2, 3]],
+        "disjoint_units": True,
+    },
+    "method": {"name": "peft_ensemble", "epochs": 1, "batch_size": 8, "max_grad_norm": 1.0},
+}
+
+
+def _with(path: tuple[str, ...], value):
+    raw = copy.deepcopy(BASE)
+    target = raw
+    for key in path[:-1]:
+        target = target[key]
+    if value is _DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return raw
+
+
+_DELETE = object()
+
+
+def test_defaults_filled():
+    cfg = parse_config(BASE)
+    assert cfg.privacy["adjacency"] == "add_remove"
+    assert cfg.privacy["accountant"] == "auto" and cfg.privacy["across_tasks"] == "auto"
+    assert cfg.privacy["total_epsilon"] is None
+    assert cfg.method["adapter_dim"] == 64 and cfg.method["aggregation"] == "argmax"
+    assert cfg.method["max_grad_norm"] == 1.0 and isinstance(cfg.method["max_grad_norm"], float)
+    assert cfg.n_tasks == 2 and cfg.spec.name == "peft_ensemble"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("privacy", "epsilon"), 0.0, r"\[privacy\] epsilon must be > 0"),
+        (("privacy", "epsilon"), "1", r"\[privacy\] epsilon must be a finite number"),
+        (("privacy", "epsilon"), float("inf"), r"\[privacy\] epsilon must be a finite number"),
+        (("privacy", "delta"), 1.0, r"\[privacy\] delta must lie in \(0, 1\)"),
+        (("privacy", "delta"), _DELETE, r"\[privacy\] delta is required"),
+        (("privacy", "accountant"), "moments", r"\[privacy\] accountant must be one of 'prv', 'pld', 'rdp', 'auto'"),
+        (("privacy", "across_tasks"), "both", r"\[privacy\] across_tasks must be one of"),
+        (("privacy", "adjacency"), "swap", r"\[privacy\] adjacency must be one of"),
+        (("privacy", "total_epsilon"), -1, r"\[privacy\] total_epsilon must be > 0"),
+        (("privacy", "total_delta"), 1e-6, r"total_delta is only allowed together with total_epsilon"),
+        (("privacy", "epsilom"), 1.0, r"unknown \[privacy\] key\(s\) epsilom; allowed: epsilon"),
+        (("stream", "label_space"), "public", r"\[stream\] label_space must be one of 'data', 'prior', 'prior_const'"),
+        (("stream", "disjoint_units"), "yes", r"\[stream\] disjoint_units must be true or false"),
+        (("stream", "disjoint_units"), _DELETE, r"\[stream\] disjoint_units is required"),
+        (("stream", "prior_labels"), _DELETE, r"\[stream\] prior_labels is required when label_space = 'prior'"),
+        (("stream", "tasks"), [[0, "a"]], r"\[stream\] tasks\[0\] must contain integers"),
+        (("stream", "task_sizes"), [10], r"task_sizes gives 1 sizes for 2 tasks"),
+        (("stream", "task_sizes"), [10, -1], r"task_sizes must contain integers >= 0"),
+        (("stream", "colour"), "red", r"unknown \[stream\] key\(s\) colour"),
+        (("method", "name"), "sgd", r"\[method\] name must be one of cosine, peft_ensemble"),
+        (("method", "name"), _DELETE, r"\[method\] name is required"),
+        (("method", "epochs"), _DELETE, r"\[method\] epochs is required for method 'peft_ensemble'"),
+        (("method", "epochs"), 0, r"\[method\] epochs must be an integer >= 1"),
+        (("method", "epochs"), 1.5, r"\[method\] epochs must be int"),
+        (("method", "batch_size"), True, r"\[method\] batch_size must be int"),
+        (("method", "aggregation"), "vote", r"\[method\] aggregation must be one of 'argmax'"),
+        (("method", "lr"), 0.1, r"unknown \[method\] key\(s\) lr; allowed: epochs"),
+        (("extra",), {}, r"unknown \[config\] key\(s\) extra"),
+    ],
+)
+def test_invalid_configs_name_the_key(path, value, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(_with(path, value))
+
+
+def test_cosine_refuses_dpsgd_keys():
+    raw = _with(("method",), {"name": "cosine", "epochs": 2})
+    with pytest.raises(ConfigError, match=r"unknown \[method\] key\(s\) epochs; allowed: device"):
+        parse_config(raw)
+
+
+def test_data_stream_keys_accepted_only_when_declared():
+    raw = _with(("stream", "kind"), "blurry")
+    with pytest.raises(ConfigError, match="unknown \\[stream\\] key\\(s\\) kind"):
+        parse_config(raw)
+    cfg = parse_config(raw, data_stream_keys=["dataset", "kind", "seed"])
+    assert cfg.stream["kind"] == "blurry"
+
+
+def test_missing_sections():
+    for section in ("privacy", "stream", "method"):
+        raw = copy.deepcopy(BASE)
+        del raw[section]
+        with pytest.raises(ConfigError, match=rf"needs a \[{section}\] section"):
+            parse_config(raw)
+
+
+def test_load_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "none.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[privacy\nepsilon = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    good = tmp_path / "good.toml"
+    good.write_text(
+        "[privacy]\nepsilon = 1\ndelta = 1e-5\n[stream]\ndataset = 'x'\ntask_sizes = [5, 6]\n"
+        "label_space = 'prior_const'\nprior_labels = [0, 1]\ndisjoint_units = false\n[method]\nname = 'cosine'\n"
+    )
+    cfg = load_config(good)
+    assert cfg.n_tasks == 2 and cfg.stream["task_sizes"] == [5, 6]
+    assert cfg.to_dict()["stream"]["task_sizes"] == [5, 6]
