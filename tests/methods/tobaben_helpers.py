@@ -5,10 +5,15 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import torch
 
 from dpcl.accounting.events import GaussianEvent, PoissonSampledGaussianEvent, RepeatedEvent
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.base import MethodSetup, TrainingData
+
+# Tests run as 2 xdist workers on 2 cores: one intra-op thread each avoids oversubscription,
+# which slows the many tiny per-step kernels of DP-SGD by an order of magnitude.
+torch.set_num_threads(1)
 
 TASK_LABELS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 

@@ -1,0 +1,116 @@
+"""PEFT Ensemble (Alg. 2) with its aggregation rules, and the Naive / Non-CL baselines (Alg. A2 / A3)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dpcl.errors import ConfigError, InvalidParameterError  # noqa: E402
+from dpcl.methods.base import TrainingData, method_class  # noqa: E402
+from dpcl.methods.baselines import NaiveFineTuning, NonContinualTraining  # noqa: E402
+from dpcl.methods.peft_ensemble import PeftEnsemble, aggregate  # noqa: E402
+from tobaben_helpers import TASK_LABELS, digits_split, dpsgd_plan, setup_for, task_data  # noqa: E402
+
+METHOD = {"epochs": 3, "batch_size": 32, "max_grad_norm": 1.0, "learning_rate": 0.02, "adapter_dim": 16}
+
+# two models over labels {0, 1, 2}: model 0 predicts {0, 1}, model 1 predicts {1, 2}; one example.
+LOGITS = np.array([[[2.0, 1.0, 0.0]], [[0.0, 1.5, 3.0]]])
+MASKS = np.array([[True, True, False], [False, True, True]])
+RELEASED = np.array([True, True, True])
+
+
+def test_registry_names_match_the_classes():
+    assert method_class("peft_ensemble") is PeftEnsemble
+    assert method_class("naive") is NaiveFineTuning
+    assert method_class("non_cl") is NonContinualTraining
+
+
+def test_argmax_rule_takes_the_largest_logit_of_any_model():
+    scores = aggregate(LOGITS, MASKS, RELEASED, "argmax")
+    np.testing.assert_allclose(scores, [[2.0, 1.5, 3.0]])
+
+
+def test_median_rule_subtracts_each_models_median_over_its_labels():
+    # model 0: median(2, 1) = 1.5 -> (0.5, -0.5); model 1: median(1.5, 3) = 2.25 -> (-0.75, 0.75)
+    scores = aggregate(LOGITS, MASKS, RELEASED, "median")
+    np.testing.assert_allclose(scores, [[0.5, -0.5, 0.75]])
+
+
+def test_entropy_rule_weights_confident_models_more():
+    p0 = np.exp([2.0, 1.0]) / np.exp([2.0, 1.0]).sum()
+    p1 = np.exp([1.5, 3.0]) / np.exp([1.5, 3.0]).sum()
+    h0, h1 = -(p0 * np.log(p0)).sum(), -(p1 * np.log(p1)).sum()
+    w0, w1 = np.exp(-h0) / (np.exp(-h0) + np.exp(-h1)), np.exp(-h1) / (np.exp(-h0) + np.exp(-h1))
+    expected = [w0 * p0[0], w0 * p0[1] + w1 * p1[0], w1 * p1[1]]
+    np.testing.assert_allclose(aggregate(LOGITS, MASKS, RELEASED, "entropy"), [expected])
+
+
+def test_unknown_rule_is_refused_by_name():
+    with pytest.raises(ConfigError, match="aggregation"):
+        aggregate(LOGITS, MASKS, RELEASED, "vote")
+    with pytest.raises(ConfigError, match="aggregation"):
+        PeftEnsemble(setup_for({**METHOD, "aggregation": "vote"}))
+
+
+def _run(method_name, noise_multiplier, *, aggregation="argmax", tasks=TASK_LABELS, seed=0):
+    x_train, y_train, x_test, y_test = digits_split()
+    model = method_class(method_name)(setup_for({**METHOD, "aggregation": aggregation}, seed=seed))
+    seen: list[int] = []
+    for t, labels in enumerate(tasks):
+        seen.extend(labels)
+        train_labels = tuple(seen) if method_name == "non_cl" else labels
+        data = task_data(x_train, y_train, train_labels)
+        steps = METHOD["epochs"] * int(np.ceil(len(data) / METHOD["batch_size"]))
+        plan = dpsgd_plan(noise_multiplier, METHOD["batch_size"] / len(data), steps)
+        model.fit_task(t, data, tuple(train_labels), plan)
+    test = np.isin(y_test, seen)
+    return model, model.accuracy(x_test[test], y_test[test])
+
+
+@pytest.mark.parametrize("aggregation", ["argmax", "median", "entropy"])
+def test_private_ensemble_on_three_digit_tasks_beats_chance_widely(aggregation):
+    model, accuracy = _run("peft_ensemble", 1.0, aggregation=aggregation, tasks=TASK_LABELS[:3])
+    assert len(model.models) == 3
+    assert accuracy > 0.45  # chance is 1/6
+
+
+def test_non_cl_learns_the_union_and_naive_forgets():
+    _, non_cl = _run("non_cl", 1.0, tasks=TASK_LABELS[:3])
+    naive, _ = _run("naive", 1.0, tasks=TASK_LABELS[:3])
+    _, _, x_test, y_test = digits_split()
+    first = np.isin(y_test, TASK_LABELS[0])
+    assert non_cl > 0.6
+    # Alg. A2 has nothing against forgetting: the first task is mostly lost after two more tasks
+    assert naive.accuracy(x_test[first], y_test[first]) < 0.5
+
+
+def test_ensemble_member_predicts_only_its_task_labels():
+    model, _ = _run("peft_ensemble", None, tasks=TASK_LABELS[:2])
+    _, masks = model.member_logits(np.zeros((1, 64), np.float32))
+    assert masks.sum(axis=1).tolist() == [2, 2]
+    assert np.flatnonzero(masks[1]).tolist() == [2, 3]
+
+
+def test_empty_task_trains_a_proper_noise_only_member():
+    model = PeftEnsemble(setup_for(METHOD))
+    empty = TrainingData(np.zeros((0, 64), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    model.fit_task(0, empty, (3, 4), dpsgd_plan(1.0, 0.1, 5))
+    assert set(np.unique(model.predict(np.random.default_rng(0).random((20, 64), dtype=np.float32)))) <= {3, 4}
+
+
+@pytest.mark.parametrize("name", ["peft_ensemble", "naive", "non_cl"])
+def test_state_round_trip_predicts_identically(name):
+    model, _ = _run(name, 1.0, tasks=TASK_LABELS[:2])
+    restored = method_class(name)(setup_for(METHOD, seed=42))
+    restored.load_state_dict(model.state_dict())
+    _, _, x_test, _ = digits_split()
+    np.testing.assert_array_equal(restored.predict(x_test), model.predict(x_test))
+
+
+def test_labels_outside_the_task_are_refused():
+    x_train, y_train, _, _ = digits_split()
+    model = PeftEnsemble(setup_for(METHOD))
+    with pytest.raises(InvalidParameterError, match="label-space filter"):
+        model.fit_task(0, task_data(x_train, y_train, (0, 1, 2)), (0, 1), dpsgd_plan(1.0, 0.1, 2))
