@@ -1,0 +1,141 @@
+"""``dpcl audit CONFIG.toml [--json]``: the total privacy guarantee of a training config, without training.
+
+Exit codes: 0 when the config is sound, 3 when it has a privacy violation
+(label space from the data, budget over ``total_epsilon``, overlapping units
+declared disjoint...), 2 when the config is invalid (missing or unknown key,
+wrong type, out-of-range value).
+
+Task sizes come from ``[stream] task_sizes`` when given (sizes after label
+filtering, for datasets dpcl does not bundle), otherwise from the data layer
+(:func:`dpcl.data.task_sizes`), which reads labels only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from dpcl.cli.output import add_json_flag, emit
+from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.guarantees.audit_config import AuditReport, audit_config
+from dpcl.guarantees.config import TrainingConfig, load_config
+from dpcl.guarantees.label_space import FilterReport, filter_task, output_label_sets
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "audit",
+        help="total privacy guarantee of a training config, without training",
+        description=(
+            "Plan every task of a training config with the method's privacy plan (the one `dpcl run` trains "
+            "with) and report the stream's (epsilon, delta), per-task costs, assumptions and privacy violations. "
+            "Exit 0: sound; 3: privacy violation; 2: invalid config."
+        ),
+    )
+    parser.add_argument("config", metavar="CONFIG.toml", help="training config (see docs/guarantees.md)")
+    add_json_flag(parser)
+    parser.set_defaults(handler=run_audit)
+
+
+def _data_stream_keys() -> tuple[str, ...] | None:
+    try:
+        from dpcl.data import STREAM_KEYS
+    except ImportError:  # pragma: no cover - data layer not installed in this build
+        return None
+    return tuple(STREAM_KEYS)
+
+
+def stream_task_sizes(config: TrainingConfig) -> tuple[list[int], list[FilterReport], list[str]]:
+    """Training examples per task after label filtering, the filter counts, and notes.
+
+    ``[stream] task_sizes`` wins when given. Otherwise the data layer's labels of
+    each task are filtered to the task's public label set (Eq. 6). Under
+    ``label_space = "data"`` (refused by the audit anyway) nothing is filtered.
+    """
+    stream = config.stream
+    if stream.get("task_sizes") is not None:
+        return list(stream["task_sizes"]), [], ["task sizes taken from [stream] task_sizes (after label filtering)."]
+    try:
+        import dpcl.data as data
+    except ImportError as exc:  # pragma: no cover - data layer not installed in this build
+        raise ConfigError(f"cannot load dataset {stream['dataset']!r} ({exc}); give [stream] task_sizes.") from None
+    section = {k: v for k, v in config.raw["stream"].items()}
+    task_labels = getattr(data, "task_train_labels", None)
+    try:
+        if task_labels is not None:
+            labels_per_task = task_labels(section)
+            sizes_raw = [int(len(y)) for y in labels_per_task]
+        else:
+            labels_per_task = None
+            sizes_raw = data.task_sizes(section)
+    except InvalidParameterError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"[stream] {exc}") from None
+    if stream["label_space"] == "data":
+        return sizes_raw, [], []
+    label_sets = output_label_sets(stream["label_space"], stream["prior_labels"], len(sizes_raw))
+    if labels_per_task is not None:
+        reports = [filter_task(y, label_sets[t], t)[1] for t, y in enumerate(labels_per_task)]
+        return [r.kept for r in reports], reports, []
+    # Without per-example labels the filtered size is known only when no example can be filtered out:
+    # a class-incremental task holds exactly the labels of its group.
+    kind = section.get("kind", "class_incremental")
+    groups = stream.get("tasks")
+    if kind == "class_incremental" and groups is not None and all(
+        set(g) <= label_sets[t] for t, g in enumerate(groups)
+    ):
+        reports = [FilterReport(t, n, 0) for t, n in enumerate(sizes_raw)]
+        return sizes_raw, reports, []
+    raise ConfigError(
+        f"cannot tell how many examples the public label sets keep for a {kind!r} stream whose tasks hold labels "
+        "outside their prior_labels; give [stream] task_sizes (training examples per task after label filtering)."
+    )
+
+
+def _table_payload(report: AuditReport) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "verdict": "sound" if report.sound else "PRIVACY VIOLATION",
+        "epsilon": report.epsilon if report.epsilon is not None else "no sound bound",
+        "delta": report.delta,
+        "across_tasks": report.across_tasks,
+        "accountant": report.accountant,
+        "adjacency / unit": f"{report.adjacency} / {report.unit}",
+        "method": report.method,
+    }
+    if report.total_epsilon is not None:
+        payload["total_epsilon"] = report.total_epsilon
+    for entry in report.per_task:
+        parts = [f"n={entry['examples']}"]
+        if "filtered_out" in entry:
+            parts.append(f"filtered={entry['filtered_out']}")
+        for key in ("epsilon", "release_epsilon", "cumulative_epsilon"):
+            if entry.get(key) is not None:
+                parts.append(f"{key}={entry[key]:.6g}")
+        if "status" in entry:
+            parts.append(entry["status"])
+        payload[f"task {entry['task']}"] = ", ".join(parts)
+    payload["assumptions"] = "\n".join(f"- {a}" for a in report.assumptions)
+    if report.violations:
+        payload["violations"] = "\n".join(f"- {v}" for v in report.violations)
+    if report.notes:
+        payload["notes"] = "\n".join(report.notes)
+    return payload
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    config = load_config(args.config, data_stream_keys=_data_stream_keys())
+    sizes, reports, size_notes = stream_task_sizes(config)
+    report = audit_config(config, sizes, filter_reports=reports)
+    if size_notes:
+        report = AuditReport(**{**report.__dict__, "notes": tuple(size_notes) + report.notes})
+    if getattr(args, "json", False):
+        emit(args, "dpcl audit", report.to_dict())
+    else:
+        emit(args, f"dpcl audit {args.config}", _table_payload(report))
+    if not report.sound:
+        sys.stderr.write(
+            f"dpcl audit: privacy violation ({len(report.violations)}): {report.violations[0].split('. ')[0]}.\n"
+        )
+    return report.exit_code
