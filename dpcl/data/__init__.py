@@ -20,7 +20,7 @@ Streams (:class:`TaskStream` of :class:`Task` ``(index, train, test, labels, per
   each task on its own disjoint chunk of the training split.
 * :func:`build_stream` ``(section)`` / :func:`task_sizes` ``(section)`` -- from a ``[stream]`` config
   section whose keys are documented in :data:`STREAM_KEYS` (and ``docs/data.md``);
-  :func:`task_sizes` reads labels only, for ``dpcl audit``.
+  :func:`task_sizes` and :func:`task_train_labels` read labels only, for ``dpcl audit``.
 
 torch views live in :mod:`dpcl.data.torch_adapter` (``to_tensors``, ``to_tensor_dataset``);
 they are imported on first use of those names.
@@ -49,6 +49,7 @@ from dpcl.data.streams import (
     parse_stream_section,
     permuted_stream,
     task_sizes,
+    task_train_labels,
 )
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "permuted_stream",
     "stratified_split",
     "task_sizes",
+    "task_train_labels",
     "to_tensor_dataset",
     "to_tensors",
 ]

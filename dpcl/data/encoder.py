@@ -63,7 +63,15 @@ def load_encoder(device: str = "cpu") -> Any:
         raise MissingDependencyError(
             f"sentence-transformers (needed by the MiniLM encoder) is missing; install it with `{_INSTALL}`."
         ) from exc
-    return package.load_model(device=device)
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 - installed with sentence-transformers
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar on stderr
+    try:
+        return package.load_model(device=device)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
 
 
 def encode_texts(texts: Sequence[str], *, batch_size: int = 64, device: str = "cpu") -> np.ndarray:

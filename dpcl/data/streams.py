@@ -57,6 +57,7 @@ __all__ = [
     "parse_stream_section",
     "build_stream",
     "task_sizes",
+    "task_train_labels",
 ]
 
 STREAM_KINDS = ("class_incremental", "blurry", "permuted")
@@ -493,31 +494,49 @@ def build_stream(section: Mapping[str, Any]) -> TaskStream:
         raise _as_config_error(exc) from exc
 
 
-def task_sizes(stream_section: Mapping[str, Any]) -> list[int]:
-    """Training-set size of each task of the stream ``stream_section`` describes.
-
-    Reads labels only (no features, no encoder, no torch) and runs the same index
-    plan as :func:`build_stream`, so the sizes are those the run trains on.
-    """
+def _section_plans(stream_section: Mapping[str, Any]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Labels of the training split and the index plans of a section (labels only, no features)."""
     from dpcl.data.registry import dataset_labels  # noqa: PLC0415
 
     parsed = parse_stream_section(stream_section)
     try:
         labels, n_classes = dataset_labels(parsed["dataset"], **parsed["dataset_options"])
-        train_idx, test_idx = stratified_split(labels, float(parsed["test_fraction"]), _check_seed("split_seed", parsed["split_seed"]))
+        split_seed = _check_seed("split_seed", parsed["split_seed"])
+        train_idx, test_idx = stratified_split(labels, float(parsed["test_fraction"]), split_seed)
         seed = _check_seed("seed", parsed["seed"])
+        train_labels, test_labels = labels[train_idx], labels[test_idx]
         if parsed["kind"] == "permuted":
             n_tasks = _check_n_tasks(parsed["n_tasks"], train_idx.size)
             plans = _plan_permuted(train_idx.size, test_idx.size, n_tasks, seed)
         else:
             groups = _check_label_groups(parsed["tasks"], n_classes)
             if parsed["kind"] == "class_incremental":
-                plans = _plan_class_incremental(labels[train_idx], labels[test_idx], groups, seed, n_classes)
+                plans = _plan_class_incremental(train_labels, test_labels, groups, seed, n_classes)
             else:
                 fraction = check_fraction("blurry_fraction", float(parsed["blurry_fraction"]), low_open=False)
-                plans = _plan_blurry(labels[train_idx], labels[test_idx], groups, fraction, seed, n_classes)
+                plans = _plan_blurry(train_labels, test_labels, groups, fraction, seed, n_classes)
     except ConfigError:
         raise
     except InvalidParameterError as exc:
         raise _as_config_error(exc) from exc
+    return train_labels, plans
+
+
+def task_sizes(stream_section: Mapping[str, Any]) -> list[int]:
+    """Training-set size of each task of the stream ``stream_section`` describes.
+
+    Reads labels only (no features, no encoder, no torch) and runs the same index
+    plan as :func:`build_stream`, so the sizes are those the run trains on.
+    """
+    _, plans = _section_plans(stream_section)
     return [int(p[0].size) for p in plans]
+
+
+def task_train_labels(stream_section: Mapping[str, Any]) -> list[np.ndarray]:
+    """Labels of each task's training examples, in the order :func:`build_stream` gives them.
+
+    Labels only (no features, no torch): what ``dpcl audit`` needs to count the examples a
+    public label set keeps (``label_space = "prior"``/``"prior_const"``) before planning DP-SGD.
+    """
+    train_labels, plans = _section_plans(stream_section)
+    return [train_labels[p[0]] for p in plans]

@@ -17,6 +17,7 @@ from dpcl.data import (
     parse_stream_section,
     permuted_stream,
     task_sizes,
+    task_train_labels,
 )
 from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError
 
@@ -225,7 +226,10 @@ def test_joint_train_and_seen_test(digits: LabelledDataset) -> None:
     ],
 )
 def test_task_sizes_match_the_built_stream(section: dict) -> None:
-    assert task_sizes(section) == build_stream(section).task_sizes()
+    stream = build_stream(section)
+    assert task_sizes(section) == stream.task_sizes()
+    labels = task_train_labels(section)
+    assert [y.tolist() for y in labels] == [t.train.labels.tolist() for t in stream]
 
 
 def test_stream_keys_are_documented() -> None:
