@@ -7,6 +7,15 @@ Never imports torch. Modules: :mod:`~dpcl.accounting.events` (immutable events),
 auto), :mod:`~dpcl.accounting.dpsgd`, :mod:`~dpcl.accounting.filter`.
 """
 
+from dpcl.accounting.accountants import ACCOUNTANT_NAMES, AccountingResult, compute_epsilon
+from dpcl.accounting.composition import (
+    advanced_composition,
+    advanced_composition_for_delta,
+    basic_composition,
+    compose_gaussians_epsilon,
+    gaussian_composition_mu,
+)
+from dpcl.accounting.dpsgd import NoiseCalibration, dpsgd_epsilon, dpsgd_events, dpsgd_noise_multiplier
 from dpcl.accounting.events import (
     Adjacency,
     ComposedEvent,
@@ -19,6 +28,7 @@ from dpcl.accounting.events import (
     RepeatedEvent,
     event_from_dict,
 )
+from dpcl.accounting.filter import FilterBudget, FilterCharge, PrivacyFilter
 from dpcl.accounting.gaussian import (
     ClassicGaussian,
     classic_gaussian_sigma,
@@ -29,9 +39,29 @@ from dpcl.accounting.gaussian import (
     gdp_epsilon,
     gdp_mu,
 )
+from dpcl.accounting.laplace import laplace_delta, laplace_epsilon, laplace_epsilon_for_delta, laplace_scale
 
 __all__ = [
+    "ACCOUNTANT_NAMES",
+    "AccountingResult",
     "Adjacency",
+    "FilterBudget",
+    "FilterCharge",
+    "NoiseCalibration",
+    "PrivacyFilter",
+    "advanced_composition",
+    "advanced_composition_for_delta",
+    "basic_composition",
+    "compose_gaussians_epsilon",
+    "compute_epsilon",
+    "dpsgd_epsilon",
+    "dpsgd_events",
+    "dpsgd_noise_multiplier",
+    "gaussian_composition_mu",
+    "laplace_delta",
+    "laplace_epsilon",
+    "laplace_epsilon_for_delta",
+    "laplace_scale",
     "ClassicGaussian",
     "ComposedEvent",
     "EpsilonDeltaEvent",

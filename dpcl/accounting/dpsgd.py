@@ -1,0 +1,174 @@
+"""DP-SGD accounting: epsilon of a run, and the smallest noise multiplier for a target epsilon.
+
+A DP-SGD run with noise multiplier z (noise std / clipping norm), Poisson
+sampling rate q and T steps is T adaptive compositions of the Poisson-subsampled
+Gaussian mechanism (Abadi et al. 2016, Alg. 1). Its epsilon comes from the
+accountants of :mod:`dpcl.accounting.accountants` (dp-accounting PLD/RDP,
+prv-accountant); the tests cross-check them with opacus' own accountants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dpcl.accounting.accountants import AccountingResult, _check_accountant, compute_epsilon
+from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, RepeatedEvent
+from dpcl.accounting.validation import check_count, check_delta, check_positive, check_sample_rate
+from dpcl.errors import InvalidParameterError
+
+__all__ = ["NoiseCalibration", "dpsgd_epsilon", "dpsgd_events", "dpsgd_noise_multiplier"]
+
+#: Noise multipliers searched by :func:`dpsgd_noise_multiplier`.
+MIN_NOISE_MULTIPLIER = 1e-3
+MAX_NOISE_MULTIPLIER = 1e4
+
+
+def dpsgd_events(
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    adjacency: Adjacency | str = "add_remove",
+    unit: str = "example",
+) -> RepeatedEvent:
+    """The events of a DP-SGD run: ``steps`` repetitions of one Poisson-subsampled Gaussian step."""
+    step = PoissonSampledGaussianEvent(
+        noise_multiplier=noise_multiplier, sample_rate=sample_rate, adjacency=adjacency, unit=unit
+    )
+    return RepeatedEvent(step, check_count("steps", steps))
+
+
+def dpsgd_epsilon(
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    accountant: str = "auto",
+    adjacency: Adjacency | str = "add_remove",
+    unit: str = "example",
+) -> AccountingResult:
+    """Upper bound on epsilon of a DP-SGD run at ``delta`` (see :func:`compute_epsilon`)."""
+    return compute_epsilon(dpsgd_events(noise_multiplier, sample_rate, steps, adjacency, unit), delta, accountant)
+
+
+@dataclass(frozen=True)
+class NoiseCalibration:
+    """Result of :func:`dpsgd_noise_multiplier`: the noise multiplier, the epsilon it achieves, the accountant."""
+
+    noise_multiplier: float
+    epsilon: float
+    accountant: str
+    delta: float = 0.0
+    sample_rate: float = 1.0
+    steps: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "epsilon": self.epsilon,
+            "accountant": self.accountant,
+            "delta": self.delta,
+            "sample_rate": self.sample_rate,
+            "steps": self.steps,
+        }
+
+
+def dpsgd_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "prv",
+    adjacency: Adjacency | str = "add_remove",
+    rtol: float = 1e-3,
+) -> NoiseCalibration:
+    """Smallest noise multiplier (to ``rtol`` relative) whose DP-SGD run is (target_epsilon, delta)-DP.
+
+    Brackets the root of log epsilon(z) - log target by secant steps in log z, then
+    shrinks the bracket by the Illinois variant of regula falsi (a bisection-type
+    method that keeps the root bracketed and converges superlinearly) until its
+    width is below ``rtol * z``. The returned z is the upper end of the bracket,
+    whose epsilon was computed and is <= ``target_epsilon``; that epsilon is returned.
+    """
+    target = float(check_positive("target_epsilon", target_epsilon))
+    delta = float(check_delta("delta", delta))
+    q = check_sample_rate("sample_rate", sample_rate)
+    steps = check_count("steps", steps)
+    name = _check_accountant(accountant)
+    rtol = float(check_positive("rtol", rtol))
+    if rtol >= 0.5:
+        raise InvalidParameterError(f"rtol must be < 0.5, got {rtol!r}.")
+
+    cache: dict[float, AccountingResult] = {}
+
+    def eps_of(z: float) -> float:
+        if z not in cache:
+            cache[z] = dpsgd_epsilon(z, q, steps, delta, name, adjacency)
+        return cache[z].epsilon
+
+    def f(z: float) -> float:
+        e = eps_of(z)
+        return math.log(e / target) if e > 0 else -math.inf
+
+    # Bracket the root. log epsilon is close to linear in log z, so each new
+    # point extrapolates the secant (slope -1 to start), moving at most x8.
+    x_prev, f_prev = 0.0, f(1.0)
+    slope = -1.0
+    while True:
+        step = max(min(-f_prev / slope, math.log(8.0)), -math.log(8.0)) if math.isfinite(f_prev) else math.log(8.0)
+        if step == 0.0:
+            step = math.log1p(rtol) * (1.0 if f_prev > 0 else -1.0)
+        x_new = x_prev + step
+        z_new = math.exp(x_new)
+        if z_new < MIN_NOISE_MULTIPLIER:
+            # epsilon <= target even with (almost) no noise: the smallest searched value is returned
+            return _calibration(math.exp(x_prev), cache[math.exp(x_prev)], q, steps)
+        if z_new > MAX_NOISE_MULTIPLIER:
+            raise InvalidParameterError(
+                f"target_epsilon={target!r} is not reachable with noise multipliers up to {MAX_NOISE_MULTIPLIER:g} "
+                f"(sample_rate={q!r}, steps={steps}, delta={delta!r}); raise the target or lower the steps."
+            )
+        f_new = f(z_new)
+        if (f_new > 0) != (f_prev > 0):
+            break
+        if math.isfinite(f_new) and math.isfinite(f_prev) and f_new != f_prev:
+            slope = min((f_new - f_prev) / (x_new - x_prev), -1e-3)
+        x_prev, f_prev = x_new, f_new
+    lo, hi = (math.exp(x_prev), z_new) if f_prev > 0 else (z_new, math.exp(x_prev))
+    # Illinois regula falsi on (log z, f): f(lo) > 0 >= f(hi)
+    x_lo, x_hi = math.log(lo), math.log(hi)
+    f_lo, f_hi = f(lo), f(hi)
+    side = 0
+    for _ in range(100):
+        if x_hi - x_lo <= math.log1p(rtol):
+            break
+        if math.isfinite(f_lo) and math.isfinite(f_hi) and f_lo != f_hi:
+            x = x_hi - f_hi * (x_hi - x_lo) / (f_hi - f_lo)
+        else:
+            x = 0.5 * (x_lo + x_hi)
+        # keep strictly inside, at least 1/32 of the width away from the ends
+        width = x_hi - x_lo
+        x = min(max(x, x_lo + width / 32.0), x_hi - width / 32.0)
+        fx = f(math.exp(x))
+        if fx > 0:
+            x_lo, f_lo = x, fx
+            if side == -1:
+                f_hi /= 2.0
+            side = -1
+        else:
+            x_hi, f_hi = x, fx
+            if side == 1:
+                f_lo /= 2.0
+            side = 1
+    z = math.exp(x_hi)
+    if z not in cache:  # exp(log z) round trip
+        eps_of(z)
+    return _calibration(z, cache[z], q, steps)
+
+
+def _calibration(z: float, result: AccountingResult, q: float, steps: int) -> NoiseCalibration:
+    return NoiseCalibration(
+        noise_multiplier=z, epsilon=result.epsilon, accountant=result.accountant,
+        delta=result.delta, sample_rate=q, steps=steps,
+    )
