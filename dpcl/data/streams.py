@@ -22,8 +22,10 @@ Kinds (Tobaben et al., Sec. 6 and 6.2):
   refused). Every example still belongs to exactly one task, so units stay disjoint.
 * ``permuted`` -- ``n_tasks`` tasks over all labels; task t applies its own fixed
   random feature permutation (Goodfellow et al. 2013, "permuted MNIST"). The
-  training split is shuffled and cut into ``n_tasks`` near-equal disjoint chunks
-  (``numpy.array_split``), one per task, so no unit is in two tasks. Each task's
+  privacy units of the training split are shuffled and cut into ``n_tasks``
+  near-equal disjoint chunks (``numpy.array_split``), one per task, and every
+  example goes with its unit, so no unit is in two tasks (with one example per
+  unit, the chunks are near-equal in examples too). Each task's
   test set is the whole test split under the task's permutation (test data is
   never trained on, so sharing it charges no privacy).
 
@@ -302,16 +304,25 @@ def _plan_blurry(
     return plans
 
 
-def _plan_permuted(n_train: int, n_test: int, n_tasks: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    order = _rng(seed, _TAG_ORDER).permutation(n_train)
-    chunks = np.array_split(order, n_tasks)
-    return [(chunk, np.arange(n_test)) for chunk in chunks]
+def _plan_permuted(train_units: np.ndarray, n_test: int, n_tasks: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    # chunks of *units* (not examples), so a unit with several examples stays in one task
+    units, inverse = np.unique(train_units, return_inverse=True)
+    chunk_sizes = [c.size for c in np.array_split(np.arange(units.size), n_tasks)]
+    chunk_of_unit = np.empty(units.size, dtype=np.int64)
+    chunk_of_unit[_rng(seed, _TAG_ORDER).permutation(units.size)] = np.repeat(np.arange(n_tasks), chunk_sizes)
+    task_of_example = chunk_of_unit[inverse]
+    plans = []
+    for t in range(n_tasks):
+        train_idx = np.flatnonzero(task_of_example == t)
+        plans.append((train_idx[_rng(seed, _TAG_ORDER, t).permutation(train_idx.size)], np.arange(n_test)))
+    return plans
 
 
-def _check_n_tasks(n_tasks: Any, n_train: int) -> int:
-    if isinstance(n_tasks, bool) or not isinstance(n_tasks, (int, np.integer)) or not 1 <= int(n_tasks) <= max(n_train, 1):
+def _check_n_tasks(n_tasks: Any, n_units: int) -> int:
+    if isinstance(n_tasks, bool) or not isinstance(n_tasks, (int, np.integer)) or not 1 <= int(n_tasks) <= max(n_units, 1):
         raise InvalidParameterError(
-            f"n_tasks must be an integer in [1, {max(n_train, 1)}] (at most one task per training example), got {n_tasks!r}."
+            f"n_tasks must be an integer in [1, {max(n_units, 1)}] (at most one task per privacy unit of the "
+            f"training split), got {n_tasks!r}."
         )
     return int(n_tasks)
 
@@ -411,8 +422,8 @@ def permuted_stream(
     if dataset.features is None:
         raise InvalidParameterError(f"a permuted stream needs features; dataset {dataset.name!r} holds raw texts only.")
     train, test = _split(dataset, test_fraction, split_seed)
-    n_tasks = _check_n_tasks(n_tasks, len(train))
-    plans = _plan_permuted(len(train), len(test), n_tasks, seed)
+    n_tasks = _check_n_tasks(n_tasks, np.unique(train.unit_ids).size)
+    plans = _plan_permuted(train.unit_ids, len(test), n_tasks, seed)
     rng = _rng(seed, _TAG_PERMUTE)
     permutations = [rng.permutation(dataset.n_features) for _ in range(n_tasks)]
     all_labels = tuple(range(dataset.n_classes))
@@ -500,14 +511,14 @@ def _section_plans(stream_section: Mapping[str, Any]) -> tuple[np.ndarray, list[
 
     parsed = parse_stream_section(stream_section)
     try:
-        labels, n_classes = dataset_labels(parsed["dataset"], **parsed["dataset_options"])
+        labels, unit_ids, n_classes = dataset_labels(parsed["dataset"], **parsed["dataset_options"])
         split_seed = _check_seed("split_seed", parsed["split_seed"])
         train_idx, test_idx = stratified_split(labels, float(parsed["test_fraction"]), split_seed)
         seed = _check_seed("seed", parsed["seed"])
         train_labels, test_labels = labels[train_idx], labels[test_idx]
         if parsed["kind"] == "permuted":
-            n_tasks = _check_n_tasks(parsed["n_tasks"], train_idx.size)
-            plans = _plan_permuted(train_idx.size, test_idx.size, n_tasks, seed)
+            n_tasks = _check_n_tasks(parsed["n_tasks"], np.unique(unit_ids[train_idx]).size)
+            plans = _plan_permuted(unit_ids[train_idx], test_idx.size, n_tasks, seed)
         else:
             groups = _check_label_groups(parsed["tasks"], n_classes)
             if parsed["kind"] == "class_incremental":

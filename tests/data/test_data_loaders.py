@@ -61,8 +61,9 @@ def test_image_folder_reads_pixels_exactly(tmp_path: Path) -> None:
     assert rgb.features.shape == (5, 3 * 4 * 3)
     registry = load_dataset(f"image_folder:{tmp_path}", size=[3, 4])
     assert registry.features.shape == (5, 12)
-    labels, n_classes = dataset_labels(f"image_folder:{tmp_path}")
+    labels, units, n_classes = dataset_labels(f"image_folder:{tmp_path}")
     assert labels.tolist() == ds.labels.tolist() and n_classes == 2
+    assert units.tolist() == ds.unit_ids.tolist()
 
 
 def test_image_folder_errors(tmp_path: Path) -> None:
@@ -119,8 +120,9 @@ def test_cifar10_batches(tmp_path: Path) -> None:
     test = load_cifar(tmp_path, split="test")
     assert len(train) == 8 and len(test) == 4
     assert np.array_equal(test.unit_ids, ds.unit_ids[8:])
-    labels, n_classes = dataset_labels(f"cifar:{tmp_path}")
+    labels, units, n_classes = dataset_labels(f"cifar:{tmp_path}")
     assert labels.tolist() == ds.labels.tolist() and n_classes == 10
+    assert units.tolist() == ds.unit_ids.tolist()
 
 
 def test_cifar100_fine_and_coarse(tmp_path: Path) -> None:
@@ -213,8 +215,9 @@ def test_fortunes_texts_real() -> None:
     assert np.bincount(ds.labels).tolist() == [140] * 10
     assert np.unique(ds.unit_ids).size == len(ds)
     assert all(isinstance(t, str) and t for t in ds.texts)
-    labels, n_classes = dataset_labels("fortunes", max_per_class=20, cache_dir="/nonexistent")
+    labels, units, n_classes = dataset_labels("fortunes", max_per_class=20, cache_dir="/nonexistent")
     assert n_classes == 10 and np.bincount(labels).tolist() == [20] * 10
+    assert np.unique(units).size == 200
 
 
 @needs_fortunes

@@ -266,3 +266,23 @@ def test_section_errors_are_config_errors() -> None:
         task_sizes({"dataset": "digits", "tasks": [[0, 1], [1]]})
     with pytest.raises(ConfigError):
         build_stream({"dataset": "digits", "tasks": SPLIT, "colour": "red"})
+
+
+def test_permuted_keeps_each_unit_in_one_task() -> None:
+    # 60 examples from 12 people (5 each): tasks are cut by person, not by example
+    labels = np.arange(60) % 3
+    people = np.repeat(np.arange(12) * 11, 5)
+    ds = LabelledDataset(np.random.default_rng(0).random((60, 6)), labels, people, "people", ("a", "b", "c"))
+    stream = permuted_stream(ds, 4, seed=1)
+    stream.check_disjoint_units()
+    train_people = [set(np.unique(t.train.unit_ids).tolist()) for t in stream]
+    n_people = [len(p) for p in train_people]
+    assert max(n_people) - min(n_people) <= 1
+    # every training example of a person went to that person's task
+    train_split = class_incremental_stream(ds, [[0, 1, 2]], seed=1)[0].train
+    for person in np.unique(train_split.unit_ids):
+        owners = [t.index for t in stream if person in train_people[t.index]]
+        assert len(owners) == 1
+        assert int(np.sum(stream[owners[0]].train.unit_ids == person)) == int(np.sum(train_split.unit_ids == person))
+    with pytest.raises(InvalidParameterError, match="at most one task per privacy unit"):
+        permuted_stream(ds, 13, seed=1)
