@@ -106,6 +106,11 @@ def _table_payload(report: AuditReport) -> dict[str, Any]:
     }
     if report.total_epsilon is not None:
         payload["total_epsilon"] = report.total_epsilon
+        for key, state in report.filter.items():
+            payload[f"filter {key}"] = (
+                f"{state['rule']} rule: spent epsilon={state['spent']['epsilon']:.6g}, "
+                f"delta={state['spent']['delta']:.3g} of ({state['epsilon_budget']:g}, {state['delta_budget']:g})"
+            )
     for entry in report.per_task:
         parts = [f"n={entry['examples']}"]
         if "filtered_out" in entry:
@@ -124,7 +129,16 @@ def _table_payload(report: AuditReport) -> dict[str, Any]:
     return payload
 
 
+def _quiet_library_logs() -> None:
+    """dp-accounting's RDP code logs one absl warning per excluded order (harmless: the order is simply not
+    used for the bound); keep stderr to dpcl's own one-line messages."""
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
+
 def run_audit(args: argparse.Namespace) -> int:
+    _quiet_library_logs()
     config = load_config(args.config, data_stream_keys=_data_stream_keys())
     sizes, reports, size_notes = stream_task_sizes(config)
     report = audit_config(config, sizes, filter_reports=reports)

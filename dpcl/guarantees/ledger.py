@@ -209,12 +209,16 @@ def compose_stream(
     delta: float,
     accountant: str = "auto",
     group_accountants: Sequence[str] | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> StreamGuarantee:
     """Cumulative guarantee of ``charges`` (Tobaben et al., Thm 4.4 / 4.5).
 
     ``group_accountants`` fixes the accountant of each group (used by
     certificate verification to recompute exactly what was stated); otherwise
     ``accountant`` is used for every group (``auto`` picks the tightest sound one).
+    ``cache`` (a dict owned by the caller) memoises group results by charge
+    indices: charges are immutable and only appended, so a group seen before
+    has the same epsilon.
     """
     if across_tasks not in ACROSS_TASKS:
         raise InvalidParameterError(f"across_tasks must be one of {', '.join(ACROSS_TASKS)}, got {across_tasks!r}.")
@@ -236,11 +240,17 @@ def compose_stream(
     results: list[GroupGuarantee] = []
     notes: list[str] = []
     for g, (tasks, idx) in enumerate(groups):
-        events = [e for i in idx for e in charges[i].events]
         acct = accountant if group_accountants is None else group_accountants[g]
-        res = _compute(events, delta, acct)
-        results.append(GroupGuarantee(tasks=tasks, charges=idx, epsilon=float(res.epsilon), accountant=res.accountant))
-        notes.extend(n for n in res.notes if n not in notes)
+        key = (idx, acct, delta)
+        if cache is not None and key in cache:
+            eps, used, res_notes = cache[key]
+        else:
+            res = _compute([e for i in idx for e in charges[i].events], delta, acct)
+            eps, used, res_notes = float(res.epsilon), res.accountant, tuple(res.notes)
+            if cache is not None:
+                cache[key] = (eps, used, res_notes)
+        results.append(GroupGuarantee(tasks=tasks, charges=idx, epsilon=eps, accountant=used))
+        notes.extend(n for n in res_notes if n not in notes)
     worst = max(results, key=lambda r: r.epsilon)
     names = sorted({r.accountant for r in results})
     return StreamGuarantee(
@@ -324,6 +334,7 @@ class TaskLedger:
         self._units: dict[int, list[Any]] = {}
         self._filters: dict[str, Any] = {}
         self._cache: dict[int, StreamGuarantee] = {}
+        self._group_cache: dict[Any, tuple[float, str, tuple[str, ...]]] = {}
 
     # -- settings ----------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -354,23 +365,33 @@ class TaskLedger:
         return self._filters[key]
 
     def _admit(self, charge: Charge) -> None:
-        """Admit ``charge`` to every filter guarding its tasks; refuse before anything is recorded."""
-        from dpcl.accounting.filter import admit_events
+        """Admit ``charge`` to every filter guarding its tasks, all or none.
 
+        ``gdp`` rule (Gaussian events only): the charge costs its mu. ``basic``
+        rule: the k-th admission (k = 0, 1, ...) to a filter gets the delta share
+        total_delta / 2^(k+1), so the shares sum to less than total_delta however
+        long the stream is, and costs its epsilon at that share. Admission is
+        tried on copies first so that a refusal by any filter changes none.
+        """
+        import copy
+
+        from dpcl.accounting.events import ComposedEvent
+
+        event = charge.events[0] if len(charge.events) == 1 else ComposedEvent(list(charge.events))
         keys = self._filter_keys(charge.tasks)
-        # dry run: every filter must accept before any of them is charged.
+        trial = {}
         for key in keys:
-            admit_events(self._filter_for(key, charge.events), charge.events, self.delta, dry_run=True)
-        for key in keys:
-            admit_events(self._filter_for(key, charge.events), charge.events, self.delta)
+            flt = copy.deepcopy(self._filter_for(key, charge.events))
+            if flt.rule == "gdp":
+                flt.admit(event)
+            else:
+                flt.admit(event, delta=self.total_delta / 2.0 ** (len(flt.charges) + 1))
+            trial[key] = flt
+        self._filters.update(trial)
 
-    def filter_state(self) -> dict[str, dict[str, float]]:
-        """Spent and remaining budget of each filter (empty without ``total_epsilon``)."""
-        out = {}
-        for key, flt in self._filters.items():
-            spent_eps, spent_delta = flt.spent
-            out[key] = {"spent_epsilon": float(spent_eps), "spent_delta": float(spent_delta), "rule": flt.rule}
-        return out
+    def filter_state(self) -> dict[str, dict[str, Any]]:
+        """Rule, budget, spent and remaining budget of each filter (empty without ``total_epsilon``)."""
+        return {key: flt.to_dict() for key, flt in self._filters.items()}
 
     # -- units -------------------------------------------------------------
     def _check_units(self, tasks: Sequence[int], unit_ids: Any) -> np.ndarray | None:
@@ -437,15 +458,21 @@ class TaskLedger:
         """Cumulative guarantee of everything charged so far."""
         n = len(self.charges)
         if n not in self._cache:
-            self._cache[n] = compose_stream(self.charges, self.across_tasks, self.delta, self.accountant)
+            self._cache[n] = compose_stream(
+                self.charges, self.across_tasks, self.delta, self.accountant, cache=self._group_cache
+            )
         return self._cache[n]
 
     def task_guarantee(self, task_index: int) -> float:
         """Epsilon (at the ledger's delta) of the events charged to one task's data alone."""
-        events = [e for c in self.charges if task_index in c.tasks for e in c.events]
-        if not events:
+        idx = tuple(i for i, c in enumerate(self.charges) if task_index in c.tasks)
+        if not idx:
             raise InvalidParameterError(f"no charge recorded for task {task_index}.")
-        return float(_compute(events, self.delta, self.accountant).epsilon)
+        key = (idx, self.accountant, self.delta)
+        if key not in self._group_cache:
+            res = _compute([e for i in idx for e in self.charges[i].events], self.delta, self.accountant)
+            self._group_cache[key] = (float(res.epsilon), res.accountant, tuple(res.notes))
+        return self._group_cache[key][0]
 
     def events_epsilon(self, events: Sequence[PrivacyEvent]) -> float:
         """Epsilon (at the ledger's delta and accountant) of ``events`` alone."""

@@ -44,12 +44,13 @@ Task sizes enter the plan through q and T; like every DP-SGD accountant
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dpcl.accounting.events import Adjacency, GaussianEvent
-from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.errors import ConfigError, InvalidParameterError, UnsupportedEventError
 from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 from dpcl.guarantees.method_schema import REQUIRED, MethodKey, TaskPlan
 
@@ -181,6 +182,21 @@ def dpsgd_schedule(n_examples: int, batch_size: int, epochs: int, task_index: in
     return batch_size / n_examples, epochs * math.ceil(n_examples / batch_size)
 
 
+@functools.lru_cache(maxsize=256)
+def _calibrate_dpsgd(eps: float, delta: float, q: float, steps: int, accountant: str, adjacency: str):
+    """Memoised DP-SGD calibration: tasks of equal size share one (deterministic) calibration."""
+    from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
+
+    return dpsgd_noise_multiplier(eps, delta, q, steps, accountant=accountant, adjacency=adjacency)
+
+
+def calibration_accountant_for(accountant: str, adjacency: Adjacency) -> str:
+    """Accountant used to calibrate DP-SGD noise: the configured one (``auto``: the tightest sound bound of
+    :func:`dpcl.accounting.accountants.compute_epsilon`, which under replace-one is PLD, the only accountant
+    with a sound replace-one analysis of Poisson subsampling)."""
+    return accountant
+
+
 # -- specs ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CosineSpec:
@@ -244,11 +260,17 @@ class DpSgdSpec:
                 notes=(f"task {task_index} is empty after label filtering: the data-independent initialisation "
                        "is released (Prop. F.1) and nothing is charged.",),
             )
-        from dpcl.accounting.dpsgd import dpsgd_events, dpsgd_noise_multiplier
+        from dpcl.accounting.dpsgd import dpsgd_events
 
         q, steps = dpsgd_schedule(n, batch_size, epochs, task_index)
-        calibration_accountant = "prv" if accountant == "auto" else accountant
-        calibration = dpsgd_noise_multiplier(eps, delta, q, steps, accountant=calibration_accountant)
+        calibration_accountant = calibration_accountant_for(accountant, adjacency)
+        try:
+            calibration = _calibrate_dpsgd(eps, delta, q, steps, calibration_accountant, adjacency.value)
+        except UnsupportedEventError as exc:
+            raise ConfigError(
+                f"[privacy] accountant = {accountant!r} cannot account DP-SGD under {adjacency.value!r} "
+                f"adjacency ({exc}); use accountant = 'pld' or 'auto'."
+            ) from None
         event = dpsgd_events(calibration.noise_multiplier, q, steps, adjacency=adjacency.value, unit="example")
         return TaskPlan(
             events=(event,),

@@ -87,6 +87,24 @@ def test_parallel_without_disjoint_units_is_a_violation_and_accounted_sequential
     assert resolve_across_tasks("sequential", True) == ("sequential", [])
 
 
+def test_total_epsilon_filter_refuses_the_overspending_task():
+    # gdp filter (Gaussian events): budget (1.5, 1e-5); two tasks at eps=1 compose to ~1.39, three to ~1.73.
+    report = audit_config(_cfg(stream__disjoint_units=False, privacy__total_epsilon=1.5), SIZES)
+    assert not report.sound and report.exit_code == 3
+    assert "refused by the privacy filter (total_epsilon)" in report.violations[0]
+    assert [p.get("status") for p in report.per_task] == [None, None, "refused by the privacy filter"]
+    sigma = gaussian_sigma(1.0, 1e-5)
+    assert report.epsilon == pytest.approx(gaussian_profile_epsilon(np.sqrt(2) / sigma, 1e-5), rel=1e-9)
+    assert report.filter["stream"]["rule"] == "gdp" and report.filter["stream"]["admitted"] == 2
+    ok = audit_config(_cfg(stream__disjoint_units=False, privacy__total_epsilon=2.0), SIZES)
+    assert ok.sound and ok.filter["stream"]["admitted"] == 3
+
+
+def test_total_epsilon_with_parallel_guards_each_task():
+    report = audit_config(_cfg(privacy__total_epsilon=1.2), SIZES)
+    assert report.sound and set(report.filter) == {"task0", "task1", "task2"}
+
+
 def test_empty_task_keeps_cosine_releasing():
     report = audit_config(_cfg(), [100, 0, 90])
     assert report.sound
