@@ -1,0 +1,244 @@
+"""Accountants: exact / basic / advanced / RDP / PLD / PRV / auto on every event type.
+
+Independent references: the Thm 8 root by brentq (written here), dp-accounting's
+accountants driven directly with their own events, prv-accountant driven directly.
+Ordering checks: RDP >= PLD >= exact and PRV(upper) >= exact where they apply.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from dpcl.accounting.accountants import ACCOUNTANT_NAMES, AccountingResult, compute_epsilon
+from dpcl.accounting.events import (
+    ComposedEvent,
+    EpsilonDeltaEvent,
+    GaussianEvent,
+    HeterogeneousGaussianEvent,
+    LaplaceEvent,
+    PoissonSampledGaussianEvent,
+    RepeatedEvent,
+)
+from dpcl.errors import InvalidParameterError, UnsupportedEventError
+
+DELTA = 1e-5
+#: accountant calls cost 0.1-1 s each: few examples by default, many with DPCL_THOROUGH=1
+FEW = 200 if os.environ.get("DPCL_THOROUGH") == "1" else 8
+
+
+def gdp_eps_reference(mu: float, delta: float) -> float:
+    d = lambda e: norm.cdf(-e / mu + mu / 2) - math.exp(e) * norm.cdf(-e / mu - mu / 2)  # noqa: E731
+    if d(0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while d(hi) > delta:
+        hi *= 2
+    return brentq(lambda e: d(e) - delta, 0.0, hi, xtol=1e-14, rtol=1e-14)
+
+
+def gaussian_events() -> ComposedEvent:
+    return ComposedEvent(
+        [
+            GaussianEvent(sigma=2.0),
+            RepeatedEvent(GaussianEvent(sigma=6.0, sensitivity=2.0), 10),
+            HeterogeneousGaussianEvent(sigmas=np.array([3.0, 4.0, 5.0])),
+        ]
+    )
+
+
+GAUSS_MU = math.sqrt(0.25 + 10 * (2 / 6) ** 2 + 1 / 9 + 1 / 16 + 1 / 25)
+
+
+def test_exact_matches_independent_reference() -> None:
+    r = compute_epsilon(gaussian_events(), DELTA, "exact")
+    assert isinstance(r, AccountingResult)
+    assert r.accountant == "exact" and r.delta == DELTA
+    assert r.epsilon == pytest.approx(gdp_eps_reference(GAUSS_MU, DELTA), rel=1e-9)
+    assert r.adjacency == "add_remove" and r.unit == "example"
+
+
+def test_order_rdp_ge_pld_ge_exact_and_prv_ge_exact_for_gaussians() -> None:
+    res = {a: compute_epsilon(gaussian_events(), DELTA, a).epsilon for a in ("exact", "pld", "rdp", "prv")}
+    assert res["pld"] >= res["exact"] * (1 - 1e-12)
+    assert res["pld"] == pytest.approx(res["exact"], rel=1e-3)
+    assert res["rdp"] >= res["pld"]
+    assert res["prv"] >= res["exact"]
+
+
+def test_pld_matches_dp_accounting_on_the_same_events() -> None:
+    acc = pld_privacy_accountant.PLDAccountant()
+    acc.compose(
+        dp_event.ComposedDpEvent(
+            [
+                dp_event.GaussianDpEvent(2.0),
+                dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(3.0), 10),
+                dp_event.GaussianDpEvent(3.0),
+                dp_event.GaussianDpEvent(4.0),
+                dp_event.GaussianDpEvent(5.0),
+            ]
+        )
+    )
+    ref = acc.get_epsilon(DELTA)
+    ours = compute_epsilon(gaussian_events(), DELTA, "pld").epsilon
+    assert ours == pytest.approx(ref, rel=1e-3)
+
+
+def test_rdp_matches_dp_accounting_rdp_for_subsampled_and_laplace() -> None:
+    events = ComposedEvent(
+        [RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=1.1, sample_rate=0.02), 300), LaplaceEvent(scale=4.0)]
+    )
+    acc = rdp_privacy_accountant.RdpAccountant()
+    acc.compose(dp_event.PoissonSampledDpEvent(0.02, dp_event.GaussianDpEvent(1.1)), 300)
+    acc.compose(dp_event.LaplaceDpEvent(4.0))
+    assert compute_epsilon(events, DELTA, "rdp").epsilon == pytest.approx(acc.get_epsilon(DELTA), rel=1e-12)
+
+
+def test_laplace_all_accountants() -> None:
+    ev = LaplaceEvent(scale=0.5, sensitivity=0.5)  # eps0 = 1
+    exact = compute_epsilon(ev, DELTA, "exact").epsilon
+    assert exact == pytest.approx(1 + 2 * math.log1p(-DELTA), rel=1e-12)
+    assert compute_epsilon(ev, DELTA, "basic").epsilon == 1.0
+    pld = compute_epsilon(ev, DELTA, "pld").epsilon
+    assert exact <= pld <= exact + 1e-3
+    assert compute_epsilon(ev, DELTA, "rdp").epsilon >= exact
+    assert compute_epsilon(ev, DELTA, "prv").epsilon >= exact
+    assert compute_epsilon(ev, DELTA, "auto").accountant == "exact"
+    # several Laplace mechanisms: no exact accountant, PLD is the reference
+    many = RepeatedEvent(ev, 5)
+    with pytest.raises(UnsupportedEventError, match="exact"):
+        compute_epsilon(many, DELTA, "exact")
+    assert compute_epsilon(many, DELTA, "pld").epsilon <= 5.0
+
+
+def test_epsilon_delta_events_only_basic_and_advanced() -> None:
+    events = [EpsilonDeltaEvent(epsilon=0.1, delta=1e-7, source="theorem")] * 100
+    basic = compute_epsilon(events, DELTA, "basic")
+    assert basic.epsilon == pytest.approx(10.0, rel=1e-12)
+    adv = compute_epsilon(events, 2e-5, "advanced")
+    slack = 1 - (1 - 2e-5) / (1 - 1e-7) ** 100
+    kov = min(10.0, 100 * 0.1 * math.tanh(0.05) + math.sqrt(2 * 100 * 0.01 * math.log(1 / slack)))
+    assert adv.epsilon == pytest.approx(kov, rel=1e-9)
+    for name in ("exact", "rdp", "pld", "prv"):
+        with pytest.raises(UnsupportedEventError, match="basic|advanced|exact"):
+            compute_epsilon(events, DELTA, name)
+    auto = compute_epsilon(events, 2e-5, "auto")
+    assert auto.accountant == "advanced" and set(auto.candidates) == {"advanced", "basic"}
+    with pytest.raises(InvalidParameterError, match="delta"):
+        compute_epsilon(events, 1e-6, "basic")  # the events alone use 1e-5
+
+
+def test_basic_and_advanced_on_gaussians_are_valid_but_looser() -> None:
+    exact = compute_epsilon(gaussian_events(), DELTA, "exact").epsilon
+    for name in ("basic", "advanced"):
+        assert compute_epsilon(gaussian_events(), DELTA, name).epsilon >= exact
+
+
+def test_auto_names_the_tightest_and_lists_candidates() -> None:
+    r = compute_epsilon(gaussian_events(), DELTA, "auto")
+    assert r.accountant == "exact" and r.candidates == {"exact": r.epsilon}
+    sub = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=1.0, sample_rate=0.05), 200)
+    r = compute_epsilon(sub, DELTA, "auto")
+    assert set(r.candidates) == {"pld", "rdp", "advanced", "basic"}
+    assert r.epsilon == min(r.candidates.values())
+    assert r.candidates[r.accountant] == r.epsilon
+    assert any("auto" in n for n in r.notes)
+    json.dumps(r.to_dict())
+
+
+def test_dpsgd_with_sample_rate_one_is_exact_gaussian() -> None:
+    ev = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=4.0, sample_rate=1.0), 16)
+    assert compute_epsilon(ev, DELTA, "exact").epsilon == pytest.approx(gdp_eps_reference(1.0, DELTA), rel=1e-9)
+    rep = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=4.0, sample_rate=1.0, adjacency="replace_one"), 16)
+    # replace-one moves a clipped gradient by up to 2C: mu doubles
+    assert compute_epsilon(rep, DELTA, "exact").epsilon == pytest.approx(gdp_eps_reference(2.0, DELTA), rel=1e-9)
+
+
+def test_replace_one_subsampling_only_through_pld() -> None:
+    add = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=2.0, sample_rate=0.05), 10)
+    rep = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=2.0, sample_rate=0.05, adjacency="replace_one"), 10)
+    e_add = compute_epsilon(add, DELTA, "pld").epsilon
+    e_rep = compute_epsilon(rep, DELTA, "pld")
+    assert e_rep.adjacency == "replace_one"
+    assert e_rep.epsilon > e_add  # replacing is a larger change than adding/removing
+    acc = pld_privacy_accountant.PLDAccountant(
+        neighboring_relation=pld_privacy_accountant.NeighborRel.REPLACE_ONE
+    )
+    acc.compose(dp_event.PoissonSampledDpEvent(0.05, dp_event.GaussianDpEvent(2.0)), 10)
+    assert e_rep.epsilon == pytest.approx(acc.get_epsilon(DELTA), rel=1e-6)
+    for name in ("rdp", "prv", "basic", "advanced", "exact"):
+        with pytest.raises(UnsupportedEventError):
+            compute_epsilon(rep, DELTA, name)
+    assert compute_epsilon(rep, DELTA, "auto").accountant == "pld"
+
+
+def test_gaussian_adjacency_uses_stated_sensitivity() -> None:
+    a = compute_epsilon(GaussianEvent(sigma=3.0, sensitivity=2.0), DELTA, "exact").epsilon
+    b = compute_epsilon(GaussianEvent(sigma=3.0, sensitivity=2.0, adjacency="replace_one"), DELTA, "exact")
+    assert b.epsilon == a and b.adjacency == "replace_one"
+
+
+def test_invalid_calls() -> None:
+    with pytest.raises(InvalidParameterError, match="accountant"):
+        compute_epsilon(GaussianEvent(sigma=1.0), DELTA, "moments")
+    for bad in (0.0, 1.0, -1e-5, float("nan")):
+        with pytest.raises(InvalidParameterError, match="delta"):
+            compute_epsilon(GaussianEvent(sigma=1.0), bad)
+    with pytest.raises(InvalidParameterError):
+        compute_epsilon([], DELTA)
+    with pytest.raises(InvalidParameterError, match="neighbouring"):
+        compute_epsilon([GaussianEvent(sigma=1.0), GaussianEvent(sigma=1.0, adjacency="replace_one")], DELTA)
+    with pytest.raises(InvalidParameterError, match="unit"):
+        compute_epsilon([GaussianEvent(sigma=1.0), GaussianEvent(sigma=1.0, unit="token")], DELTA)
+    with pytest.raises(InvalidParameterError):
+        compute_epsilon("gaussian", DELTA)  # type: ignore[arg-type]
+    assert set(ACCOUNTANT_NAMES) == {"exact", "basic", "advanced", "rdp", "pld", "prv", "auto"}
+
+
+@settings(max_examples=FEW)
+@given(
+    z=st.floats(0.5, 5.0),
+    q=st.floats(0.001, 0.5),
+    steps=st.integers(1, 500),
+    more=st.integers(1, 500),
+)
+def test_property_more_steps_never_lower_epsilon_rdp(z: float, q: float, steps: int, more: int) -> None:
+    ev = PoissonSampledGaussianEvent(noise_multiplier=z, sample_rate=q)
+    a = compute_epsilon(RepeatedEvent(ev, steps), DELTA, "rdp").epsilon
+    b = compute_epsilon(RepeatedEvent(ev, steps + more), DELTA, "rdp").epsilon
+    assert math.isfinite(a) and b >= a
+
+
+@given(
+    sigma=st.floats(0.05, 1e3),
+    steps=st.integers(1, 10_000),
+    more=st.integers(1, 10_000),
+    delta=st.floats(1e-12, 0.5),
+)
+def test_property_more_steps_never_lower_epsilon_exact(sigma: float, steps: int, more: int, delta: float) -> None:
+    ev = GaussianEvent(sigma=sigma)
+    a = compute_epsilon(RepeatedEvent(ev, steps), delta, "exact").epsilon
+    b = compute_epsilon(RepeatedEvent(ev, steps + more), delta, "exact").epsilon
+    assert not math.isnan(a) and b >= a * (1 - 1e-12)
+
+
+@settings(max_examples=FEW)
+@given(sigma=st.floats(1.0, 20.0), count=st.integers(1, 9), delta=st.floats(1e-10, 0.1))
+def test_property_pld_and_rdp_never_below_exact(sigma: float, count: int, delta: float) -> None:
+    ev = RepeatedEvent(GaussianEvent(sigma=sigma), count)
+    exact = compute_epsilon(ev, delta, "exact").epsilon
+    pld = compute_epsilon(ev, delta, "pld").epsilon
+    rdp = compute_epsilon(ev, delta, "rdp").epsilon
+    assert pld >= exact * (1 - 1e-9) - 1e-12
+    assert rdp >= exact * (1 - 1e-9) - 1e-12
