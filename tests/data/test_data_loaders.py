@@ -10,7 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpcl.data import DATASETS, dataset_labels, load_cifar, load_dataset, load_digits, load_fortunes_texts, load_image_folder
+from dpcl.data import (
+    DATASETS,
+    dataset_labels,
+    load_cifar,
+    load_dataset,
+    load_digits,
+    load_fortunes_texts,
+    load_image_folder,
+    task_sizes,
+)
 from dpcl.data.cifar import read_cifar_batch
 from dpcl.data.fortunes import available_fortune_categories, read_fortune_file
 from dpcl.errors import InvalidParameterError, MissingDependencyError
@@ -246,6 +255,34 @@ def test_fortunes_real_encoder_and_cache(tmp_path: Path) -> None:
     # other texts, other key
     third = load_dataset("fortunes", **{**options, "max_per_class": 5})
     assert third.meta["features_cache"] == "miss" and third.meta["cache_file"] != first.meta["cache_file"]
+    # a stream section over the cached features keeps texts, features and unit ids together
+    from dpcl.data import build_stream
+
+    section = {"dataset": "fortunes", "dataset_options": {**options, "cache_dir": str(tmp_path)},
+               "tasks": [[0], [1]], "test_fraction": 0.34}
+    stream = build_stream(section)
+    assert stream.task_sizes() == task_sizes(section) == [4, 4]
+    for task in stream:
+        rows = np.searchsorted(first.unit_ids, task.train.unit_ids, sorter=np.argsort(first.unit_ids))
+        rows = np.argsort(first.unit_ids)[rows]
+        assert np.array_equal(task.train.features, first.features[rows])
+        assert task.train.texts.tolist() == first.texts[rows].tolist()
+
+
+@pytest.mark.thorough
+@needs_fortunes
+def test_default_fortunes_are_separable_by_class_means(tmp_path: Path) -> None:
+    """The default 10-category text stream is learnable: a non-private nearest-class-mean
+    (cosine) classifier trained on the training split is far above chance (0.1) on the test split."""
+    from dpcl.data import build_stream
+
+    stream = build_stream({"dataset": "fortunes", "tasks": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]})
+    train, test = stream.joint_train(), stream.seen_test(len(stream) - 1)
+    sums = np.zeros((10, train.n_features))
+    np.add.at(sums, train.labels, train.features)
+    means = sums / np.linalg.norm(sums, axis=1, keepdims=True)
+    accuracy = float(np.mean(np.argmax(test.features @ means.T, axis=1) == test.labels))
+    assert accuracy > 0.6
 
 
 def test_registry_names_and_errors() -> None:

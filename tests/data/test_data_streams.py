@@ -286,3 +286,25 @@ def test_permuted_keeps_each_unit_in_one_task() -> None:
         assert int(np.sum(stream[owners[0]].train.unit_ids == person)) == int(np.sum(train_split.unit_ids == person))
     with pytest.raises(InvalidParameterError, match="at most one task per privacy unit"):
         permuted_stream(ds, 13, seed=1)
+
+
+@given(
+    n_classes=st.integers(2, 8),
+    data=st.data(),
+    seed=st.integers(0, 1000),
+)
+def test_class_incremental_property(n_classes: int, data, seed: int) -> None:
+    counts = data.draw(st.lists(st.integers(1, 12), min_size=n_classes, max_size=n_classes))
+    ds = _synthetic(counts)
+    # a random assignment of a random subset of the labels to 1..4 tasks
+    task_of = data.draw(st.lists(st.integers(-1, 3), min_size=n_classes, max_size=n_classes))
+    groups = [[c for c in range(n_classes) if task_of[c] == t] for t in range(max(max(task_of), 0) + 1)]
+    stream = class_incremental_stream(ds, groups, seed=seed)
+    stream.check_disjoint_units()
+    assert len(stream) == len(groups)
+    for task, group in zip(stream, groups):
+        assert np.isin(task.train.labels, group).all() and np.isin(task.test.labels, group).all()
+    used = [c for g in groups for c in g]
+    train_split = class_incremental_stream(ds, [list(range(n_classes))], seed=seed)[0].train
+    expected = np.sort(train_split.unit_ids[np.isin(train_split.labels, used)])
+    assert np.array_equal(np.sort(np.concatenate([t.train.unit_ids for t in stream])), expected)
