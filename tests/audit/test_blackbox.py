@@ -140,3 +140,32 @@ def test_non_finite_scores_are_refused():
         audit_scores(np.arange(3.0), np.arange(3.0), 1e-5)
     with pytest.raises(InvalidParameterError, match="thresholds"):
         audit_scores(np.arange(10.0), np.arange(10.0), 1e-5, thresholds=[np.inf])
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from dpcl.audit.strategies import gaussian_parameters  # noqa: E402
+
+
+@given(
+    params=gaussian_parameters(min_epsilon=0.05, max_epsilon=10.0, min_delta=1e-10, max_delta=0.2),
+    z=st.floats(-8.0, 8.0),
+    slack=st.floats(0.0, 0.2),
+)
+def test_rate_formula_never_exceeds_epsilon_of_a_calibrated_gaussian(params, z, slack):
+    # Any threshold test on a correctly calibrated Gaussian, with its exact error rates (or rates made
+    # larger, as upper confidence bounds are), gives a value <= epsilon.
+    sigma = gaussian_sigma_closed_form(params.epsilon, params.delta, params.sensitivity)
+    t = z * sigma
+    fpr = min(1.0, norm.sf(t / sigma) * (1 + slack))
+    fnr = min(1.0, norm.cdf((t - params.sensitivity) / sigma) * (1 + slack))
+    assert epsilon_from_error_rates(fpr, fnr, params.delta) <= params.epsilon * (1 + 1e-9)
+
+
+@given(fpr=st.floats(0.0, 1.0), fnr=st.floats(0.0, 1.0), bump=st.floats(0.0, 1.0), delta=st.floats(0.0, 0.5))
+def test_rate_formula_is_monotone_in_the_rates(fpr, fnr, bump, delta):
+    base = epsilon_from_error_rates(fpr, fnr, delta)
+    assert epsilon_from_error_rates(min(1.0, fpr + bump), fnr, delta) <= base
+    assert epsilon_from_error_rates(fpr, min(1.0, fnr + bump), delta) <= base
+    assert base >= 0.0
