@@ -174,8 +174,11 @@ def load_cifar(path: str | os.PathLike[str], *, split: str = "all", label_kind: 
     if labels.size and labels.min() < 0:
         raise InvalidParameterError("CIFAR labels must be >= 0.")
     n_classes = int(labels.max()) + 1 if labels.size else 0
+    features = data.astype(np.float32)
+    features /= np.float32(255.0)
+    features.setflags(write=False)  # fresh and frozen: the dataset keeps it without another copy
     return LabelledDataset(
-        features=data.astype(np.float32) / np.float32(255.0),
+        features=features,
         labels=labels,
         unit_ids=np.concatenate([p[2] for p in parts]),
         name=f"cifar:{Path(path).expanduser()}",

@@ -21,8 +21,19 @@ __all__ = ["LabelledDataset", "concatenate"]
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
+    """A read-only array nobody else can write: ``array`` itself if it is already read-only and
+    owns its data (a fresh array frozen by this module), else a read-only copy."""
+    if not array.flags.writeable and array.flags.owndata:
+        return array
     array = np.array(array, copy=True)
     array.setflags(write=False)
+    return array
+
+
+def _fresh(array: np.ndarray | None) -> np.ndarray | None:
+    """Freeze an array this module just created (fancy indexing, concatenation), to skip the copy."""
+    if array is not None:
+        array.setflags(write=False)
     return array
 
 
@@ -86,8 +97,8 @@ class LabelledDataset:
             if texts.shape != (n,):
                 raise InvalidParameterError(f"texts must have shape ({n},), got {texts.shape}.")
             object.__setattr__(self, "texts", _frozen(texts))
-        object.__setattr__(self, "labels", _frozen(labels.astype(np.int64)))
-        object.__setattr__(self, "unit_ids", _frozen(unit_ids.astype(np.int64)))
+        object.__setattr__(self, "labels", _frozen(labels.astype(np.int64, copy=False)))
+        object.__setattr__(self, "unit_ids", _frozen(unit_ids.astype(np.int64, copy=False)))
         object.__setattr__(self, "class_names", class_names)
         object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
 
@@ -112,12 +123,12 @@ class LabelledDataset:
         if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
             raise InvalidParameterError(f"indices must lie in [0, {len(self)}); got [{idx.min()}, {idx.max()}].")
         return LabelledDataset(
-            features=None if self.features is None else self.features[idx],
-            labels=self.labels[idx],
-            unit_ids=self.unit_ids[idx],
+            features=_fresh(None if self.features is None else self.features[idx]),
+            labels=_fresh(self.labels[idx]),
+            unit_ids=_fresh(self.unit_ids[idx]),
             name=self.name if name is None else name,
             class_names=self.class_names,
-            texts=None if self.texts is None else self.texts[idx],
+            texts=_fresh(None if self.texts is None else self.texts[idx]),
             meta=self.meta,
         )
 
@@ -163,11 +174,11 @@ def concatenate(datasets: Sequence[LabelledDataset], *, name: str | None = None)
         if (other.features is None) != (first.features is None) or (other.texts is None) != (first.texts is None):
             raise InvalidParameterError("datasets to concatenate must all have features (or texts) or all lack them.")
     return LabelledDataset(
-        features=None if first.features is None else np.concatenate([d.features for d in datasets], axis=0),
-        labels=np.concatenate([d.labels for d in datasets]),
-        unit_ids=np.concatenate([d.unit_ids for d in datasets]),
+        features=_fresh(None if first.features is None else np.concatenate([d.features for d in datasets], axis=0)),
+        labels=_fresh(np.concatenate([d.labels for d in datasets])),
+        unit_ids=_fresh(np.concatenate([d.unit_ids for d in datasets])),
         name=first.name if name is None else name,
         class_names=first.class_names,
-        texts=None if first.texts is None else np.concatenate([d.texts for d in datasets]),
+        texts=_fresh(None if first.texts is None else np.concatenate([d.texts for d in datasets])),
         meta=first.meta,
     )
