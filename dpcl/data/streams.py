@@ -37,7 +37,6 @@ order). The test split is for reporting; nothing in dpcl tunes on it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -459,13 +458,13 @@ def parse_stream_section(section: Mapping[str, Any]) -> dict[str, Any]:
         value = section[name]
         if isinstance(value, bool) or not isinstance(value, types):
             expected = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-            raise ConfigError(f"[stream] {name} must be a {expected}, got {value!r}: {help_text}")
+            raise ConfigError(f"[stream] {name} must be of type {expected}, got {value!r}: {help_text}")
         parsed[name] = value
     if parsed["kind"] not in STREAM_KINDS:
         raise ConfigError(f"[stream] kind must be one of {', '.join(STREAM_KINDS)}, got {parsed['kind']!r}.")
     if parsed["kind"] in ("class_incremental", "blurry") and parsed["tasks"] is None:
         raise ConfigError(f"[stream] tasks is required for kind = {parsed['kind']!r}: {STREAM_KEYS['tasks'][2]}")
-    if isinstance(parsed["test_fraction"], (int, float)) and not (0 < float(parsed["test_fraction"]) < 1 and math.isfinite(float(parsed["test_fraction"]))):
+    if not 0 < float(parsed["test_fraction"]) < 1:  # NaN fails too
         raise ConfigError(f"[stream] test_fraction must lie in (0, 1), got {parsed['test_fraction']!r}.")
     if not (0 <= float(parsed["blurry_fraction"]) < 1):
         raise ConfigError(f"[stream] blurry_fraction must lie in [0, 1), got {parsed['blurry_fraction']!r}.")
