@@ -293,3 +293,26 @@ def test_registry_names_and_errors() -> None:
         load_dataset("cifar:")
     with pytest.raises(InvalidParameterError, match="has no option\\(s\\) colour"):
         load_dataset("digits", colour="red")
+
+
+def test_text_only_streams_for_language_models(tmp_path: Path) -> None:
+    root = tmp_path / "fortunes"
+    root.mkdir()
+    for name in ("alpha", "beta", "gamma"):
+        (root / name).write_text("\n%\n".join(f"{name} saying number {i}." for i in range(10)) + "\n")
+    from dpcl.data import build_stream
+
+    options = {"fortunes_path": str(root), "min_count": 5, "categories": ["alpha", "beta", "gamma"]}
+    section = {"dataset": "fortunes_texts", "dataset_options": options,
+               "kind": "blurry", "blurry_fraction": 0.25, "tasks": [[0], [1], [2]]}
+    stream = build_stream(section)
+    assert stream.task_sizes() == task_sizes(section) == [8, 8, 8]
+    stream.check_disjoint_units()
+    for task in stream:
+        assert task.train.features is None
+        category = stream.class_names[task.labels[0]]
+        own = np.char.startswith(task.train.texts.astype(str), category)
+        assert int((~own).sum()) == 2  # round(0.25 * 8) texts of other categories
+        assert np.array_equal(own, np.isin(task.train.labels, task.labels))
+    with pytest.raises(InvalidParameterError, match="permuted stream needs features"):
+        build_stream({**section, "kind": "permuted", "n_tasks": 2})
