@@ -19,7 +19,12 @@ Kinds (Tobaben et al., Sec. 6 and 6.2):
   random task order and handed over with a random cyclic shift ``s`` in
   ``[max_t d_t, sum_t d_t - max_t d_t]``, which never returns an example to its own
   task; this is possible iff ``2 max_t d_t <= sum_t d_t`` (else the fraction is
-  refused). Every example still belongs to exactly one task, so units stay disjoint.
+  refused). A task receives a contiguous run of the shuffled donations, so its
+  foreign examples come from a few (typically one or two) other tasks chosen at
+  random, not evenly from all of them. Every example still belongs to exactly one
+  task, so with one example per unit (all bundled datasets) units stay disjoint;
+  the hand-over is per example, so a unit with several examples may be split
+  across tasks, which :meth:`TaskStream.check_disjoint_units` and the ledger report.
 * ``permuted`` -- ``n_tasks`` tasks over all labels; task t applies its own fixed
   random feature permutation (Goodfellow et al. 2013, "permuted MNIST"). The
   privacy units of the training split are shuffled and cut into ``n_tasks``
