@@ -123,15 +123,19 @@ def test_audit_explicit_task_sizes_for_unbundled_dataset(tmp_path, capsys):
     assert payload["per_task"][1]["status"].startswith("empty task")
 
 
-def test_audit_prior_filtering_needs_sizes_when_unknown(tmp_path, capsys):
+def test_audit_prior_filtering_reports_counts(tmp_path, capsys):
+    """Label 1 is not in task 0's public set: its examples are dropped before training (Eq. 6)."""
     text = COSINE_TEXT.replace('label_space = "prior_const"', 'label_space = "prior"').replace(
         "prior_labels = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]", "prior_labels = [[0], [2, 3], [4, 5], [6, 7], [8, 9]]"
     )
-    code, out, err = _run(capsys, "audit", _write(tmp_path, text))
-    if code == 0:  # the data layer reports per-example labels: the filtered count is shown
-        assert "filtered=" in out
-    else:
-        assert code == 2 and "task_sizes" in err
+    code, out, _ = _run(capsys, "audit", _write(tmp_path, text), "--json")
+    assert code == 0
+    filtered = json.loads(out)["per_task"]
+    code, out, _ = _run(capsys, "audit", str(CONFIGS / "cosine.toml"), "--json")
+    unfiltered = json.loads(out)["per_task"]
+    assert filtered[0]["filtered_out"] > 0
+    assert filtered[0]["examples"] + filtered[0]["filtered_out"] == unfiltered[0]["examples"]
+    assert [p["examples"] for p in filtered[1:]] == [p["examples"] for p in unfiltered[1:]]
 
 
 # -- verify ---------------------------------------------------------------------------------------
