@@ -187,7 +187,7 @@ class ContinualMethod(ABC):
         """Restore :meth:`state_dict` output (used to resume a run)."""
 
     def _base_state(self) -> dict[str, Any]:
-        return {"seen_labels": self.seen_labels.copy(), "tasks_fitted": self.tasks_fitted}
+        return {"seen_labels": [bool(v) for v in self.seen_labels], "tasks_fitted": self.tasks_fitted}
 
     def _load_base_state(self, state: Mapping[str, Any]) -> None:
         seen = np.asarray(state["seen_labels"], dtype=bool)

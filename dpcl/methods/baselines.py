@@ -67,7 +67,7 @@ class _SingleModelDPSGD(ContinualMethod):
             self.model = self._fresh_model()
         train_classifier(
             self.model,
-            torch.as_tensor(np.asarray(data.features), dtype=torch.float32, device=self.device),
+            torch.tensor(np.asarray(data.features), dtype=torch.float32, device=self.device),
             torch.as_tensor(self.label_positions(labels), dtype=torch.long, device=self.device),
             schedule,
             learning_rate=self.learning_rate,
@@ -79,7 +79,7 @@ class _SingleModelDPSGD(ContinualMethod):
 
     def scores(self, features: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            x = torch.as_tensor(np.asarray(features), dtype=torch.float32, device=self.device)
+            x = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
             return self.model(x).double().cpu().numpy()
 
     def state_dict(self) -> dict[str, Any]:

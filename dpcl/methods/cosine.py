@@ -93,7 +93,7 @@ class CosineClassifier(ContinualMethod):
         # row of each example inside this task's |O_t| x K release
         order = np.argsort(task_labels)
         example_rows = torch.as_tensor(order[np.searchsorted(task_labels[order], labels)], device=self.device)
-        features = normalise_rows(torch.as_tensor(np.asarray(data.features), dtype=torch.float64, device=self.device))
+        features = normalise_rows(torch.tensor(np.asarray(data.features), dtype=torch.float64, device=self.device))
         release = torch.zeros(rows.numel(), self.class_sums.shape[1], dtype=torch.float64, device=self.device)
         release.index_add_(0, example_rows, features)
         if sigma is not None:
@@ -106,7 +106,7 @@ class CosineClassifier(ContinualMethod):
 
     def scores(self, features: np.ndarray) -> np.ndarray:
         """Cosine similarity of each (normalised) feature vector with each class sum (eq. 9)."""
-        queries = normalise_rows(torch.as_tensor(np.asarray(features), dtype=torch.float64, device=self.device))
+        queries = normalise_rows(torch.tensor(np.asarray(features), dtype=torch.float64, device=self.device))
         return (queries @ normalise_rows(self.class_sums).T).cpu().numpy()
 
     def state_dict(self) -> dict[str, Any]:

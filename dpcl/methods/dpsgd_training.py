@@ -60,7 +60,9 @@ def schedule_from_plan(plan: TaskPlan, method: Mapping[str, Any], n_examples: in
 
     A plan with privacy events must give ``noise_multiplier``, ``sample_rate``
     and ``steps``; the clipping norm is the ``[method] max_grad_norm`` the plan
-    was computed for. A plan without events is a non-private run: it trains
+    was computed for. A plan without events and ``steps = 0`` is an empty task:
+    the initialisation is released untouched. Any other plan without events is a
+    non-private run: it trains
     ``epochs * ceil(n / batch_size)`` steps at rate ``batch_size / n`` (or the
     plan's own ``sample_rate`` / ``steps`` when given), without clipping or noise.
     """
@@ -85,6 +87,9 @@ def schedule_from_plan(plan: TaskPlan, method: Mapping[str, Any], n_examples: in
         )
     if noise.get("noise_multiplier") is not None or noise.get("sigma") is not None:
         raise InvalidParameterError("a plan with noise but no privacy events is inconsistent; refusing to train.")
+    if noise.get("steps") == 0:
+        # an empty task: the plan releases the data-independent initialisation (Prop. F.1), no step is taken
+        return SgdSchedule(1.0, 0, None, None)
     batch_size = int(method["batch_size"])
     epochs = int(method["epochs"])
     if noise.get("sample_rate") is not None and noise.get("steps") is not None:

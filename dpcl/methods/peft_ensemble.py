@@ -130,7 +130,7 @@ class PeftEnsemble(ContinualMethod):
         model = self._new_model(task_labels.size)
         train_classifier(
             model,
-            torch.as_tensor(np.asarray(data.features), dtype=torch.float32, device=self.device),
+            torch.tensor(np.asarray(data.features), dtype=torch.float32, device=self.device),
             torch.as_tensor(targets, dtype=torch.long, device=self.device),
             schedule,
             learning_rate=self.learning_rate,
@@ -144,7 +144,7 @@ class PeftEnsemble(ContinualMethod):
 
     def member_logits(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Logits [m, n, L] of every ensemble member over the label space, and masks [m, L] of their labels."""
-        x = torch.as_tensor(np.asarray(features), dtype=torch.float32, device=self.device)
+        x = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
         n_labels = len(self.label_space)
         logits = np.zeros((len(self.models), x.shape[0], n_labels))
         masks = np.zeros((len(self.models), n_labels), dtype=bool)

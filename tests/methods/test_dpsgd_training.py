@@ -130,3 +130,14 @@ def test_seeded_adapter_does_not_touch_the_global_rng():
     torch.manual_seed(123)
     seeded_adapter(4, 2, 3, torch.Generator().manual_seed(0), torch.device("cpu"))
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_empty_task_plan_releases_the_initialisation_untouched():
+    plan = TaskPlan(events=(), noise={"empty_task_release": "initialisation", "steps": 0, "max_grad_norm": 1.0})
+    schedule = schedule_from_plan(plan, {"batch_size": 8, "epochs": 2}, 0)
+    assert schedule.steps == 0 and not schedule.private
+    model = AdapterClassifier(5, 2, 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train_classifier(model, torch.zeros(0, 5), torch.zeros(0, dtype=torch.long), schedule,
+                     learning_rate=0.1, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

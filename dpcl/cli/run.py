@@ -1,0 +1,100 @@
+"""``dpcl run CONFIG.toml --out DIR``: a certified continual-learning training run.
+
+Audits the config first (refused configs exit 3 before training), then trains
+task by task; every release gets a checkpoint and a verified certificate. Rerun
+with the same ``--out`` to resume after the last certified task.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dpcl.cli.output import add_json_flag, print_json
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="train a config task by task; certify every release",
+        description=(
+            "Train the continual-learning run CONFIG.toml describes. The config is audited first (as `dpcl audit`); "
+            "a refused config exits with code 3 before training. Writes DIR/metrics.json, DIR/accuracy.png, "
+            "DIR/ledger.json, DIR/checkpoints/ and DIR/certificates/ (one verified certificate per release). "
+            "Rerunning with the same --out resumes after the last certified task."
+        ),
+    )
+    parser.add_argument("config", metavar="CONFIG.toml", help="training config ([privacy], [stream], [method], optional [run])")
+    parser.add_argument("--out", required=True, metavar="DIR", help="run directory (created; reused to resume)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, sampling and noise (default 0)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="torch device (default: [method] device, else cpu); cuda must be available")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_json_flag(parser)
+    parser.set_defaults(handler=run_command)
+
+
+def summary_rows(result: Any) -> list[dict[str, Any]]:
+    """One row per release: task, accuracy on the tasks seen so far (AA_t), cumulative epsilon, certificate."""
+    rows = []
+    for release in result.releases:
+        rows.append(
+            {
+                "task": release.task_index + 1,
+                "average_accuracy": sum(release.accuracies) / len(release.accuracies),
+                "cumulative_epsilon": release.cumulative_epsilon,
+                "certificate": release.certificate,
+            }
+        )
+    return rows
+
+
+def print_summary(result: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    delta = f"{result.delta:g}"
+    table = Table(title=f"dpcl run: {result.method}" + ("" if result.private else " (NOT private)"))
+    table.add_column("after task", justify="right")
+    table.add_column("avg accuracy (tasks so far)", justify="right")
+    table.add_column(f"cumulative ε (δ={delta})" if result.private else "ε", justify="right")
+    table.add_column("certificate")
+    for row in summary_rows(result):
+        eps = row["cumulative_epsilon"]
+        table.add_row(
+            str(row["task"]),
+            f"{row['average_accuracy']:.3f}",
+            "∞ (not private)" if eps is None else f"{eps:.4g}",
+            row["certificate"].rsplit("/", 1)[-1],
+        )
+    console = Console()
+    console.print(table)
+    metrics = result.metrics
+    console.print(f"final average accuracy (AA): {metrics['average_accuracy']:.4f}")
+    if result.resumed_after is not None:
+        console.print(f"resumed after task {result.resumed_after + 1}")
+    console.print(f"certificates: {result.out_dir / 'certificates'}")
+    console.print(f"run directory: {result.out_dir} (metrics.json, accuracy.png, ledger.json, checkpoints/)")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from dpcl.runner import run_training
+
+    result = run_training(args.config, args.out, seed=args.seed, device=args.device, quiet=args.quiet or args.json)
+    if args.json:
+        print_json(
+            {
+                "out": str(result.out_dir),
+                "method": result.method,
+                "private": result.private,
+                "complete": result.complete,
+                "resumed_after_task": None if result.resumed_after is None else result.resumed_after + 1,
+                "average_accuracy": result.metrics["average_accuracy"],
+                "final_epsilon": result.metrics["final_epsilon"],
+                "delta": result.delta,
+                "releases": summary_rows(result),
+            }
+        )
+    else:
+        print_summary(result)
+    return 0

@@ -1,0 +1,578 @@
+"""L2DP-ML (Lai et al., *Lifelong DP*, Alg. 1 / Alg. 2) and its A-GEM baselines.
+
+Network (Sec. 4, Fig. 1): an auto-encoder layer ``h1 = theta1^T x`` stacked
+with a network ``G`` whose last hidden layer ``h_pi`` feeds a linear output
+layer ``W``. Training follows Alg. 2 with the soundness fixes derived in
+:mod:`dpcl.guarantees.lifelong`:
+
+* each task is split once into fixed disjoint batches
+  (:func:`~dpcl.guarantees.lifelong.batch_partition`);
+* **phase 1** (budget ``epsilon1``): for every batch the coefficients of the
+  reconstruction polynomial (eq. 11, ``R(theta1) = <theta1 theta1^T, sym(A_B)>``)
+  are computed once and perturbed once with Laplace noise of scale
+  ``Delta_R / epsilon1``; ``theta1`` is trained by projected gradient descent on
+  the noisy polynomials, its columns kept orthonormal (a retraction, i.e.
+  post-processing), with the A-GEM projection against a memory batch;
+* **phase 2** (budget ``epsilon2``): with the released ``theta1``, the features
+  ``h_pi`` of each batch give the coefficients of the second-order Taylor
+  polynomial of the logistic output loss (eq. 12, re-derived), perturbed once
+  with Laplace noise of scale ``Delta_L / epsilon2``; the noisy quadratic term is
+  projected to a PSD matrix plus a ridge (post-processing) and ``W`` is trained
+  with A-GEM against memory batches;
+* after the task, ``memory_batches_per_task`` of its batches (their *released*
+  coefficients) enter the episodic memory; they are never recomputed, and the
+  run checks (by digest) that they stay fixed and disjoint.
+
+The hidden layers of ``G`` between ``h1`` and ``h_pi`` keep their seeded random
+initialisation: training them on private data would read the data at every
+step, which the two Laplace releases do not cover (the paper's Alg. 1 does
+this; its proof does not cover it).
+
+Baselines on the same streams (Sec. 6): :class:`AGEMClassifier` (non-private
+A-GEM, Chaudhry et al. 2019) and :class:`DPSGDAGEMClassifier` ("NaiveGaussian":
+DP-SGD through opacus for both the task gradient and the memory reference
+gradient; its epsilon grows with the number of tasks and is computed by
+:func:`dpcl.guarantees.lifelong.dpsgd_agem_epsilons`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpcl.errors import DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
+from dpcl.guarantees.lifelong import (
+    INPUT_RANGES,
+    Precondition,
+    batch_partition,
+    check_batch_partition,
+    check_input_range,
+    check_memory_fixed_disjoint,
+    check_units,
+    coefficient_digest,
+    laplace_noise_scale,
+    lifelong_bound,
+    output_sensitivity,
+    paper_output_sensitivity,
+    paper_reconstruction_sensitivity,
+    reconstruction_sensitivity,
+)
+from dpcl.guarantees.method_schema import TaskPlan
+from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
+
+__all__ = [
+    "AGEMClassifier",
+    "DPSGDAGEMClassifier",
+    "L2DPMLMethod",
+    "agem_project",
+    "output_coefficients",
+    "reconstruction_coefficients",
+]
+
+_DTYPE = torch.float64
+
+
+# ---------------------------------------------------------------------------
+# building blocks (vectorised over batches)
+# ---------------------------------------------------------------------------
+def agem_project(g: torch.Tensor, g_ref: torch.Tensor) -> torch.Tensor:
+    """A-GEM projection (Chaudhry et al. 2019, eq. 11): remove the part of ``g`` that increases the memory loss.
+
+    ``g~ = g - (g^T g_ref / g_ref^T g_ref) g_ref`` when ``g^T g_ref < 0``, else ``g``.
+    """
+    dot = torch.sum(g * g_ref)
+    norm2 = torch.sum(g_ref * g_ref)
+    if dot >= 0 or norm2 <= 0:
+        return g
+    return g - (dot / norm2) * g_ref
+
+
+def _padded(values: torch.Tensor, batches: tuple[np.ndarray, ...]) -> torch.Tensor:
+    """Stack batches of rows into ``[n_batches, max_size, ...]`` padded with zeros (zeros add nothing to sums)."""
+    size = max(len(b) for b in batches)
+    out = values.new_zeros((len(batches), size) + tuple(values.shape[1:]))
+    rows = torch.as_tensor(np.concatenate(batches), dtype=torch.long)
+    batch_of = torch.as_tensor(np.repeat(np.arange(len(batches)), [len(b) for b in batches]), dtype=torch.long)
+    slot = torch.as_tensor(np.concatenate([np.arange(len(b)) for b in batches]), dtype=torch.long)
+    out[batch_of, slot] = values[rows]
+    return out
+
+
+def _symmetric_laplace(rng: np.random.Generator, scale: float, n: int, d: int) -> torch.Tensor:
+    """``n`` symmetric d x d matrices whose upper triangle (diagonal included) is i.i.d. Laplace(scale)."""
+    upper = np.triu(rng.laplace(0.0, scale, size=(n, d, d)))
+    return torch.as_tensor(upper + np.transpose(np.triu(upper, 1), (0, 2, 1)), dtype=_DTYPE)
+
+
+def reconstruction_coefficients(x: torch.Tensor, batches: tuple[np.ndarray, ...]) -> torch.Tensor:
+    """Exact coefficients ``sym(A_B)`` of eq. 11 for every batch: ``[n_batches, d, d]``.
+
+    ``A_sj = sum_r x_rj (1/2 - x_rs)``, so ``sym(A) = (c 1^T + 1 c^T)/4 - X^T X``
+    with ``c = sum_r x_r`` (diagonal ``sum u/2 - u^2``, off-diagonal
+    ``sum (u + v)/4 - u v``; see :func:`dpcl.guarantees.lifelong.reconstruction_sensitivity`).
+    """
+    xp = _padded(x, batches)
+    c = xp.sum(dim=1)
+    second = torch.bmm(xp.transpose(1, 2), xp)
+    return (c[:, :, None] + c[:, None, :]) / 4.0 - second
+
+
+def output_coefficients(
+    h: torch.Tensor, y: torch.Tensor, batches: tuple[np.ndarray, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact coefficients of the output polynomial for every batch.
+
+    ``sum_k W_k^T b_k + (1/8) W_k^T Q W_k`` (2nd-order Taylor expansion of the
+    logistic loss at 0: ``log(1 + e^{-z}) y + log(1 + e^{z})(1 - y) = log 2 + z (1/2 - y)
+    + z^2/8 + O(z^4)``). Returns ``b`` ``[n_batches, p, K]`` and ``Q`` ``[n_batches, p, p]``.
+    """
+    hp = _padded(h, batches)
+    yp = _padded(y, batches)
+    mask = _padded(torch.ones(h.shape[0], 1, dtype=h.dtype), batches)
+    b = torch.bmm(hp.transpose(1, 2), mask * 0.5 - yp)
+    q = torch.bmm(hp.transpose(1, 2), hp)
+    return b, q
+
+
+def _orthonormal_columns(theta: torch.Tensor) -> torch.Tensor:
+    """QR retraction onto matrices with orthonormal columns (sign-fixed, so it is a function of ``theta``)."""
+    q, r = torch.linalg.qr(theta)
+    signs = torch.sign(torch.diagonal(r))
+    signs[signs == 0] = 1.0
+    return q * signs
+
+
+def _psd_plus_ridge(q: torch.Tensor, ridge: torch.Tensor) -> torch.Tensor:
+    """Project symmetric matrices to the PSD cone and add ``ridge[b] I`` (post-processing of noisy coefficients)."""
+    vals, vecs = torch.linalg.eigh(q)
+    vals = vals.clamp(min=0.0) + ridge[:, None]
+    return (vecs * vals[:, None, :]) @ vecs.transpose(1, 2)
+
+
+def _entry_digest(entry: Mapping[str, Any]) -> str:
+    """Digest of a memory entry's released coefficients and unit ids (checks that memory stays fixed)."""
+    arrays = [np.asarray(entry["units"])] + [entry[k].numpy() for k in ("ae", "b_n", "q_n") if entry[k] is not None]
+    return coefficient_digest(*arrays)
+
+
+# ---------------------------------------------------------------------------
+# L2DP-ML
+# ---------------------------------------------------------------------------
+class L2DPMLMethod(ContinualMethod):
+    """L2DP-ML with streaming fixed batches and A-GEM (Lai et al., Alg. 2), certified per release.
+
+    ``setup.method`` holds the keys of :data:`dpcl.guarantees.lifelong.L2DPML_KEYS`;
+    noise budgets come from the task's :class:`TaskPlan` (``epsilon1``,
+    ``epsilon2``). Sensitivities ``Delta_R`` and ``Delta_L`` are computed by
+    :mod:`dpcl.guarantees.lifelong` from the actual layer sizes.
+    """
+
+    name = "l2dpml"
+
+    def __init__(self, setup: MethodSetup) -> None:
+        super().__init__(setup)
+        m = dict(setup.method)
+        self.hidden_sizes = [int(v) for v in m.get("hidden_sizes", [16, 16])]
+        self.input_range = str(m.get("input_range", "unit"))
+        if self.input_range not in INPUT_RANGES:
+            raise InvalidParameterError(
+                f"[method] input_range must be one of {', '.join(INPUT_RANGES)}, got {self.input_range!r}."
+            )
+        self.learning_rate = float(m.get("learning_rate", 0.5))
+        self.ridge = float(m.get("ridge", 0.05))
+        self.reference_gradient = str(m.get("reference_gradient", "memory_mean"))
+        self.autoencoder_training = str(m.get("autoencoder_training", "every_task"))
+        self.n_features = int(setup.input_dim)
+        self.n_classes = len(self.label_space)
+        gen = torch.Generator().manual_seed(int(setup.seed))
+        theta = torch.randn(self.n_features, self.hidden_sizes[0], generator=gen, dtype=_DTYPE)
+        if self.hidden_sizes[0] > self.n_features:
+            raise InvalidParameterError(
+                f"[method] hidden_sizes[0] (|h1| = {self.hidden_sizes[0]}) must not exceed the input dimension "
+                f"{self.n_features}: theta1 has orthonormal columns."
+            )
+        self.theta1 = _orthonormal_columns(theta)
+        #: Fixed random hidden layers of G (h1 -> ... -> h_pi); never trained on private data.
+        self.hidden: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for fan_in, fan_out in zip(self.hidden_sizes[:-1], self.hidden_sizes[1:]):
+            w = torch.randn(fan_in, fan_out, generator=gen, dtype=_DTYPE) * math.sqrt(2.0 / fan_in)
+            b = (torch.rand(fan_out, generator=gen, dtype=_DTYPE) - 0.5) * 0.2
+            self.hidden.append((w, b))
+        self._hidden_digest = coefficient_digest(*[t.numpy() for layer in self.hidden for t in layer])
+        self.n_head_features = self.hidden_sizes[-1] + 1  # + constant 1 (bias)
+        self.W = torch.zeros(self.n_head_features, self.n_classes, dtype=_DTYPE)
+        self.delta_r = reconstruction_sensitivity(self.n_features, self.input_range)
+        self.delta_l = output_sensitivity(self.n_head_features, self.n_classes)
+        self.memory: list[dict[str, Any]] = []
+        self.seen_units = np.zeros(0, dtype=np.int64)
+        self.reports: dict[int, dict[str, Any]] = {}
+
+    # -- features --------------------------------------------------------
+    def _head_features(self, x: torch.Tensor) -> torch.Tensor:
+        """``[h_pi, 1]`` in ``[-1, 1]^(p+1)``: ``h1 = tanh(theta1^T x)`` then fixed tanh layers."""
+        h = torch.tanh(x @ self.theta1)
+        for w, b in self.hidden:
+            h = torch.tanh(h @ w + b)
+        return torch.cat([h, torch.ones(h.shape[0], 1, dtype=_DTYPE)], dim=1)
+
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        x = torch.as_tensor(np.asarray(features, dtype=np.float64))
+        return (self._head_features(x) @ self.W).numpy()
+
+    # -- training ------------------------------------------------------
+    def _rng(self, task_index: int, stream: int) -> np.random.Generator:
+        return np.random.default_rng([int(self.setup.seed), int(task_index), stream])
+
+    def _descend(self, param, grad_now, grad_memory, n_memory, order, rng, step_size, retract) -> torch.Tensor:
+        """Projected gradient descent with the A-GEM projection (Alg. 2 lines 7-16).
+
+        ``grad_memory(param, idx)`` returns the mean gradient over memory entries
+        ``idx``: all of them (``reference_gradient = "memory_mean"``, A-GEM's
+        reference on the whole episodic memory) or one random batch
+        (``"random_batch"``, Alg. 2 line 11). Only released coefficients are read.
+        """
+        for i in order:
+            g = grad_now(param, i)
+            if n_memory:
+                idx = (slice(None) if self.reference_gradient == "memory_mean"
+                       else slice(j := int(rng.integers(n_memory)), j + 1))
+                g = agem_project(g, grad_memory(param, idx))
+            param = retract(param - step_size(i) * g)
+        return param
+
+    def fit_task(
+        self,
+        task_index: int,
+        data: TrainingData,
+        output_labels: tuple[int, ...],
+        plan: TaskPlan,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        noise = plan.noise
+        n = len(data)
+        batch_size = int(noise["batch_size"])
+        epochs = int(noise["epochs"])
+        preconditions: list[Precondition] = []
+        if n:
+            x_np = np.asarray(data.features, dtype=np.float64)
+            if x_np.shape[1] != self.n_features:
+                raise InvalidParameterError(
+                    f"task {task_index} has {x_np.shape[1]} features but the method was built for {self.n_features}."
+                )
+            rng_check = check_input_range(x_np, self.input_range)
+            if not rng_check.met:
+                raise InvalidParameterError(
+                    f"task {task_index}: inputs must lie in the declared input_range {self.input_range!r} "
+                    f"{INPUT_RANGES[self.input_range]} ({rng_check.detail}); rescale the data, dpcl never clamps."
+                )
+            units = check_units(np.asarray(data.unit_ids), self.seen_units)
+            if not units.met:
+                raise DisjointnessViolationError(f"task {task_index}: {units.statement} is violated ({units.detail}).")
+            preconditions += [rng_check, units]
+            batches = batch_partition(n, batch_size, seed=int(self.setup.seed) * 1000003 + task_index)
+            partition = check_batch_partition(batches, n, batch_size)
+            if not partition.met:  # pragma: no cover - batch_partition always yields a partition
+                raise PrivacyViolationError(f"task {task_index}: {partition.detail}")
+            preconditions.append(partition)
+            self._fit_batches(task_index, torch.as_tensor(x_np), data, batches, noise, epochs, progress)
+            self.seen_units = np.concatenate([self.seen_units, np.asarray(data.unit_ids, dtype=np.int64)])
+        memory_check = check_memory_fixed_disjoint(
+self.memory, [_entry_digest(e) for e in self.memory])
+        if not memory_check.met:
+            raise PrivacyViolationError(f"task {task_index}: {memory_check.statement} is violated ({memory_check.detail}).")
+        hidden_fixed = coefficient_digest(*[t.numpy() for layer in self.hidden for t in layer]) == self._hidden_digest
+        preconditions += [
+            memory_check,
+            Precondition("fixed_hidden_layers", "hidden layers between h1 and h_pi are not trained on private data",
+                         hidden_fixed, "parameter digest unchanged since initialisation"),
+        ]
+        self.mark_released(output_labels)
+        self.tasks_fitted += 1
+        theta_norm = float(self.theta1.abs().sum(dim=0).max())
+        bound = lifelong_bound(
+            float(noise["epsilon1"]), float(noise["epsilon2"]), n_features=self.n_features,
+            hidden_size=self.hidden_sizes[0], batch_size=batch_size, theta1_norm=theta_norm,
+        )
+        self.reports[task_index] = {
+            "lifelong_bound": bound.to_dict(),
+            "preconditions": [p.to_dict() for p in preconditions],
+            "preconditions_met": all(p.met for p in preconditions),
+            "sensitivities": {
+                "delta_R": self.delta_r, "delta_L": self.delta_l,
+                "paper_delta_R": paper_reconstruction_sensitivity(self.n_features, self.hidden_sizes[0]),
+                "paper_delta_L": paper_output_sensitivity(self.hidden_sizes[-1]),
+                "layer_sizes": {"d": self.n_features, "h1": self.hidden_sizes[0], "h_pi": self.hidden_sizes[-1],
+                                "K": self.n_classes},
+            },
+            "laplace_scales": {
+                "reconstruction": laplace_noise_scale(float(noise["epsilon1"]), self.delta_r),
+                "output": laplace_noise_scale(float(noise["epsilon2"]), self.delta_l),
+            },
+            "memory_batches": len(self.memory),
+            "n_examples": n,
+        }
+
+    def _fit_batches(self, task_index, x, data, batches, noise, epochs, progress) -> None:
+        nb = len(batches)
+        sizes = torch.as_tensor([len(b) for b in batches], dtype=_DTYPE)
+        order_rng = self._rng(task_index, 2)
+        ae = None
+        if bool(noise["release_autoencoder"]):
+            # Phase 1: one Laplace draw per batch on the reconstruction coefficients (epsilon1, Delta_R).
+            scale_r = laplace_noise_scale(float(noise["epsilon1"]), self.delta_r)
+            noisy = reconstruction_coefficients(x, batches) + _symmetric_laplace(
+                self._rng(task_index, 1), scale_r, nb, self.n_features)
+            ae = noisy / sizes[:, None, None]  # post-processing: per-example normalisation
+            ae_norm = torch.linalg.matrix_norm(ae, ord=2).clamp(min=1e-12)
+            mem = [e["ae"] for e in self.memory if e["ae"] is not None]
+            mem_ae = torch.stack(mem) if mem else None
+            order = np.concatenate([order_rng.permutation(nb) for _ in range(epochs)])
+            self.theta1 = self._descend(
+                self.theta1,
+                lambda th, i: 2.0 * ae[i] @ th,
+                lambda th, idx: 2.0 * (mem_ae[idx] @ th).mean(dim=0),
+                0 if mem_ae is None else len(mem_ae), order, order_rng,
+                lambda i: self.learning_rate / float(2.0 * ae_norm[i]),
+                _orthonormal_columns,
+            )
+        if progress:
+            progress(nb * epochs)
+        # Phase 2: features from the released theta1; one Laplace draw per batch (epsilon2, Delta_L).
+        h = self._head_features(x)
+        y = torch.zeros(len(data), self.n_classes, dtype=_DTYPE)
+        y[torch.arange(len(data)), torch.as_tensor(self.label_positions(data.labels))] = 1.0
+        b, q = output_coefficients(h, y, batches)
+        rng = self._rng(task_index, 3)
+        scale_l = laplace_noise_scale(float(noise["epsilon2"]), self.delta_l)
+        b = b + torch.as_tensor(rng.laplace(0.0, scale_l, size=tuple(b.shape)), dtype=_DTYPE)
+        q = q + _symmetric_laplace(rng, scale_l, nb, self.n_head_features)
+        # post-processing: PSD projection + ridge, per-example normalisation
+        q_n = _psd_plus_ridge(q, self.ridge * sizes) / sizes[:, None, None]
+        b_n = b / sizes[:, None, None]
+        q_norm = torch.linalg.matrix_norm(q_n, ord=2).clamp(min=1e-12)
+        mem_b = torch.stack([e["b_n"] for e in self.memory]) if self.memory else None
+        mem_q = torch.stack([e["q_n"] for e in self.memory]) if self.memory else None
+        order = np.concatenate([order_rng.permutation(nb) for _ in range(epochs)])
+        self.W = self._descend(
+            self.W,
+            lambda w, i: b_n[i] + q_n[i] @ w / 4.0,
+            lambda w, idx: (mem_b[idx] + mem_q[idx] @ w / 4.0).mean(dim=0),
+            len(self.memory), order, order_rng,
+            lambda i: self.learning_rate / float(q_norm[i] / 4.0),
+            lambda w: w,
+        )
+        if progress:
+            progress(nb * epochs)
+        # Episodic memory (Alg. 2 line 17): released coefficients of randomly chosen fixed batches.
+        chosen = self._rng(task_index, 4).choice(nb, size=min(nb, int(noise["memory_batches_per_task"])),
+                                                 replace=False)
+        units = np.asarray(data.unit_ids)
+        for i in np.sort(chosen):
+            entry = {"task": task_index, "batch": int(i), "units": units[batches[i]].copy(),
+                     "ae": None if ae is None else ae[i].clone(), "b_n": b_n[i].clone(), "q_n": q_n[i].clone()}
+            entry["digest"] = _entry_digest(entry)
+            self.memory.append(entry)
+
+    def planned_work(self, plan: TaskPlan) -> int:
+        return int(plan.noise.get("steps", 1))
+
+    # -- certificates ----------------------------------------------------
+    def certificate_extra(self, task_index: int) -> dict[str, Any]:
+        """The Lifelong-DP bound of release ``task_index`` with its terms and checked preconditions."""
+        if task_index not in self.reports:
+            raise InvalidParameterError(f"task {task_index} has not been released by this l2dpml run.")
+        return {"l2dpml": self.reports[task_index]}
+
+    # -- state -----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **self._base_state(),
+            "theta1": self.theta1.clone(),
+            "hidden": [(w.clone(), b.clone()) for w, b in self.hidden],
+            "W": self.W.clone(),
+            "memory": [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in e.items()}
+                       for e in self.memory],
+            "seen_units": self.seen_units.copy(),
+            "reports": dict(self.reports),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._load_base_state(state)
+        self.theta1 = state["theta1"].clone()
+        self.hidden = [(w.clone(), b.clone()) for w, b in state["hidden"]]
+        if coefficient_digest(*[t.numpy() for layer in self.hidden for t in layer]) != self._hidden_digest:
+            raise InvalidParameterError("checkpoint hidden layers differ from this run's seeded initialisation.")
+        self.W = state["W"].clone()
+        self.memory = [dict(e) for e in state["memory"]]
+        self.seen_units = np.asarray(state["seen_units"], dtype=np.int64).copy()
+        self.reports = dict(state["reports"])
+
+
+# ---------------------------------------------------------------------------
+# baselines: A-GEM and DP-SGD A-GEM ("NaiveGaussian")
+# ---------------------------------------------------------------------------
+class _MLP(nn.Module):
+    def __init__(self, d: int, hidden: list[int], k: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for fan_in, fan_out in zip([d] + hidden[:-1], hidden):
+            layers += [nn.Linear(fan_in, fan_out), nn.Tanh()]
+        layers.append(nn.Linear(hidden[-1] if hidden else d, k))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class AGEMClassifier(ContinualMethod):
+    """Non-private A-GEM (Chaudhry et al. 2019) on an MLP with the same hidden sizes; the paper's upper baseline.
+
+    ``setup.method`` keys: ``hidden_sizes``, ``batch_size``, ``epochs``,
+    ``learning_rate``, ``memory_per_task`` (raw examples kept per task).
+    """
+
+    name = "agem"
+
+    def __init__(self, setup: MethodSetup) -> None:
+        super().__init__(setup)
+        m = dict(setup.method)
+        torch.manual_seed(int(setup.seed))
+        self.model = _MLP(int(setup.input_dim), [int(v) for v in m.get("hidden_sizes", [16, 16])],
+                          len(self.label_space)).double()
+        self.batch_size = int(m.get("batch_size", 64))
+        self.epochs = int(m.get("epochs", 5))
+        self.learning_rate = float(m.get("learning_rate", 0.1))
+        self.memory_per_task = int(m.get("memory_per_task", 64))
+        self.memory_batch_size = int(m.get("memory_batch_size", self.batch_size))
+        self.mem_x = torch.zeros(0, int(setup.input_dim), dtype=_DTYPE)
+        self.mem_y = torch.zeros(0, dtype=torch.long)
+
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return self.model(torch.as_tensor(np.asarray(features, dtype=np.float64))).numpy()
+
+    def _flat_grad(self) -> torch.Tensor:
+        return torch.cat([p.grad.reshape(-1) for p in self.model.parameters()])
+
+    def _set_grad(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.model.parameters():
+            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+    def _gradient(self, x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        self.model.zero_grad()
+        nn.functional.cross_entropy(self.model(x), y).backward()
+        return self._flat_grad()
+
+    def _batches(self, n: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return [idx for _ in range(self.epochs) for idx in np.array_split(rng.permutation(n), max(1, n // self.batch_size))]
+
+    def fit_task(self, task_index, data, output_labels, plan, progress=None) -> None:
+        rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
+        x = torch.as_tensor(np.asarray(data.features, dtype=np.float64))
+        y = torch.as_tensor(self.label_positions(data.labels), dtype=torch.long)
+        opt = torch.optim.SGD(self.model.parameters(), lr=self.learning_rate)
+        for idx in self._batches(len(data), rng) if len(data) else []:
+            g = self._gradient(x[idx], y[idx], rng)
+            if len(self.mem_y):
+                m = rng.choice(len(self.mem_y), size=min(self.memory_batch_size, len(self.mem_y)), replace=False)
+                g = agem_project(g, self._gradient(self.mem_x[m], self.mem_y[m], rng))
+            self._set_grad(g)
+            opt.step()
+        if progress:
+            progress(1)
+        keep = rng.choice(len(data), size=min(self.memory_per_task, len(data)), replace=False)
+        self.mem_x = torch.cat([self.mem_x, x[keep]])
+        self.mem_y = torch.cat([self.mem_y, y[keep]])
+        self.mark_released(output_labels)
+        self.tasks_fitted += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._base_state(), "model": self.model.state_dict(), "mem_x": self.mem_x, "mem_y": self.mem_y}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._load_base_state(state)
+        self.model.load_state_dict(state["model"])
+        self.mem_x, self.mem_y = state["mem_x"].clone(), state["mem_y"].clone()
+
+
+class DPSGDAGEMClassifier(AGEMClassifier):
+    """DP-SGD A-GEM ("NaiveGaussian", Lai et al. Sec. 3/6): opacus clips and noises both gradients.
+
+    Every step Poisson-samples the task (rate ``batch_size / n``) and the memory
+    (rate ``memory_batch_size / |M|``); opacus computes per-example gradients,
+    clips them to ``clip_norm`` and adds ``N(0, (noise_multiplier clip_norm)^2)``
+    to each sum; the A-GEM projection is post-processing. ``plan.noise`` gives
+    ``noise_multiplier``; :meth:`schedule` gives the rates and step counts the
+    accounting (:func:`dpcl.guarantees.lifelong.dpsgd_agem_epsilons`) needs.
+    """
+
+    name = "dpsgd_agem"
+
+    def __init__(self, setup: MethodSetup) -> None:
+        super().__init__(setup)
+        from opacus import GradSampleModule
+
+        self.clip_norm = float(setup.method.get("clip_norm", 1.0))
+        self.model = GradSampleModule(self.model, loss_reduction="sum")
+
+    def steps(self, n: int) -> int:
+        """DP-SGD steps of a task with ``n`` examples: ``epochs * max(1, n // batch_size)``."""
+        return self.epochs * max(1, n // self.batch_size)
+
+    def schedule(self, task_sizes: list[int]) -> dict[str, list[float]]:
+        """Sample rates and steps of every task and of its memory reads (for the accounting)."""
+        memory = np.cumsum([0] + [min(self.memory_per_task, n) for n in task_sizes[:-1]])
+        return {
+            "task_sample_rates": [min(1.0, self.batch_size / n) for n in task_sizes],
+            "task_steps": [self.steps(n) for n in task_sizes],
+            "memory_sample_rates": [min(1.0, self.memory_batch_size / m) if m else 1.0 for m in memory],
+        }
+
+    def _noisy_gradient(self, optimizer, x, y, expected: float) -> torch.Tensor:
+        optimizer.zero_grad()
+        if len(y):
+            nn.functional.cross_entropy(self.model(x), y, reduction="sum").backward()
+        else:  # an empty Poisson sample still releases noise
+            for p in self.model.parameters():
+                p.grad_sample = torch.zeros((0,) + tuple(p.shape), dtype=p.dtype)
+        optimizer.pre_step()
+        return self._flat_grad() / expected
+
+    def fit_task(self, task_index, data, output_labels, plan, progress=None) -> None:
+        from opacus.optimizers import DPOptimizer
+
+        rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
+        gen = torch.Generator().manual_seed(int(self.setup.seed) * 7919 + task_index)
+        x = torch.as_tensor(np.asarray(data.features, dtype=np.float64))
+        y = torch.as_tensor(self.label_positions(data.labels), dtype=torch.long)
+        n = len(data)
+        sgd = torch.optim.SGD(self.model.parameters(), lr=self.learning_rate)
+        opt = DPOptimizer(sgd, noise_multiplier=float(plan.noise["noise_multiplier"]), max_grad_norm=self.clip_norm,
+                          expected_batch_size=self.batch_size, loss_reduction="sum", generator=gen)
+        q = min(1.0, self.batch_size / n) if n else 0.0
+        m = len(self.mem_y)
+        q_mem = min(1.0, self.memory_batch_size / m) if m else 0.0
+        steps = self.steps(n) if n else 0
+        task_masks = torch.rand(steps, n, generator=gen) < q
+        mem_masks = torch.rand(steps, m, generator=gen) < q_mem
+        for s in range(steps):
+            g = self._noisy_gradient(opt, x[task_masks[s]], y[task_masks[s]], q * n)
+            if m:
+                g = agem_project(g, self._noisy_gradient(opt, self.mem_x[mem_masks[s]], self.mem_y[mem_masks[s]],
+                                                         q_mem * m))
+            opt.zero_grad()
+            self._set_grad(g)
+            sgd.step()
+        if progress:
+            progress(steps)
+        keep = rng.choice(n, size=min(self.memory_per_task, n), replace=False) if n else np.zeros(0, np.int64)
+        self.mem_x = torch.cat([self.mem_x, x[keep]])
+        self.mem_y = torch.cat([self.mem_y, y[keep]])
+        self.mark_released(output_labels)
+        self.tasks_fitted += 1

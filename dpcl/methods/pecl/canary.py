@@ -1,0 +1,105 @@
+"""Canary exposure (Carlini et al. 2019, *The Secret Sharer*, Sec. 4).
+
+A canary is a synthetic secret ``prefix + s`` with ``s`` drawn uniformly from a
+randomness space R (here: ``digits``-digit numbers, |R| = 10^digits); the
+prefix names a fake person generated with ``faker`` (seeded), so nothing real is
+inserted. After training on text that contains the canary, its *rank* is its
+position when every candidate ``prefix + r`` is sorted by the model's
+log-perplexity (total negative log-likelihood), and
+
+    exposure = log2 |R| - log2 rank                                  (Def. 4 of Carlini et al.)
+
+Scoring all of R is too costly, so -- as Carlini et al. do for large spaces --
+the rank is estimated from ``n`` candidates drawn uniformly from ``R`` minus the
+canary: with ``k`` of them more likely than the canary (ties count half), the
+estimated rank is ``1 + (|R| - 1) k / n``, exact when the candidates enumerate
+``R`` minus the canary. When no candidate beats the canary the estimate is rank
+1 (exposure ``log2 |R|``), reported as *censored*: the sample only shows that
+the true rank is small compared with ``|R| / n``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dpcl.errors import InvalidParameterError
+
+
+@dataclass(frozen=True)
+class Canary:
+    prefix: str
+    secret: str
+    digits: int
+
+    @property
+    def text(self) -> str:
+        return f"{self.prefix}{self.secret}"
+
+    @property
+    def space_size(self) -> int:
+        return 10**self.digits
+
+
+def make_canaries(n: int, seed: int, digits: int = 6) -> list[Canary]:
+    """``n`` canaries "The secret code of <fake name> is <digits digits>", seeded (faker + numpy)."""
+    if n < 1 or digits < 1:
+        raise InvalidParameterError(f"n and digits must be >= 1, got n={n}, digits={digits}.")
+    from faker import Faker
+
+    fake = Faker()
+    fake.seed_instance(seed)
+    rng = np.random.default_rng(seed)
+    secrets = rng.integers(0, 10**digits, size=n)
+    return [
+        Canary(prefix=f"The secret code of {fake.name()} is ", secret=f"{int(s):0{digits}d}", digits=digits)
+        for s in secrets
+    ]
+
+
+def insert_canaries(
+    texts: Sequence[str], labels: Sequence[int], canaries: Sequence[Canary], repeats: int, label: int
+) -> tuple[list[str], np.ndarray]:
+    """Training texts with every canary appended ``repeats`` times (labelled ``label``)."""
+    if repeats < 1:
+        raise InvalidParameterError(f"repeats must be >= 1, got {repeats}.")
+    extra = [c.text for c in canaries for _ in range(repeats)]
+    return list(texts) + extra, np.concatenate([np.asarray(labels, dtype=np.int64), np.full(len(extra), label)])
+
+
+def exposure_from_nll(canary_nll: float, candidate_nll: np.ndarray, space_size: int) -> tuple[float, bool]:
+    """Estimated exposure of a canary from its NLL and those of uniform candidates; returns (exposure, censored).
+
+    rank = 1 + (|R| - 1) * (#{candidates with smaller NLL} + 0.5 #{ties}) / n_candidates.
+    """
+    cand = np.asarray(candidate_nll, dtype=np.float64).ravel()
+    if cand.size == 0:
+        raise InvalidParameterError("need at least one candidate to estimate a rank.")
+    if space_size < 2:
+        raise InvalidParameterError(f"space_size must be >= 2, got {space_size}.")
+    better = np.count_nonzero(cand < canary_nll) + 0.5 * np.count_nonzero(cand == canary_nll)
+    rank = 1.0 + (space_size - 1) * better / cand.size
+    rank = min(rank, float(space_size))
+    return float(math.log2(space_size) - math.log2(rank)), bool(better == 0)
+
+
+def canary_exposures(
+    nll: Callable[[Sequence[str]], np.ndarray],
+    canaries: Sequence[Canary],
+    n_candidates: int,
+    seed: int,
+) -> list[dict]:
+    """Exposure of each canary under a model given by ``nll(texts) -> total NLL per text``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in canaries:
+        draws = rng.integers(0, c.space_size, size=n_candidates)
+        draws = draws[draws != int(c.secret)]
+        candidates = [f"{c.prefix}{int(d):0{c.digits}d}" for d in draws]
+        scores = nll([c.text, *candidates])
+        exposure, censored = exposure_from_nll(float(scores[0]), scores[1:], c.space_size)
+        out.append({"secret": c.secret, "exposure": exposure, "censored": censored, "max_exposure": math.log2(c.space_size)})
+    return out

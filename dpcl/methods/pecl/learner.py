@@ -1,0 +1,518 @@
+"""Continual learner on a small causal LM: PeCL and the paper's baselines on one code path.
+
+Strategies (Zhan et al., Sec. "Baselines"):
+
+* ``pecl`` -- token-level dynamic DP on the input embeddings (:mod:`.tdp`) plus
+  privacy-guided memory sculpting (:mod:`.sculpting`): one LoRA adapter per
+  task (initialised from the previous one), memory regularisation with
+  lambda_dyn and the privacy-aware unlearning loss;
+* ``seqft`` -- sequential fine-tuning of one LoRA adapter + head;
+* ``er`` -- experience replay (Rolnick et al. 2019): a buffer of
+  ``replay_per_task`` examples of every past task is mixed into each new task;
+* ``ewc`` -- elastic weight consolidation (Kirkpatrick et al. 2017) with a
+  diagonal Fisher of the adapter + head;
+* ``mtl`` -- multi-task learning on the union of all tasks (upper reference).
+
+Baselines run without DP (``privacy="none"``) or with DP-SGD (``"dpsgd"``,
+opacus, Poisson sampling; noise multiplier from
+:func:`dpcl.accounting.dpsgd.dpsgd_noise_multiplier`). Under DP-SGD the EWC
+Fisher is computed from the *noisy* gradients DP-SGD released (post-processing),
+never from fresh per-example gradients.
+
+Every strategy starts from the same language model pre-trained on a public
+corpus (fortune categories outside the task stream), whose token embeddings and
+transformer weights are then frozen: only LoRA adapters on the attention
+projections and the classification head are trained on the private tasks.
+The task loss is the classification cross-entropy plus the language-modelling
+loss of the task text (weight ``lm_weight``), as in the paper's generative
+formulation; the latter is what canary exposure measures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpcl.errors import InvalidParameterError
+from dpcl.methods.pecl.model import LMClassifier, ModelConfig, build_causal_lm, per_token_lm_loss
+from dpcl.methods.pecl.sculpting import (
+    dynamic_lambda,
+    lora_increment_norm,
+    memory_regularisation,
+    task_importance,
+    unlearning_loss,
+)
+from dpcl.methods.pecl.sensitivity import TaskTokenStatistics, sensitivity_scores
+from dpcl.methods.pecl.tdp import TokenDP
+from dpcl.methods.pecl.tokenizer import ByteTokenizer
+
+STRATEGIES = ("pecl", "seqft", "er", "ewc", "mtl")
+PRIVACY_MODES = ("tdp", "dpsgd", "none")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    strategy: str = "pecl"
+    privacy: str = "tdp"
+    # model and optimisation
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 2
+    max_seq_len: int = 128
+    lora_rank: int = 8
+    epochs: int = 1
+    batch_size: int = 16
+    learning_rate: float = 5e-4
+    head_learning_rate: float = 5e-3
+    lm_weight: float = 1.0
+    pretrain_steps: int = 200
+    pretrain_learning_rate: float = 3e-3
+    device: str = "cpu"
+    # PeCL (defaults: Zhan et al., implementation details)
+    alpha: float = 0.5
+    tau: float = 0.2
+    theta: float = 0.6
+    lambda_unlearn: float = 1.0
+    lambda_min: float = 1.0
+    lambda_max: float = 10.0
+    dynamic_lambda: bool = True
+    unlearning: bool = True
+    epsilon_lower: float = 1.0
+    epsilon_upper: float = 10.0
+    clip_norm: float = 1.0
+    calibration: str = "analytic"
+    delta: float = 1e-6
+    # baselines
+    replay_per_task: int = 16
+    ewc_lambda: float = 100.0
+    dpsgd_epsilon: float = 1.0
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise InvalidParameterError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}.")
+        if self.privacy not in PRIVACY_MODES:
+            raise InvalidParameterError(f"privacy must be one of {PRIVACY_MODES}, got {self.privacy!r}.")
+        if (self.strategy == "pecl") != (self.privacy == "tdp"):
+            raise InvalidParameterError(
+                "privacy='tdp' is PeCL's mechanism and PeCL uses it; baselines take privacy='none' or 'dpsgd' "
+                f"(got strategy={self.strategy!r}, privacy={self.privacy!r})."
+            )
+        if self.device not in ("cpu", "cuda"):
+            raise InvalidParameterError(f"device must be 'cpu' or 'cuda', got {self.device!r}.")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise InvalidParameterError("device='cuda' was requested but torch sees no CUDA device; use 'cpu'.")
+
+    @property
+    def model(self) -> ModelConfig:
+        return ModelConfig(self.n_layer, self.n_embd, self.n_head, self.max_seq_len)
+
+
+#: In-process cache of pre-trained public models (pre-training reads only public text).
+_PRETRAINED: dict[tuple, tuple[dict[str, torch.Tensor], float]] = {}
+
+
+def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    order = torch.randperm(n, generator=generator)
+    return list(torch.split(order, batch_size))
+
+
+class ContinualLM:
+    """One continual learner (PeCL or a baseline) over a public label space of ``n_labels`` classes."""
+
+    def __init__(self, n_labels: int, config: LearnerConfig, seed: int, public_texts: Sequence[str]) -> None:
+        if n_labels < 1:
+            raise InvalidParameterError(f"n_labels must be >= 1, got {n_labels}.")
+        self.config = config
+        self.n_labels = int(n_labels)
+        self.seed = int(seed)
+        self.device = torch.device(config.device)
+        self.tokenizer = ByteTokenizer()
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.noise_generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
+        lm = build_causal_lm(config.model, self.tokenizer, seed).to(self.device)
+        key = (config.model, config.pretrain_steps, config.pretrain_learning_rate, seed, hash(tuple(public_texts)))
+        if key in _PRETRAINED:  # same public corpus, same seed: the same pre-trained model, computed once
+            state, self.pretrain_loss = _PRETRAINED[key]
+            lm.load_state_dict(state)
+        else:
+            self.pretrain_loss = self._pretrain(lm, public_texts)
+            _PRETRAINED[key] = ({k: v.detach().clone() for k, v in lm.state_dict().items()}, self.pretrain_loss)
+        for p in lm.parameters():
+            p.requires_grad_(False)
+        from peft import LoraConfig, get_peft_model
+
+        self.lora_config = LoraConfig(
+            r=config.lora_rank,
+            lora_alpha=2 * config.lora_rank,
+            target_modules=["c_attn"],
+            fan_in_fan_out=True,
+            lora_dropout=0.0,
+        )
+        self.adapter = "task_0"
+        peft_lm = get_peft_model(lm, self.lora_config, adapter_name=self.adapter)
+        torch.manual_seed(self.seed + 2)
+        self.model = LMClassifier(peft_lm, config.n_embd, self.n_labels).to(self.device)
+        self.embedding = lm.get_input_embeddings()
+        self.seen = np.zeros(self.n_labels, dtype=bool)
+        self.tasks_fitted = 0
+        # PeCL state
+        self.token_stats = TaskTokenStatistics(self.tokenizer.vocab_size, (256, 257, 258), config.tau)
+        self.omegas: list[float] = []
+        self.task_records: list[dict[str, Any]] = []
+        # baseline state
+        self.buffer_texts: list[str] = []
+        self.buffer_labels: list[int] = []
+        self.ewc_terms: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _encode(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = self.tokenizer.encode_batch(list(texts), self.config.max_seq_len)
+        return torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device)
+
+    def _pretrain(self, lm: nn.Module, public_texts: Sequence[str]) -> float:
+        """Language-model pre-training on public text (full model), returns the last loss."""
+        if not public_texts:
+            raise InvalidParameterError("public_texts is empty; the model needs a public pre-training corpus.")
+        ids, mask = self.tokenizer.encode_batch(list(public_texts), self.config.max_seq_len)
+        ids_t, mask_t = torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device)
+        opt = torch.optim.AdamW(lm.parameters(), lr=self.config.pretrain_learning_rate)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, self.config.pretrain_steps)
+        lm.train()
+        loss_value = float("nan")
+        for _ in range(self.config.pretrain_steps):
+            idx = torch.randint(0, ids_t.shape[0], (min(32, ids_t.shape[0]),), generator=self.generator)
+            out = lm(input_ids=ids_t[idx], attention_mask=mask_t[idx])
+            tok = per_token_lm_loss(out.logits, ids_t[idx], mask_t[idx])
+            loss = tok.sum() / mask_t[idx][:, 1:].sum().clamp_min(1)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            loss_value = float(loss)
+        return loss_value
+
+    def _peft(self):
+        return self.model.lm
+
+    def _lora_parameters(self, adapter: str) -> list[torch.Tensor]:
+        return [p for n, p in self.model.lm.named_parameters() if "lora_" in n and f".{adapter}." in n]
+
+    def _lora_pairs(self, adapter: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        pairs = []
+        for module in self.model.lm.modules():
+            if hasattr(module, "lora_A") and adapter in getattr(module, "lora_A", {}):
+                pairs.append((module.lora_A[adapter].weight, module.lora_B[adapter].weight))
+        return pairs
+
+    def _trainable(self) -> list[torch.Tensor]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _param_groups(self) -> list[dict[str, Any]]:
+        head = list(self.model.head.parameters())
+        head_ids = {id(p) for p in head}
+        adapters = [p for p in self._trainable() if id(p) not in head_ids]
+        return [
+            {"params": adapters, "lr": self.config.learning_rate},
+            {"params": head, "lr": self.config.head_learning_rate},
+        ]
+
+    def _start_adapter(self, task_index: int) -> list[torch.Tensor] | None:
+        """PeCL: a new adapter per task, initialised from the previous one; returns W^(k-1)."""
+        if task_index == 0 or self.config.strategy != "pecl":
+            return None
+        previous = self.adapter
+        name = f"task_{task_index}"
+        peft_lm = self._peft()
+        peft_lm.add_adapter(name, self.lora_config)
+        with torch.no_grad():
+            for src, dst in zip(self._lora_parameters(previous), self._lora_parameters(name)):
+                dst.copy_(src)
+        peft_lm.set_adapter(name)
+        for n, p in peft_lm.named_parameters():
+            p.requires_grad_("lora_" in n and f".{name}." in n)
+        self.adapter = name
+        return [p.detach().clone() for p in self._lora_parameters(previous)]
+
+    # ------------------------------------------------------------------ scores
+    @torch.no_grad()
+    def token_scores(self, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+        """Fused sensitivity scores (eq. 1) for every token, using the current model (clean inputs)."""
+        table = torch.as_tensor(self.token_stats.score2_table(), dtype=torch.float32, device=self.device)
+        self.model.eval()
+        out = []
+        for start in range(0, ids.shape[0], batch_size):
+            b_ids, b_mask = ids[start : start + batch_size], mask[start : start + batch_size]
+            _, lm_logits = self.model(self.embedding(b_ids), b_mask)
+            nll = per_token_lm_loss(lm_logits, b_ids, b_mask)
+            out.append(sensitivity_scores(nll, b_ids, b_mask, table, self.config.alpha))
+        return torch.cat(out) if out else torch.zeros_like(ids, dtype=torch.float32)
+
+    # ------------------------------------------------------------------ training
+    def fit_task(self, task_index: int, texts: Sequence[str], labels: Sequence[int]) -> dict[str, Any]:
+        """Train on one task; returns the task record (losses, PeCL guarantee / DP-SGD parameters)."""
+        cfg = self.config
+        labels_np = np.asarray(labels, dtype=np.int64)
+        if labels_np.size and (labels_np.min() < 0 or labels_np.max() >= self.n_labels):
+            raise InvalidParameterError(f"labels must lie in [0, {self.n_labels}).")
+        self.seen[np.unique(labels_np)] = True
+        own_n = len(texts)
+        train_texts, train_labels = list(texts), labels_np
+        if cfg.strategy == "er" and self.buffer_texts:
+            train_texts = train_texts + self.buffer_texts
+            train_labels = np.concatenate([labels_np, np.asarray(self.buffer_labels, dtype=np.int64)])
+        record: dict[str, Any] = {"task": task_index, "n_examples": own_n, "n_trained": len(train_texts)}
+        if len(train_texts) == 0:
+            self.tasks_fitted += 1
+            self.task_records.append(record)
+            return record
+        ids, mask = self._encode(train_texts)
+        y = torch.as_tensor(train_labels, device=self.device)
+        previous = self._start_adapter(task_index)
+
+        scores = None
+        tdp = None
+        lam = omega_bar = 0.0
+        if cfg.strategy == "pecl":
+            self.token_stats.add_task(ids.cpu().numpy(), mask.cpu().numpy())
+            scores = self.token_scores(ids, mask)
+            valid = mask.bool().clone()
+            valid[:, 0] = False
+            mean_score = float(scores[valid].mean()) if bool(valid.any()) else 0.0
+            lam = (
+                dynamic_lambda(mean_score, cfg.lambda_min, cfg.lambda_max)
+                if cfg.dynamic_lambda
+                else 0.5 * (cfg.lambda_min + cfg.lambda_max)
+            )
+            omega_bar = float(np.mean(self.omegas)) if self.omegas else 0.0
+            tdp = TokenDP(
+                epsilon_lower=cfg.epsilon_lower,
+                epsilon_upper=cfg.epsilon_upper,
+                delta=cfg.delta,
+                clip_norm=cfg.clip_norm,
+                calibration=cfg.calibration,
+                releases=cfg.epochs,
+                device=self.device,
+            )
+            record.update(mean_score=mean_score, lambda_dyn=lam, omega_bar=omega_bar)
+
+        if cfg.privacy == "dpsgd":
+            record.update(self._fit_dpsgd(ids, mask, y))
+        else:
+            record.update(self._fit_plain(ids, mask, y, scores, tdp, previous, lam, omega_bar))
+
+        if cfg.strategy == "pecl":
+            record["guarantee"] = tdp.released_guarantee()
+            record["omega"] = self._task_importance(ids, mask)
+            self.omegas.append(record["omega"])
+        if cfg.strategy == "er":
+            keep = torch.randperm(own_n, generator=self.generator)[: cfg.replay_per_task].numpy()
+            self.buffer_texts.extend(texts[i] for i in keep)
+            self.buffer_labels.extend(int(labels_np[i]) for i in keep)
+        self.tasks_fitted += 1
+        self.task_records.append(record)
+        return record
+
+    def _task_loss(self, ids, mask, y, emb):
+        cls_logits, lm_logits = self.model(emb, mask)
+        tok_loss = per_token_lm_loss(lm_logits, ids, mask)
+        per_example_lm = tok_loss.sum(1) / mask[:, 1:].sum(1).clamp_min(1)
+        loss = nn.functional.cross_entropy(cls_logits, y) + self.config.lm_weight * per_example_lm.mean()
+        return loss, tok_loss
+
+    def _ewc_penalty(self) -> torch.Tensor:
+        total = torch.zeros((), device=self.device)
+        params = self._trainable()
+        for fisher, anchor in self.ewc_terms:
+            for p, f, a in zip(params, fisher, anchor):
+                total = total + (f * (p - a) ** 2).sum()
+        return 0.5 * self.config.ewc_lambda * total
+
+    def _fit_plain(self, ids, mask, y, scores, tdp, previous, lam, omega_bar) -> dict[str, Any]:
+        cfg = self.config
+        params = self._trainable()
+        opt = torch.optim.AdamW(self._param_groups())
+        batches_per_epoch = math.ceil(ids.shape[0] / cfg.batch_size)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, cfg.epochs * batches_per_epoch))
+        fisher = [torch.zeros_like(p) for p in params] if cfg.strategy == "ewc" else None
+        n = ids.shape[0]
+        last = {}
+        self.model.train()
+        for _ in range(cfg.epochs):
+            for idx in _batches(n, cfg.batch_size, self.generator):
+                idx = idx.to(self.device)
+                b_ids, b_mask, b_y = ids[idx], mask[idx], y[idx]
+                with torch.no_grad():
+                    emb = self.embedding(b_ids)
+                    if tdp is not None:
+                        emb = tdp.perturb(emb, scores[idx], b_mask, self.noise_generator, idx, n)
+                loss, tok_loss = self._task_loss(b_ids, b_mask, b_y, emb)
+                terms = {"task": float(loss)}
+                if cfg.strategy == "pecl":
+                    if previous is not None and omega_bar > 0:
+                        reg = memory_regularisation(self._lora_parameters(self.adapter), previous, lam, omega_bar)
+                        loss = loss + reg
+                        terms["reg"] = float(reg)
+                    if cfg.unlearning and cfg.lambda_unlearn > 0:
+                        unl = unlearning_loss(scores[idx], tok_loss, b_mask, cfg.theta)
+                        loss = loss + cfg.lambda_unlearn * unl
+                        terms["unlearn"] = float(unl)
+                if cfg.strategy == "ewc" and self.ewc_terms:
+                    loss = loss + self._ewc_penalty()
+                opt.zero_grad()
+                loss.backward()
+                if fisher is not None:
+                    for f, p in zip(fisher, params):
+                        f += p.grad.detach() ** 2 / batches_per_epoch / cfg.epochs
+                opt.step()
+                sched.step()
+                last = terms
+        if fisher is not None:
+            self.ewc_terms.append((fisher, [p.detach().clone() for p in params]))
+        return {"last_losses": last}
+
+    def _fit_dpsgd(self, ids, mask, y) -> dict[str, Any]:
+        """DP-SGD (opacus, Poisson sampling) on the adapter + head; noise from dpcl.accounting."""
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
+
+        cfg = self.config
+        n = ids.shape[0]
+        sample_rate = min(1.0, cfg.batch_size / n)
+        steps = max(1, cfg.epochs * math.ceil(1.0 / sample_rate))
+        calibration = dpsgd_noise_multiplier(cfg.dpsgd_epsilon, cfg.delta, sample_rate, steps)
+        noise_multiplier = float(calibration.noise_multiplier)
+        params = self._trainable()
+        gsm = GradSampleModule(self.model)
+        opt = DPOptimizer(
+            torch.optim.AdamW(self._param_groups()),
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=cfg.max_grad_norm,
+            expected_batch_size=cfg.batch_size,
+            generator=self.noise_generator if self.device.type == "cpu" else None,
+        )
+        fisher = [torch.zeros_like(p) for p in params] if cfg.strategy == "ewc" else None
+        gsm.train()
+        for _ in range(steps):
+            take = torch.rand(n, generator=self.generator) < sample_rate  # Poisson sampling
+            idx = torch.nonzero(take).flatten().to(self.device)
+            opt.zero_grad()
+            if idx.numel() == 0:
+                continue  # an empty Poisson batch releases nothing
+            b_ids, b_mask, b_y = ids[idx], mask[idx], y[idx]
+            with torch.no_grad():
+                emb = self.embedding(b_ids)
+            cls_logits, lm_logits = gsm(emb, b_mask)
+            tok = per_token_lm_loss(lm_logits, b_ids, b_mask)
+            per_example = nn.functional.cross_entropy(cls_logits, b_y, reduction="none") + cfg.lm_weight * (
+                tok.sum(1) / b_mask[:, 1:].sum(1).clamp_min(1)
+            )
+            # opacus scales by the expected batch size; sum / expected = its "mean" reduction
+            (per_example.sum() / cfg.batch_size).backward()
+            if opt.pre_step():  # clip per-example gradients, add noise: p.grad is the released gradient
+                if fisher is not None:
+                    for f, p in zip(fisher, params):
+                        f += p.grad.detach() ** 2 / steps
+                if cfg.strategy == "ewc" and self.ewc_terms:
+                    # the penalty depends only on earlier releases: post-processing, added after the noise
+                    penalty_grads = torch.autograd.grad(self._ewc_penalty(), params, allow_unused=True)
+                    for p, g in zip(params, penalty_grads):
+                        if g is not None:
+                            p.grad = p.grad + g
+                opt.original_optimizer.step()
+        gsm._close()
+        if fisher is not None:
+            self.ewc_terms.append((fisher, [p.detach().clone() for p in params]))
+        return {
+            "dpsgd": {
+                "noise_multiplier": noise_multiplier,
+                "sample_rate": sample_rate,
+                "steps": steps,
+                "target_epsilon": cfg.dpsgd_epsilon,
+                "delta": cfg.delta,
+                "max_grad_norm": cfg.max_grad_norm,
+            }
+        }
+
+    @torch.no_grad()
+    def _task_importance(self, ids: torch.Tensor, mask: torch.Tensor) -> float:
+        """Omega_k (eq. 8): ||Delta W^(k)||_F x mean l2 norm of the adapted layers' inputs on the task."""
+        norms: list[torch.Tensor] = []
+
+        def hook(_module, inputs, _output):
+            x = inputs[0]
+            norms.append(x.norm(dim=-1)[mask[: x.shape[0]].bool()] if x.shape[0] == mask.shape[0] else x.norm(dim=-1).flatten())
+
+        handles = []
+        for name, module in self.model.lm.named_modules():
+            if name.endswith("c_attn") and hasattr(module, "lora_A"):
+                handles.append(module.register_forward_hook(hook))
+        self.model.eval()
+        try:
+            sample = slice(0, min(64, ids.shape[0]))
+            self.model(self.embedding(ids[sample]), mask[sample])
+        finally:
+            for h in handles:
+                h.remove()
+        mean_norm = float(torch.cat(norms).mean()) if norms else 0.0
+        scaling = self.lora_config.lora_alpha / self.lora_config.r
+        return task_importance(lora_increment_norm(self._lora_pairs(self.adapter), scaling), mean_norm)
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def class_scores(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Class logits ``[n, n_labels]`` on clean inputs (test data is not trained on)."""
+        self.model.eval()
+        ids, mask = self._encode(texts)
+        out = [
+            self.model(self.embedding(ids[s : s + batch_size]), mask[s : s + batch_size])[0].float().cpu().numpy()
+            for s in range(0, ids.shape[0], batch_size)
+        ]
+        return np.concatenate(out) if out else np.zeros((0, self.n_labels))
+
+    def predict(self, texts: Sequence[str]) -> np.ndarray:
+        """argmax over the labels released so far (class-incremental prediction)."""
+        if not self.seen.any():
+            raise InvalidParameterError("predict called before any task was fitted.")
+        scores = np.where(self.seen[None, :], self.class_scores(texts), -np.inf)
+        return np.argmax(scores, axis=1)
+
+    def accuracy(self, texts: Sequence[str], labels: Sequence[int]) -> float:
+        labels = np.asarray(labels, dtype=np.int64)
+        if labels.size == 0:
+            return float("nan")
+        return float(np.mean(self.predict(texts) == labels))
+
+    @torch.no_grad()
+    def sequence_nll(self, texts: Sequence[str], batch_size: int = 128) -> np.ndarray:
+        """Total negative log-likelihood (nats) of each text under the LM (log-perplexity x length)."""
+        self.model.eval()
+        ids, mask = self._encode(texts)
+        out = []
+        for s in range(0, ids.shape[0], batch_size):
+            b_ids, b_mask = ids[s : s + batch_size], mask[s : s + batch_size]
+            _, lm_logits = self.model(self.embedding(b_ids), b_mask)
+            out.append(per_token_lm_loss(lm_logits, b_ids, b_mask).sum(1).double().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def config_dict(self) -> dict[str, Any]:
+        return asdict(self.config)
+
+
+def learner_config(**overrides: Any) -> LearnerConfig:
+    """A :class:`LearnerConfig` with ``overrides`` (unknown keys raise InvalidParameterError)."""
+    known = set(LearnerConfig.__dataclass_fields__)
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise InvalidParameterError(f"unknown learner option(s) {unknown}; known: {sorted(known)}.")
+    return replace(LearnerConfig(), **overrides)
+
+
+__all__ = ["ContinualLM", "LearnerConfig", "learner_config", "STRATEGIES", "PRIVACY_MODES"]

@@ -1,0 +1,173 @@
+"""``[method] name = "pecl"`` for ``dpcl run``: :class:`PeCLMethod` on the :class:`ContinualMethod` interface.
+
+The noise comes from the task's :class:`~dpcl.guarantees.method_schema.TaskPlan`
+(``PECL_SPEC.plan_task``, the same plan ``dpcl audit`` checks): budgets,
+clipping norm, delta, calibration and perturbations per token. Before training,
+the method checks that the smallest sigma its TDP table will use is at least the
+plan's ``sigma_min`` -- the noise the certificate's events state -- and refuses
+(PrivacyViolationError) otherwise.
+
+PeCL is a token-level method: it needs the raw text of every example
+(``TrainingData.texts``) and predicts from texts. ``scores`` therefore accepts
+an object array of strings; numeric encoder features are refused with a clear
+message. The public pre-training corpus is a disjoint set of fortune
+categories (:data:`dpcl.methods.pecl.experiment.PUBLIC_CATEGORIES`); a training
+example whose unit id is in that corpus is refused (it would be both public
+and private).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
+from dpcl.guarantees.method_schema import TaskPlan
+from dpcl.guarantees.per_token import PECL_KEYS
+from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
+from dpcl.methods.pecl.learner import ContinualLM, learner_config
+
+#: method keys passed straight to the learner
+_LEARNER_KEYS = (
+    "alpha", "tau", "theta", "lambda_unlearn", "lambda_min", "lambda_max", "dynamic_lambda", "unlearning",
+    "epochs", "batch_size", "learning_rate", "max_seq_len", "lora_rank", "n_layer", "n_embd", "n_head",
+    "pretrain_steps",
+)
+
+
+def _texts(features: Any) -> list[str]:
+    array = np.asarray(features, dtype=object)
+    if array.ndim != 1 or not all(isinstance(x, str) for x in array):
+        raise InvalidParameterError(
+            "pecl predicts from raw texts: pass a 1-D array of strings (the test texts), not encoder features."
+        )
+    return [str(x) for x in array]
+
+
+class PeCLMethod(ContinualMethod):
+    name = "pecl"
+
+    def __init__(self, setup: MethodSetup) -> None:
+        super().__init__(setup)
+        from dpcl.data.fortunes import load_fortunes_texts
+        from dpcl.methods.pecl.experiment import PUBLIC_CATEGORIES
+
+        method = {k.name: setup.method.get(k.name, k.default) for k in PECL_KEYS}
+        public = load_fortunes_texts(PUBLIC_CATEGORIES, max_per_class=200, min_count=1)
+        self.public_unit_ids = np.asarray(public.unit_ids)
+        options = {k: method[k] for k in _LEARNER_KEYS}
+        options.update(
+            strategy="pecl",
+            privacy="tdp",
+            calibration=method["calibration"],
+            epsilon_lower=float(method["epsilon_lower"]),
+            epsilon_upper=float(method["epsilon_upper"]),
+            clip_norm=float(method["clip_norm"]),
+            delta=float(setup.privacy["delta"]),
+            device=setup.device,
+        )
+        self.learner = ContinualLM(len(self.label_space), learner_config(**options), setup.seed, list(public.texts))
+
+    def planned_work(self, plan: TaskPlan) -> int:
+        return 1
+
+    def fit_task(
+        self,
+        task_index: int,
+        data: TrainingData,
+        output_labels: tuple[int, ...],
+        plan: TaskPlan,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        if data.texts is None:
+            raise ConfigError(
+                "pecl trains on raw text: the task data carries no texts (TrainingData.texts is None); "
+                "use a text stream (dataset = 'fortunes') whose examples keep their texts."
+            )
+        overlap = np.intersect1d(np.asarray(data.unit_ids), self.public_unit_ids)
+        if overlap.size:
+            raise DisjointnessViolationError(
+                f"{overlap.size} training example(s) of task {task_index} are in the public pre-training corpus; "
+                "choose stream categories disjoint from the public ones."
+            )
+        self._check_plan(plan)
+        self.learner.fit_task(task_index, list(data.texts), self.label_positions(data.labels))
+        self.mark_released(output_labels)
+        self.tasks_fitted += 1
+        if progress is not None:
+            progress(1)
+
+    def _check_plan(self, plan: TaskPlan) -> None:
+        noise = plan.noise
+        cfg = self.learner.config
+        expected = {
+            "calibration": cfg.calibration,
+            "epsilon_lower": cfg.epsilon_lower,
+            "epsilon_upper": cfg.epsilon_upper,
+            "clip_norm": cfg.clip_norm,
+            "delta": cfg.delta,
+            "releases_per_token": cfg.epochs,
+        }
+        for key, value in expected.items():
+            if noise.get(key) != value:
+                raise PrivacyViolationError(
+                    f"the plan's {key} = {noise.get(key)!r} differs from the trained {key} = {value!r}; "
+                    "what is trained must be what is certified."
+                )
+        from dpcl.methods.pecl.tdp import TokenDP
+
+        table = TokenDP(
+            epsilon_lower=cfg.epsilon_lower,
+            epsilon_upper=cfg.epsilon_upper,
+            delta=cfg.delta,
+            clip_norm=cfg.clip_norm,
+            calibration=cfg.calibration,
+            releases=cfg.epochs,
+        ).calibration.sigmas
+        if float(table.min()) < float(noise["sigma_min"]) * (1 - 1e-9):
+            raise PrivacyViolationError(
+                f"TDP would use sigma {float(table.min()):.6g} below the certified sigma_min {noise['sigma_min']:.6g}."
+            )
+
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        return self.learner.class_scores(_texts(features))
+
+    def state_dict(self) -> dict[str, Any]:
+        learner = self.learner
+        return {
+            **self._base_state(),
+            "model": {k: v.detach().cpu() for k, v in learner.model.state_dict().items()},
+            "adapters": [f"task_{k}" for k in range(int(learner.adapter.split("_")[1]) + 1)],
+            "adapter": learner.adapter,
+            "token_counts": learner.token_stats.counts.copy(),
+            "omegas": list(learner.omegas),
+            "seen": learner.seen.copy(),
+            "tasks_fitted_learner": learner.tasks_fitted,
+            "task_records": [
+                {k: v for k, v in r.items() if isinstance(v, (int, float, str, dict))} for r in learner.task_records
+            ],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._load_base_state(state)
+        learner = self.learner
+        peft_lm = learner.model.lm
+        for name in state["adapters"]:
+            if name not in peft_lm.peft_config:
+                peft_lm.add_adapter(name, learner.lora_config)
+        peft_lm.set_adapter(state["adapter"])
+        for n, p in peft_lm.named_parameters():
+            p.requires_grad_("lora_" in n and f".{state['adapter']}." in n)
+        learner.adapter = state["adapter"]
+        missing, unexpected = learner.model.load_state_dict(
+            {k: torch.as_tensor(v) for k, v in state["model"].items()}, strict=False
+        )
+        if unexpected or [m for m in missing if "lora_" in m or m.startswith("head")]:
+            raise InvalidParameterError(f"checkpoint does not match the pecl model (missing {missing[:3]}).")
+        learner.token_stats.counts = np.asarray(state["token_counts"], dtype=np.int64)
+        learner.omegas = [float(x) for x in state["omegas"]]
+        learner.seen = np.asarray(state["seen"], dtype=bool)
+        learner.tasks_fitted = int(state["tasks_fitted_learner"])
+        learner.task_records = list(state["task_records"])

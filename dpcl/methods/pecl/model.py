@@ -1,0 +1,89 @@
+"""A small GPT-2-architecture causal language model with a classification head.
+
+Built from a :class:`transformers.GPT2Config` (nothing downloaded): a few
+layers and a byte vocabulary run on 2 CPU cores; the same code runs on CUDA
+(``device="cuda"``). The classifier reads the mean of the last hidden states
+over the non-padding tokens; the language-model head gives the predictive
+distribution of eq. 2 (Score_1) and the per-token losses of eq. 12.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from dpcl.methods.pecl.tokenizer import ByteTokenizer
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 2
+    max_seq_len: int = 128
+
+
+def build_causal_lm(config: ModelConfig, tokenizer: ByteTokenizer, seed: int) -> GPT2LMHeadModel:
+    """A freshly initialised GPT-2-architecture LM (seeded)."""
+    gpt_config = GPT2Config(
+        vocab_size=tokenizer.vocab_size,
+        n_positions=config.max_seq_len,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+        pad_token_id=tokenizer.pad_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(gpt_config)
+    torch.random.set_rng_state(generator_state)
+    return model
+
+
+class LMClassifier(nn.Module):
+    """Causal LM (possibly wrapped by peft) + a linear head over the label space.
+
+    ``forward(input_embeds, mask)`` returns ``(class_logits [B, K], lm_logits [B, L, V])``.
+    Token embeddings are passed in (``inputs_embeds``), so the token-level
+    mechanism can perturb them before the transformer; GPT-2 adds its (public)
+    position embeddings afterwards.
+    """
+
+    def __init__(self, lm: nn.Module, n_embd: int, n_labels: int) -> None:
+        super().__init__()
+        self.lm = lm
+        self.head = nn.Linear(n_embd, n_labels)
+
+    def forward(self, input_embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.lm(inputs_embeds=input_embeds, attention_mask=mask, output_hidden_states=True)
+        hidden = out.hidden_states[-1]
+        weights = mask.to(hidden.dtype).unsqueeze(-1)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        return self.head(pooled), out.logits
+
+
+def token_embedding(lm: nn.Module) -> nn.Embedding:
+    """The (frozen, public) token-embedding table of a GPT-2 model, peft-wrapped or not."""
+    return lm.get_input_embeddings()
+
+
+def per_token_lm_loss(lm_logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy ``l(t_i) = -log P(t_i | t_<i)`` for every position ``i >= 1`` -> ``[B, L]``.
+
+    Position 0 (BOS) has no prediction and gets loss 0; padded positions get 0.
+    """
+    logits = lm_logits[:, :-1, :]
+    target = ids[:, 1:]
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none"
+    ).view(target.shape)
+    loss = loss * mask[:, 1:].to(loss.dtype)
+    return torch.cat([torch.zeros_like(loss[:, :1]), loss], dim=1)

@@ -1,0 +1,65 @@
+"""Checkpoints of released models: written atomically, read back only when their hash is certified.
+
+A checkpoint is ``torch.save`` of a plain dict (format tag, method name, task
+index, the method's :meth:`~dpcl.methods.base.ContinualMethod.state_dict`). It is
+serialised to memory and written with
+:func:`dpcl.guarantees.atomic_io.write_bytes_atomic` (temp file + fsync +
+``os.replace``), so a crash never leaves a half-written checkpoint. Loading uses
+``torch.load(weights_only=True)`` (tensors and plain containers only) and
+first compares the file's SHA-256 with the one its certificate records.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from dpcl.errors import InvalidParameterError, VerificationError
+from dpcl.guarantees.atomic_io import sha256_file, write_bytes_atomic
+
+CHECKPOINT_FORMAT = "dpcl-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+def save_checkpoint(path: "str | os.PathLike[str]", *, method: str, task_index: int, state: Mapping[str, Any],
+                    meta: Mapping[str, Any] | None = None) -> str:
+    """Write the checkpoint atomically; returns its SHA-256."""
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "method": str(method),
+        "task_index": int(task_index),
+        "state": dict(state),
+        "meta": dict(meta or {}),
+    }
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    target = write_bytes_atomic(path, buffer.getvalue())
+    return sha256_file(target)
+
+
+def load_checkpoint(path: "str | os.PathLike[str]", *, expected_sha256: str | None = None) -> dict[str, Any]:
+    """Read a checkpoint; with ``expected_sha256`` a file that hashes differently raises VerificationError."""
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidParameterError(f"checkpoint {str(p)!r} does not exist.")
+    if expected_sha256 is not None:
+        digest = sha256_file(p)
+        if digest != expected_sha256:
+            raise VerificationError(
+                f"checkpoint {str(p)!r} hashes to {digest} but its certificate records {expected_sha256}: "
+                "it was modified after release; refusing to resume from it."
+            )
+    try:
+        payload = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several unrelated types for a damaged file
+        raise InvalidParameterError(f"checkpoint {str(p)!r} cannot be read: {exc}") from exc
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise InvalidParameterError(f"{str(p)!r} is not a dpcl checkpoint.")
+    if payload.get("version") != CHECKPOINT_VERSION:
+        raise InvalidParameterError(f"checkpoint version {payload.get('version')!r} is not supported.")
+    return payload

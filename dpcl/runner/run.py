@@ -1,0 +1,516 @@
+"""A certified continual-learning run: config -> audit -> stream -> method -> checkpoints, certificates, metrics.
+
+:func:`run_training` is what ``dpcl run CONFIG.toml --out DIR`` does:
+
+1. load and validate the config (:func:`dpcl.guarantees.config.load_config`),
+   build the task stream (:func:`dpcl.data.build_stream`), apply the public
+   label-space filter to every task (Tobaben et al., eq. 6) and **audit** the
+   config on the filtered task sizes with the same engine as ``dpcl audit``
+   (:func:`dpcl.guarantees.audit_config.audit_config`). A config the audit
+   refuses raises :class:`~dpcl.errors.PrivacyViolationError` (exit code 3)
+   before any data is trained on.
+2. for every task ``t``: plan it with the method's spec (the plan the audit
+   checked), **charge** the plan's events to the task ledger (before training,
+   so a crash never loses spent budget), train the method
+   (:meth:`~dpcl.methods.base.ContinualMethod.fit_task`) with a progress bar,
+   write the checkpoint atomically, record the release in the ledger, write its
+   certificate and verify it, evaluate on the test sets of tasks ``0..t`` and
+   save the run state atomically.
+3. write ``metrics.json`` (accuracy matrix and every metric of
+   :func:`dpcl.metrics.summarize`; final AA under ``average_accuracy``) and
+   ``accuracy.png``.
+
+Run directory::
+
+    DIR/run.json                         run state (resume point), atomic
+    DIR/ledger.json                      the task ledger (TaskLedger), atomic
+    DIR/checkpoints/task001.pt           one checkpoint per release, atomic
+    DIR/certificates/task001.cert.json   one certificate per release, verified after writing
+    DIR/metrics.json, DIR/accuracy.png
+
+Resume: rerunning with the same ``DIR`` (same config file content and seed)
+restarts after the last task recorded in ``run.json``, from that task's
+checkpoint (its SHA-256 must match its certificate). The ledger is reopened, not
+reset: charges of a task that was interrupted stay charged and the retrained task
+is charged again (conservative: the interrupted attempt may have leaked).
+
+Non-private reference runs (the paper's "non-DP" column) are written as
+``[run] private = false``: no noise, no clipping, no ledger charges; every
+release gets a statement ``taskNNN.nonprivate-cert.json`` saying the checkpoint
+is NOT differentially private (it is deliberately not a dpcl certificate, so
+``dpcl verify`` never accepts it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from dpcl import __version__
+from dpcl.errors import ConfigError, InvalidParameterError, MissingDependencyError, PrivacyViolationError
+from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
+
+RUN_STATE_FORMAT = "dpcl-run"
+RUN_STATE_VERSION = 1
+NON_PRIVATE_FORMAT = "dpcl-non-private-release"
+
+#: Keys of the ``[run]`` config section read by ``dpcl run``: name -> (type, default, help).
+RUN_KEYS: dict[str, tuple[type, Any, str]] = {
+    "private": (
+        bool,
+        True,
+        "false trains a non-private reference model (no noise, no clipping); its releases carry a "
+        "statement that they are NOT differentially private instead of a certificate",
+    ),
+}
+
+NON_PRIVATE_STATEMENT = (
+    "This checkpoint was trained WITHOUT differential privacy ([run] private = false): no noise was added and "
+    "no gradient was clipped. It offers no privacy guarantee for its training data (epsilon is infinite)."
+)
+
+
+@dataclass(frozen=True)
+class ReleaseSummary:
+    """One certified release of a run."""
+
+    task_index: int
+    accuracies: tuple[float, ...]
+    cumulative_epsilon: float | None
+    checkpoint: str
+    certificate: str
+    examples: int
+    filtered_out: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_index": self.task_index,
+            "accuracies": list(self.accuracies),
+            "cumulative_epsilon": self.cumulative_epsilon,
+            "checkpoint": self.checkpoint,
+            "certificate": self.certificate,
+            "examples": self.examples,
+            "filtered_out": self.filtered_out,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ReleaseSummary":
+        return cls(
+            task_index=int(data["task_index"]),
+            accuracies=tuple(float(a) for a in data["accuracies"]),
+            cumulative_epsilon=None if data["cumulative_epsilon"] is None else float(data["cumulative_epsilon"]),
+            checkpoint=str(data["checkpoint"]),
+            certificate=str(data["certificate"]),
+            examples=int(data["examples"]),
+            filtered_out=int(data["filtered_out"]),
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What :func:`run_training` did: the releases (resumed ones included) and the final metrics."""
+
+    out_dir: Path
+    method: str
+    private: bool
+    releases: tuple[ReleaseSummary, ...]
+    metrics: Mapping[str, Any]
+    resumed_after: int | None
+    complete: bool
+    delta: float
+    audit: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def last_certificate(self) -> Path | None:
+        return self.out_dir / self.releases[-1].certificate if self.releases else None
+
+
+def _run_section(config: Any) -> dict[str, Any]:
+    section = config.raw.get("run", {}) or {}
+    unknown = sorted(set(section) - set(RUN_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown [run] key(s) {', '.join(unknown)}; allowed: {', '.join(RUN_KEYS)}.")
+    out: dict[str, Any] = {}
+    for key, (kind, default, help_text) in RUN_KEYS.items():
+        value = section.get(key, default)
+        if not isinstance(value, kind):
+            raise ConfigError(f"[run] {key} must be {kind.__name__} ({help_text}); got {value!r}.")
+        out[key] = value
+    return out
+
+
+def resolve_device(requested: str | None, method_section: Mapping[str, Any]) -> str:
+    """``--device`` if given, else ``[method] device`` (default cpu); CUDA must be available when asked."""
+    device = requested or str(method_section.get("device", "cpu") or "cpu")
+    if device not in ("cpu", "cuda"):
+        raise InvalidParameterError(f"--device must be 'cpu' or 'cuda', got {device!r}.")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InvalidParameterError(
+                "--device cuda was asked for but torch.cuda.is_available() is False (no GPU, or a CPU-only torch "
+                f"build: torch {torch.__version__}). Use --device cpu, or install a CUDA build of torch."
+            )
+    return device
+
+
+def _label_sets(config: Any, n_tasks: int) -> list[tuple[int, ...]]:
+    from dpcl.guarantees.label_space import output_label_sets
+
+    sets = output_label_sets(config.stream["label_space"], config.stream["prior_labels"], n_tasks)
+    return [tuple(sorted(s)) for s in sets]
+
+
+@dataclass(frozen=True)
+class _PreparedTask:
+    index: int
+    features: np.ndarray
+    labels: np.ndarray
+    unit_ids: np.ndarray
+    output_labels: tuple[int, ...]
+    filtered_out: int
+    test_features: np.ndarray
+    test_labels: np.ndarray
+
+
+def _prepare_tasks(stream: Any, label_sets: Sequence[tuple[int, ...]]) -> tuple[list[_PreparedTask], list[Any]]:
+    from dpcl.guarantees.label_space import filter_task
+
+    prepared, reports = [], []
+    for task, output in zip(stream, label_sets):
+        if task.train.features is None:
+            raise ConfigError(
+                f"[stream] dataset {stream.dataset_name!r} gives raw texts without features; the methods of "
+                "Tobaben et al. need encoder features (use dataset = 'fortunes', which embeds with MiniLM)."
+            )
+        mask, report = filter_task(task.train.labels, output, task.index)
+        reports.append(report)
+        if len(task.test) == 0:
+            raise ConfigError(f"task {task.index} has an empty test set; lower test_fraction or change the tasks.")
+        prepared.append(
+            _PreparedTask(
+                index=task.index,
+                features=np.asarray(task.train.features[mask], dtype=np.float32),
+                labels=np.asarray(task.train.labels[mask], dtype=np.int64),
+                unit_ids=np.asarray(task.train.unit_ids[mask]),
+                output_labels=tuple(int(o) for o in output),
+                filtered_out=report.filtered,
+                test_features=np.asarray(task.test.features, dtype=np.float32),
+                test_labels=np.asarray(task.test.labels, dtype=np.int64),
+            )
+        )
+    return prepared, reports
+
+
+def _release_data(prepared: Sequence[_PreparedTask], t: int, reuses_past_tasks: bool):
+    """The data, output labels and task indices release ``t`` reads (the union 0..t for Non-CL)."""
+    from dpcl.methods.base import TrainingData
+
+    parts = prepared[: t + 1] if reuses_past_tasks else [prepared[t]]
+    data = TrainingData(
+        features=np.concatenate([p.features for p in parts]),
+        labels=np.concatenate([p.labels for p in parts]),
+        unit_ids=np.concatenate([p.unit_ids for p in parts]),
+    )
+    outputs = tuple(sorted({o for p in parts for o in p.output_labels}))
+    return data, outputs, [p.index for p in parts]
+
+
+def _config_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _non_private_statement(path: Path, *, task: int, method: str, checkpoint: Path, config: Mapping[str, Any]) -> None:
+    import os
+
+    write_json_atomic(
+        path,
+        {
+            "format": NON_PRIVATE_FORMAT,
+            "private": False,
+            "epsilon": "inf",
+            "statement": NON_PRIVATE_STATEMENT,
+            "release": {"task_index": task, "method": method},
+            "checkpoint": {
+                "path": Path(os.path.relpath(checkpoint.resolve(), path.resolve().parent)).as_posix(),
+                "sha256": sha256_file(checkpoint),
+            },
+            "dpcl_version": __version__,
+            "config": dict(config),
+        },
+    )
+
+
+def run_training(
+    config_path: "str | Path",
+    out_dir: "str | Path",
+    *,
+    seed: int = 0,
+    device: str | None = None,
+    quiet: bool = False,
+    stop_after_task: int | None = None,
+) -> RunResult:
+    """Train, certify and evaluate the run ``config_path`` describes, into ``out_dir`` (resuming if possible).
+
+    ``stop_after_task`` (0-based) stops once that task is certified, as an
+    interruption would; rerunning with the same ``out_dir`` resumes.
+    """
+    from dpcl.data import STREAM_KEYS, build_stream
+    from dpcl.guarantees.audit_config import audit_config, resolve_across_tasks
+    from dpcl.guarantees.config import load_config
+    from dpcl.guarantees.label_space import describe_filtering
+    from dpcl.metrics import accuracy_rows, summarize
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InvalidParameterError(f"--seed must be an integer >= 0, got {seed!r}.")
+    config_file = Path(config_path)
+    config = load_config(config_file, data_stream_keys=STREAM_KEYS)
+    run_options = _run_section(config)
+    private = bool(run_options["private"])
+    method_name = config.method["name"]
+    device = resolve_device(device, config.method)
+    try:
+        from dpcl.methods.base import MethodSetup, method_class
+        from dpcl.runner.checkpoints import load_checkpoint, save_checkpoint
+    except ModuleNotFoundError as exc:  # torch missing
+        raise MissingDependencyError(
+            f"dpcl run needs {exc.name}; install the training extra: pip install torch==2.13.0 && pip install 'dpcl[train]'"
+        ) from exc
+    cls = method_class(method_name)
+
+    # -- stream, label filter, audit (before any training) -----------------------------------------
+    stream = build_stream(config.raw["stream"])
+    n_tasks = len(stream)
+    label_sets = _label_sets(config, n_tasks)
+    prepared, filter_reports = _prepare_tasks(stream, label_sets)
+    sizes = [len(p.labels) for p in prepared]
+    declared = config.stream.get("task_sizes")
+    if declared is not None and list(declared) != sizes:
+        raise ConfigError(
+            f"[stream] task_sizes = {list(declared)} but the stream has {sizes} examples per task after label "
+            "filtering; remove task_sizes or correct it (the audit would plan other task sizes than the run trains)."
+        )
+    if config.stream["disjoint_units"]:
+        stream.check_disjoint_units()
+    report = audit_config(config, sizes, filter_reports=filter_reports)
+    if not report.sound:
+        raise PrivacyViolationError(
+            "dpcl audit refuses this config, so it is not trained: " + " | ".join(report.violations)
+        )
+    across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
+    spec = config.spec
+
+    # -- run directory and resume ------------------------------------------------------------------
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / "run.json"
+    digest = _config_digest(config_file)
+    releases: list[ReleaseSummary] = []
+    if state_path.exists():
+        try:
+            state = read_json(state_path)
+        except ValueError as exc:
+            raise ConfigError(f"{state_path} is damaged ({exc}); move the run directory away to start over.") from exc
+        if state.get("format") != RUN_STATE_FORMAT:
+            raise ConfigError(f"{state_path} is not a dpcl run state; use another --out directory.")
+        mismatch = [
+            name for name, mine in (("config", digest), ("seed", seed), ("private", private), ("method", method_name))
+            if state.get(name if name != "config" else "config_sha256") != mine
+        ]
+        if mismatch:
+            raise ConfigError(
+                f"--out {str(out)!r} holds a run with a different {', '.join(mismatch)}; resume it with the same "
+                "config file and --seed, or use a new --out directory."
+            )
+        releases = [ReleaseSummary.from_dict(r) for r in state["releases"]]
+    resumed_after = releases[-1].task_index if releases else None
+
+    label_space = tuple(sorted({o for s in label_sets for o in s}))
+    setup = MethodSetup(
+        method=config.method,
+        privacy=config.privacy,
+        label_space=label_space,
+        input_dim=int(prepared[0].features.shape[1]),
+        seed=seed,
+        device=device,
+    )
+    method = cls(setup)
+
+    ledger = None
+    if private:
+        from dpcl.guarantees.ledger import TaskLedger
+
+        ledger = TaskLedger.open(
+            out / "ledger.json",
+            delta=config.privacy["delta"],
+            across_tasks=across,
+            accountant=config.privacy["accountant"],
+            adjacency=report.adjacency,
+            unit=report.unit,
+            total_epsilon=config.privacy.get("total_epsilon"),
+            total_delta=config.privacy.get("total_delta"),
+            metadata={"config": config.to_dict(), "method": method_name, "seed": seed},
+        )
+
+    if releases:
+        last = releases[-1]
+        expected = _recorded_checkpoint_hash(out / last.certificate)
+        payload = load_checkpoint(out / last.checkpoint, expected_sha256=expected)
+        if payload["method"] != method_name or payload["task_index"] != last.task_index:
+            raise ConfigError(f"checkpoint {last.checkpoint} does not belong to this run.")
+        method.load_state_dict(payload["state"])
+
+    def save_state() -> None:
+        write_json_atomic(
+            state_path,
+            {
+                "format": RUN_STATE_FORMAT,
+                "version": RUN_STATE_VERSION,
+                "config_sha256": digest,
+                "config_path": str(config_file),
+                "seed": seed,
+                "private": private,
+                "method": method_name,
+                "n_tasks": n_tasks,
+                "releases": [r.to_dict() for r in releases],
+            },
+        )
+
+    # -- the stream ---------------------------------------------------------------------------------
+    from tqdm.auto import tqdm
+
+    start = 0 if not releases else releases[-1].task_index + 1
+    for t in range(start, n_tasks):
+        data, outputs, tasks_read = _release_data(prepared, t, spec.reuses_past_tasks)
+        if private:
+            plan = spec.plan_task(config.method, config.privacy, len(data), t)
+            if plan.events:
+                ledger.charge(tasks_read, plan.events, unit_ids=data.unit_ids, label=f"{method_name} task {t}")
+        else:
+            from dpcl.guarantees.method_schema import TaskPlan
+
+            plan = TaskPlan(events=(), noise={}, assumptions=(NON_PRIVATE_STATEMENT,))
+        with tqdm(
+            total=method.planned_work(plan),
+            desc=f"task {t + 1}/{n_tasks}",
+            unit="step",
+            disable=quiet,
+            file=sys.stderr,
+            leave=False,
+        ) as bar:
+            method.fit_task(t, data, outputs, plan, progress=bar.update)
+
+        checkpoint = out / "checkpoints" / f"task{t + 1:03d}.pt"
+        checkpoint_sha = save_checkpoint(
+            checkpoint, method=method_name, task_index=t, state=method.state_dict(),
+            meta={"seed": seed, "config_sha256": digest, "dpcl_version": __version__},
+        )
+        if private and ledger.charges:
+            record = ledger.release(t, checkpoint_sha256=checkpoint_sha)
+            from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
+
+            certificate = out / "certificates" / f"task{t + 1:03d}.cert.json"
+            assumptions = list(report.assumptions)
+            assumptions += [a for a in plan.assumptions if a not in assumptions]
+            cert = certificate_from_ledger(
+                ledger,
+                method=method_name,
+                label_space=config.stream["label_space"],
+                assumptions=assumptions,
+                checkpoint=checkpoint,
+                config=config.to_dict(),
+                label_filtering=describe_filtering(filter_reports[: t + 1]),
+                extra={"seed": seed, "plan_notes": list(plan.notes), "device": device},
+            )
+            write_certificate(certificate, cert)
+            verify_certificate(certificate).raise_if_invalid()
+            cumulative: float | None = record.guarantee.epsilon
+        elif private:
+            raise PrivacyViolationError(
+                f"release {t} reads no private data and nothing was charged yet; dpcl cannot certify a release "
+                "without a charged mechanism. Check the stream: its first task is empty after label filtering."
+            )
+        else:
+            certificate = out / "certificates" / f"task{t + 1:03d}.nonprivate-cert.json"
+            _non_private_statement(certificate, task=t, method=method_name, checkpoint=checkpoint,
+                                   config=config.to_dict())
+            cumulative = None
+
+        accuracies = tuple(
+            method.accuracy(prepared[j].test_features, prepared[j].test_labels) for j in range(t + 1)
+        )
+        releases.append(
+            ReleaseSummary(
+                task_index=t,
+                accuracies=accuracies,
+                cumulative_epsilon=cumulative,
+                checkpoint=checkpoint.relative_to(out).as_posix(),
+                certificate=certificate.relative_to(out).as_posix(),
+                examples=len(data),
+                filtered_out=prepared[t].filtered_out,
+            )
+        )
+        save_state()
+        if stop_after_task is not None and t >= stop_after_task and t < n_tasks - 1:
+            break
+
+    complete = bool(releases) and releases[-1].task_index == n_tasks - 1
+    matrix = accuracy_rows([r.accuracies for r in releases], n_tasks)
+    metrics: dict[str, Any] = {
+        "method": method_name,
+        "private": private,
+        "complete": complete,
+        "seed": seed,
+        "device": device,
+        "config": str(config_file),
+        "epsilon_per_task": config.privacy["epsilon"] if private else math.inf,
+        "delta": config.privacy["delta"],
+        "across_tasks": across,
+        "cumulative_epsilon": [r.cumulative_epsilon for r in releases],
+        "final_epsilon": releases[-1].cumulative_epsilon if releases else None,
+        **summarize(matrix),
+        "certificates": [r.certificate for r in releases],
+        "checkpoints": [r.checkpoint for r in releases],
+        "label_filtering": describe_filtering(filter_reports),
+    }
+    metrics_json = dict(metrics)
+    metrics_json["epsilon_per_task"] = metrics["epsilon_per_task"] if private else "inf"
+    write_json_atomic(out / "metrics.json", metrics_json)
+    from dpcl.runner.plots import plot_accuracy
+
+    plot_accuracy(
+        out / "accuracy.png",
+        matrix,
+        title=f"{method_name} on {stream.dataset_name}"
+        + (f" (ε={config.privacy['epsilon']:g} per task, δ={config.privacy['delta']:g})" if private else " (not private)"),
+        cumulative_epsilon=[r.cumulative_epsilon for r in releases],
+    )
+    return RunResult(
+        out_dir=out,
+        method=method_name,
+        private=private,
+        releases=tuple(releases),
+        metrics=metrics_json,
+        resumed_after=resumed_after,
+        complete=complete,
+        delta=float(config.privacy["delta"]),
+        audit=report.to_dict(),
+    )
+
+
+def _recorded_checkpoint_hash(certificate: Path) -> str:
+    """The checkpoint SHA-256 a certificate (or non-private statement) records."""
+    try:
+        data = read_json(certificate)
+        return str(data["checkpoint"]["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"cannot resume: certificate {str(certificate)!r} of the last recorded release is missing or damaged ({exc})."
+        ) from exc

@@ -1,0 +1,203 @@
+"""Certified runs end to end on digits (CPU, a few seconds each): certificates, audit gate, resume, metrics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)  # 2 xdist workers share 2 cores
+
+from dpcl.errors import (  # noqa: E402
+    ConfigError,
+    InvalidParameterError,
+    LabelSpaceViolationError,
+    MalformedCertificateError,
+    PrivacyViolationError,
+    VerificationError,
+)
+from dpcl.guarantees.certificates import read_certificate, verify_certificate  # noqa: E402
+from dpcl.guarantees.ledger import TaskLedger  # noqa: E402
+from dpcl.runner import run_training  # noqa: E402
+from run_helpers import write_config  # noqa: E402
+
+
+def _verified(result):
+    reports = [verify_certificate(result.out_dir / r.certificate) for r in result.releases]
+    return all(r.valid for r in reports)
+
+
+def test_cosine_run_writes_and_verifies_one_certificate_per_release(tmp_path):
+    config = write_config(tmp_path, "cosine", epsilon=2.0)
+    result = run_training(config, tmp_path / "out", quiet=True)
+    out = result.out_dir
+    assert result.complete and len(result.releases) == 5
+    assert sorted(p.name for p in (out / "certificates").iterdir()) == [f"task{t:03d}.cert.json" for t in range(1, 6)]
+    assert len(list((out / "checkpoints").glob("*.pt"))) == 5
+    assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _verified(result)
+    metrics = json.loads((out / "metrics.json").read_text())
+    # 10 classes: chance is 0.1
+    assert metrics["average_accuracy"] > 0.6
+    assert len(metrics["accuracy_matrix"]) == 5 and metrics["accuracy_matrix"][0][1] is None
+    for key in ("average_forgetting", "backward_transfer", "last", "avg", "average_accuracy_curve"):
+        assert key in metrics
+    # disjoint tasks, one Gaussian release each: parallel composition, the stream costs one task's epsilon
+    assert metrics["across_tasks"] == "parallel"
+    assert all(eps <= 2.0 * (1 + 1e-9) for eps in metrics["cumulative_epsilon"])
+    cert = read_certificate(out / "certificates" / "task005.cert.json")
+    assert cert["guarantee"]["adjacency"] == "add_remove" and cert["guarantee"]["unit"] == "example"
+    assert any("prior" in a for a in cert["assumptions"])
+    ledger = TaskLedger.load(out / "ledger.json")
+    assert len(ledger.charges) == 5 and ledger.released_tasks() == [0, 1, 2, 3, 4]
+
+
+def test_certified_noise_is_what_the_model_used(tmp_path):
+    """The certificate's Gaussian sigma reproduces its epsilon with dp-accounting's PLD (independent reference)."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    config = write_config(tmp_path, "cosine", epsilon=1.0)
+    result = run_training(config, tmp_path / "out", quiet=True)
+    cert = read_certificate(result.last_certificate)
+    sigma = cert["events"][0]["events"][0]["sigma"]
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dp_event.GaussianDpEvent(noise_multiplier=sigma))
+    assert accountant.get_epsilon(1e-5) == pytest.approx(1.0, abs=2e-3)
+    assert cert["guarantee"]["epsilon"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_interrupted_run_resumes_after_the_last_certified_task(tmp_path):
+    config = write_config(tmp_path, "cosine", epsilon=1.0)
+    whole = run_training(config, tmp_path / "whole", seed=3, quiet=True)
+    first = run_training(config, tmp_path / "split", seed=3, quiet=True, stop_after_task=1)
+    assert not first.complete and [r.task_index for r in first.releases] == [0, 1]
+    assert len(TaskLedger.load(tmp_path / "split" / "ledger.json").charges) == 2
+    second = run_training(config, tmp_path / "split", seed=3, quiet=True)
+    assert second.resumed_after == 1 and second.complete
+    assert _verified(second)
+    assert len(TaskLedger.load(tmp_path / "split" / "ledger.json").charges) == 5
+    # the noise generator state travels in the checkpoint: resuming reproduces the uninterrupted run
+    assert second.metrics["accuracy_matrix"] == whole.metrics["accuracy_matrix"]
+    # a finished run rerun does nothing new
+    third = run_training(config, tmp_path / "split", seed=3, quiet=True)
+    assert third.resumed_after == 4 and len(TaskLedger.load(tmp_path / "split" / "ledger.json").charges) == 5
+
+
+def test_resume_refuses_a_modified_checkpoint(tmp_path):
+    config = write_config(tmp_path, "cosine")
+    run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
+    checkpoint = tmp_path / "out" / "checkpoints" / "task001.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes() + b"tampered")
+    with pytest.raises(VerificationError, match="modified after release"):
+        run_training(config, tmp_path / "out", quiet=True)
+
+
+def test_resume_refuses_another_config_or_seed(tmp_path):
+    config = write_config(tmp_path, "cosine", epsilon=1.0)
+    run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
+    with pytest.raises(ConfigError, match="seed"):
+        run_training(config, tmp_path / "out", seed=1, quiet=True)
+    other = write_config(tmp_path, "cosine", epsilon=4.0, name="other.toml")
+    with pytest.raises(ConfigError, match="config"):
+        run_training(other, tmp_path / "out", quiet=True)
+
+
+def test_refused_config_is_not_trained(tmp_path):
+    """label_space = 'data' breaks DP (Prop. 4.6): exit-3 error before any checkpoint exists."""
+    config = write_config(tmp_path, "cosine", label_space="data")
+    with pytest.raises(PrivacyViolationError, match="Prop. 4.6"):
+        run_training(config, tmp_path / "out", quiet=True)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_parallel_composition_over_shared_units_is_refused(tmp_path):
+    config = write_config(tmp_path, "cosine", disjoint_units=False, across_tasks="parallel")
+    with pytest.raises(PrivacyViolationError, match="disjoint"):
+        run_training(config, tmp_path / "out", quiet=True)
+
+
+def test_unknown_run_key_is_refused_by_name(tmp_path):
+    config = write_config(tmp_path, "cosine", extra="\n[run]\nprivat = false\n")
+    with pytest.raises(ConfigError, match="privat"):
+        run_training(config, tmp_path / "out", quiet=True)
+
+
+def test_non_private_run_says_it_is_not_private(tmp_path):
+    config = write_config(tmp_path, "cosine", extra="\n[run]\nprivate = false\n")
+    result = run_training(config, tmp_path / "out", quiet=True)
+    assert not result.private and result.metrics["epsilon_per_task"] == "inf"
+    assert not (tmp_path / "out" / "ledger.json").exists()
+    statement = json.loads((tmp_path / "out" / result.releases[-1].certificate).read_text())
+    assert statement["private"] is False and "WITHOUT differential privacy" in statement["statement"]
+    assert "cert" in result.releases[-1].certificate
+    with pytest.raises(MalformedCertificateError):
+        verify_certificate(tmp_path / "out" / result.releases[-1].certificate)
+    assert result.metrics["average_accuracy"] > 0.8
+
+
+@pytest.mark.parametrize("method", ["peft_ensemble", "naive", "non_cl"])
+def test_dpsgd_methods_run_and_certify(tmp_path, method):
+    config = write_config(tmp_path, method, epsilon=4.0, label_space="prior", tasks="[[0, 1], [2, 3], [4, 5]]")
+    result = run_training(config, tmp_path / "out", quiet=True)
+    assert result.complete and _verified(result)
+    eps = result.metrics["cumulative_epsilon"]
+    if method == "non_cl":
+        # every release retrains on tasks 0..t: task 0's data is read by all of them, epsilon grows
+        assert all(b > a for a, b in zip(eps, eps[1:]))
+    else:
+        assert max(eps) <= 4.0 * (1 + 1e-6)
+    if method in ("peft_ensemble", "non_cl"):
+        assert result.metrics["average_accuracy"] > 0.4  # chance over the 6 labels released at the end: 1/6
+
+
+def test_task_sizes_that_disagree_with_the_data_are_refused(tmp_path):
+    config = write_config(tmp_path, "cosine", method_extra="")
+    text = config.read_text().replace("disjoint_units = true", "disjoint_units = true\ntask_sizes = [1, 1, 1, 1, 1]")
+    config.write_text(text)
+    with pytest.raises(ConfigError, match="task_sizes"):
+        run_training(config, tmp_path / "out", quiet=True)
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the CPU-only error path cannot occur here")
+    config = write_config(tmp_path, "cosine")
+    with pytest.raises(InvalidParameterError, match="cuda"):
+        run_training(config, tmp_path / "out", device="cuda", quiet=True)
+
+
+def test_audit_and_run_agree_on_sizes_and_epsilon(tmp_path):
+    """What is audited is what is trained: `dpcl audit`'s plan equals the run's ledger."""
+    from dpcl.cli.audit import stream_task_sizes
+    from dpcl.data import STREAM_KEYS
+    from dpcl.guarantees.audit_config import audit_config
+    from dpcl.guarantees.config import load_config
+
+    config_path = write_config(tmp_path, "peft_ensemble", epsilon=3.0, label_space="prior",
+                               tasks="[[0, 1], [2, 3], [8, 9]]", prior_labels="[[0, 1], [2, 3, 4], [9]]")
+    config = load_config(config_path, data_stream_keys=STREAM_KEYS)
+    sizes, reports, _ = stream_task_sizes(config)
+    audited = audit_config(config, sizes, filter_reports=reports)
+    result = run_training(config_path, tmp_path / "out", quiet=True)
+    assert [r.examples for r in result.releases] == sizes
+    assert result.releases[-1].filtered_out == reports[-1].filtered > 0
+    assert result.metrics["final_epsilon"] == pytest.approx(audited.epsilon, rel=1e-9)
+
+
+def test_empty_task_after_filtering_still_releases_a_classifier(tmp_path):
+    """Task 2's public labels miss its data entirely: noise-only sums are released and certified (Prop. F.1)."""
+    config = write_config(tmp_path, "cosine", label_space="prior", tasks="[[0, 1], [2, 3]]",
+                          prior_labels="[[0, 1], [7, 8]]")
+    result = run_training(config, tmp_path / "out", quiet=True)
+    assert result.releases[1].examples == 0 and _verified(result)
+    assert np.isfinite(result.metrics["average_accuracy"])
+
+
+def test_label_space_data_error_is_a_label_space_violation_type(tmp_path):
+    config = write_config(tmp_path, "cosine", label_space="data")
+    with pytest.raises(PrivacyViolationError) as info:
+        run_training(config, tmp_path / "out", quiet=True)
+    assert not isinstance(info.value, LabelSpaceViolationError) or info.value.exit_code == 3
