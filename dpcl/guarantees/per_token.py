@@ -564,7 +564,13 @@ class PeCLSpec:
             raise ConfigError(f"[method] {exc}") from None
         sigma_min = float(worst.sigmas[0])
         summary = per_token_guarantee(worst, max_sequence_length=v["max_seq_len"])
-        notes = [
+        budget = privacy.get("epsilon")
+        if budget is not None and v["calibration"] == "analytic" and upper > float(budget):
+            raise ConfigError(
+                f"[method] epsilon_upper = {upper:g} exceeds the per-release budget [privacy] epsilon = "
+                f"{float(budget):g}; lower epsilon_upper or raise [privacy] epsilon."
+            )
+        notes = [] if task_index > 0 else [
             f"per-token guarantee (worst token, score 0): epsilon={summary['epsilon']:.6g} at delta={delta:.3g}, "
             f"replace-one, sensitivity 2C={summary['sensitivity']:.6g}, sigma_min={sigma_min:.6g}, "
             f"{v['epochs']} perturbation(s) per token.",
@@ -572,11 +578,18 @@ class PeCLSpec:
             f"at delta={delta:.3g} (exact Gaussian composition).",
         ]
         if v["calibration"] == "paper":
+            if budget is not None and summary["epsilon"] > float(budget):
+                notes.append(
+                    f"calibration='paper' reproduces the paper's sigma_i: its true per-token epsilon "
+                    f"{summary['epsilon']:.6g} exceeds [privacy] epsilon = {float(budget):g}; the certificate "
+                    "states the true value."
+                )
             notes.append(
                 f"calibration='paper': the paper claims eps_i in [{lower:g}, {upper:g}] per release; the true "
                 f"per-token epsilon of its sigma_i at sensitivity 2C is {summary['epsilon']:.6g}."
             )
-        notes.extend(summary["sequence"]["notes"])
+        if task_index == 0:  # the same for every task: stated once
+            notes.extend(summary["sequence"]["notes"])
         return TaskPlan(
             events=(token_event(sigma_min, v["clip_norm"], v["epochs"]),),
             noise={
