@@ -10,14 +10,13 @@ disjointness instead of trusting it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from dpcl.errors import InvalidParameterError
 
-__all__ = ["LabelledDataset", "concatenate"]
+__all__ = ["FrozenMeta", "LabelledDataset", "concatenate"]
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
@@ -35,6 +34,25 @@ def _fresh(array: np.ndarray | None) -> np.ndarray | None:
     if array is not None:
         array.setflags(write=False)
     return array
+
+
+class FrozenMeta(dict):
+    """A read-only dict (picklable, unlike ``types.MappingProxyType``): a dataset's ``meta``."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("dataset meta is read-only; build a new dataset with with_features(..., **meta).")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenMeta, (dict(self),))
+
+    def __copy__(self) -> "FrozenMeta":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "FrozenMeta":
+        return self
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,10 +118,15 @@ class LabelledDataset:
         object.__setattr__(self, "labels", _frozen(labels.astype(np.int64, copy=False)))
         object.__setattr__(self, "unit_ids", _frozen(unit_ids.astype(np.int64, copy=False)))
         object.__setattr__(self, "class_names", class_names)
-        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+        object.__setattr__(self, "meta", self.meta if isinstance(self.meta, FrozenMeta) else FrozenMeta(self.meta))
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuild through the constructor, so an unpickled dataset is validated and read-only again
+        fields = (self.features, self.labels, self.unit_ids, self.name, self.class_names, self.texts, dict(self.meta))
+        return (LabelledDataset, fields)
 
     @property
     def n_classes(self) -> int:

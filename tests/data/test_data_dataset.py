@@ -98,3 +98,24 @@ def test_stratified_split_is_a_seeded_partition(labels: list[int], fraction: flo
 def test_split_fraction_out_of_range(fraction: float) -> None:
     with pytest.raises(InvalidParameterError, match="test_fraction"):
         stratified_split(np.array([0, 1, 0, 1]), fraction, 0)
+
+
+def test_datasets_and_streams_pickle_and_meta_is_read_only() -> None:
+    import copy
+    import pickle
+
+    from dpcl.data import class_incremental_stream
+
+    ds = LabelledDataset(np.ones((4, 2)), np.array([0, 1, 0, 1]), np.arange(4), "x", ("a", "b"), meta={"k": 1})
+    with pytest.raises(TypeError, match="read-only"):
+        ds.meta["k"] = 2
+    with pytest.raises(TypeError, match="read-only"):
+        ds.meta.update(k=3)
+    back = pickle.loads(pickle.dumps(ds))
+    assert np.array_equal(back.features, ds.features) and back.meta == {"k": 1}
+    assert not back.features.flags.writeable
+    stream = class_incremental_stream(ds, [[0], [1]], seed=0, test_fraction=0.5)
+    again = pickle.loads(pickle.dumps(stream))
+    assert again.task_sizes() == stream.task_sizes() == [1, 1]
+    assert copy.deepcopy(ds).meta == {"k": 1}
+    assert ds.with_features(np.zeros((4, 3)), note="z").meta == {"k": 1, "note": "z"}
