@@ -1,0 +1,78 @@
+"""Every bundled example config passes `dpcl audit`, and its numbers say what the method does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dpcl
+from dpcl.cli import main
+
+CONFIGS = sorted((Path(dpcl.__file__).parent / "configs").glob("*.toml"))
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _audit(capsys, path):
+    code = main(["audit", str(path), "--json"])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out else None), err
+
+
+def test_configs_are_bundled():
+    names = {p.stem for p in CONFIGS}
+    assert {"cosine", "peft_ensemble", "naive", "non_cl"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_bundled_config_passes_audit(capsys, path):
+    code, payload, err = _audit(capsys, path)
+    assert code == 0, err
+    assert payload["sound"] is True and payload["violations"] == []
+    assert payload["epsilon"] is not None and payload["epsilon"] > 0
+    assert payload["assumptions"]
+    cumulative = [p["cumulative_epsilon"] for p in payload["per_task"] if "cumulative_epsilon" in p]
+    assert cumulative == sorted(cumulative)  # adding a task never lowers epsilon
+    name = payload["method"]
+    eps = 1.0 if name in ("cosine", "naive", "non_cl") else None
+    if name == "cosine":
+        assert payload["across_tasks"] == "parallel" and payload["epsilon"] == pytest.approx(1.0, rel=1e-6)
+    elif name == "peft_ensemble":
+        per_task = [p["epsilon"] for p in payload["per_task"]]
+        assert payload["across_tasks"] == "parallel" and payload["epsilon"] == max(per_task) <= 2.0
+    elif name == "naive":
+        assert payload["across_tasks"] == "sequential"
+        assert max(p["epsilon"] for p in payload["per_task"]) < payload["epsilon"] < 5 * eps
+        assert payload["filter"]["stream"]["spent"]["epsilon"] <= payload["total_epsilon"]
+    elif name == "non_cl":
+        # disjoint units, but task 0's examples are read by every release: all releases compose.
+        assert payload["across_tasks"] == "parallel" and payload["epsilon"] > 2 * eps
+        assert [p["trained_on_examples"] for p in payload["per_task"]] == sorted(
+            p["trained_on_examples"] for p in payload["per_task"]
+        )
+
+
+def test_audit_and_verify_as_a_user(tmp_path):
+    """`python -m dpcl audit` in a fresh process: exit 0 on the example, 2 on an unknown key, 3 on S_data."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cosine = Path(dpcl.__file__).parent / "configs" / "cosine.toml"
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "dpcl", *a], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+    )
+    ok = run("audit", str(cosine))
+    assert ok.returncode == 0 and "sound" in ok.stdout, ok.stderr
+    typo = tmp_path / "typo.toml"
+    typo.write_text(cosine.read_text().replace("delta = 1e-5", "delta = 1e-5\ndeltta = 1e-6"))
+    bad = run("audit", str(typo))
+    assert bad.returncode == 2 and bad.stdout == "" and "unknown [privacy] key(s) deltta" in bad.stderr
+    assert bad.stderr.count("\n") == 1
+    leak = tmp_path / "leak.toml"
+    leak.write_text(cosine.read_text().replace('label_space = "prior_const"', 'label_space = "data"'))
+    violation = run("audit", str(leak), "--json")
+    assert violation.returncode == 3 and "Prop. 4.6" in violation.stdout
+    missing = run("verify", str(tmp_path / "none.json"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
