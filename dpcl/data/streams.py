@@ -356,6 +356,7 @@ def _assemble(
         task_test = test.subset(test_idx, name=f"{train.name}:task{t}:test")
         perm = None if permutations is None else permutations[t]
         if perm is not None:
+            perm.setflags(write=False)
             task_train = task_train.with_features(task_train.features[:, perm], permuted=True)
             task_test = task_test.with_features(task_test.features[:, perm], permuted=True)
         tasks.append(Task(index=t, train=task_train, test=task_test, labels=tuple(labels[t]), permutation=perm))
