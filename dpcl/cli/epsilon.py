@@ -25,9 +25,12 @@ from dpcl.cli.output import add_json_flag, emit
 
 
 def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
-    """``emit`` with the ``notes`` list shown one note per line in the table view."""
-    if not getattr(args, "json", False) and "notes" in payload:
-        payload = {**payload, "notes": "\n".join(payload["notes"])}
+    """``emit`` with ``candidates`` and ``notes`` shown one per line in the table view."""
+    if not getattr(args, "json", False):
+        if "candidates" in payload:
+            payload = {**payload, "candidates": "\n".join(f"{k}: {v:.6g}" for k, v in payload["candidates"].items())}
+        if "notes" in payload:
+            payload = {**payload, "notes": "\n".join(payload["notes"])}
     emit(args, title, payload)
 
 #: Accountants ``dpcl epsilon dpsgd`` offers.

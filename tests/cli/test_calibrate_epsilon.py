@@ -185,6 +185,9 @@ def test_epsilon_dpsgd_default_is_auto_and_steps_accept_exponent_notation():
         ["epsilon", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "200", "--delta", "1e-5", "--accountant", "auto"]
     )
     assert answer["epsilon"] == explicit["epsilon"] and answer["accountant"] == explicit["accountant"]
+    code, out, err = run(["epsilon", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "200", "--delta", "1e-5"])
+    assert code == 0 and err == ""
+    assert f"{answer['epsilon']:.6g}" in out and "candidates" in out and f"rdp: {answer['candidates']['rdp']:.6g}" in out
 
 
 # -- compose-gaussians -----------------------------------------------------------------------
