@@ -311,3 +311,17 @@ def test_class_incremental_property(n_classes: int, data, seed: int) -> None:
     train_split = class_incremental_stream(ds, [list(range(n_classes))], seed=seed)[0].train
     expected = np.sort(train_split.unit_ids[np.isin(train_split.labels, used)])
     assert np.array_equal(np.sort(np.concatenate([t.train.unit_ids for t in stream])), expected)
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"dataset": "digits", "tasks": SPLIT},
+        {"dataset": "digits", "tasks": SPLIT, "kind": "blurry", "blurry_fraction": 0.3},
+        {"dataset": "digits", "kind": "permuted", "n_tasks": 4},
+    ],
+)
+def test_task_sizes_do_not_depend_on_the_run_seed(section: dict) -> None:
+    # so an audit at one seed plans DP-SGD for the sizes every seed trains on
+    sizes = {tuple(task_sizes({**section, "seed": seed})) for seed in (0, 1, 17, 2**31)}
+    assert len(sizes) == 1
