@@ -8,7 +8,9 @@ forgetting and average forgetting AF (eq. A39/A40), backward transfer BWT
 """
 
 from dpcl.metrics.continual import (
+    SCALAR_METRICS,
     accuracy_rows,
+    aggregate_seeds,
     average_accuracy,
     average_accuracy_curve,
     average_forgetting,
@@ -24,7 +26,9 @@ from dpcl.metrics.continual import (
 )
 
 __all__ = [
+    "SCALAR_METRICS",
     "accuracy_rows",
+    "aggregate_seeds",
     "average_accuracy",
     "average_accuracy_curve",
     "average_forgetting",

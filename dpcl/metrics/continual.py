@@ -35,7 +35,7 @@ Everything is vectorised over the matrix; no loops over tasks.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -55,6 +55,8 @@ __all__ = [
     "avg_accuracy",
     "summarize",
     "accuracy_rows",
+    "aggregate_seeds",
+    "SCALAR_METRICS",
 ]
 
 
@@ -241,3 +243,30 @@ def accuracy_rows(rows: Sequence[Sequence[float]], n_tasks: int) -> np.ndarray:
             raise InvalidParameterError(f"row {t} has {values.size} accuracies but the stream has {n_tasks} tasks.")
         matrix[t, : values.size] = values
     return check_accuracy_matrix(matrix)
+
+
+#: Scalar keys of :func:`summarize` that :func:`aggregate_seeds` averages.
+SCALAR_METRICS = ("average_accuracy", "average_forgetting", "backward_transfer", "last", "avg")
+
+
+def aggregate_seeds(summaries: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Mean and sample standard deviation (``ddof=1``) of each scalar metric over repeated runs.
+
+    ``summaries`` are :func:`summarize` dicts (or ``metrics.json`` contents), one per seed.
+    Returns ``{metric: {"mean", "std", "n"}}``; ``std`` is None for a single run and a metric
+    that is None in any run (e.g. AF of a one-task stream) is reported as None.
+    """
+    if not summaries:
+        raise InvalidParameterError("aggregate_seeds needs at least one run summary.")
+    out: dict[str, dict[str, Any]] = {}
+    for key in SCALAR_METRICS:  # five keys, not a loop over data
+        values = [s.get(key) for s in summaries]
+        if any(v is None for v in values):
+            out[key] = {"mean": None, "std": None, "n": len(values)}
+            continue
+        array = np.asarray(values, dtype=np.float64)
+        if not np.all(np.isfinite(array)):
+            raise InvalidParameterError(f"{key} must be finite in every run summary, got {values}.")
+        std = float(np.std(array, ddof=1)) if array.size > 1 else None
+        out[key] = {"mean": float(np.mean(array)), "std": std, "n": int(array.size)}
+    return out

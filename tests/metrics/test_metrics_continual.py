@@ -14,6 +14,7 @@ from hypothesis.extra.numpy import arrays
 from dpcl.errors import InvalidParameterError
 from dpcl.metrics import (
     accuracy_rows,
+    aggregate_seeds,
     average_accuracy,
     average_accuracy_curve,
     average_forgetting,
@@ -170,3 +171,17 @@ def test_no_forgetting_when_accuracies_never_change(n: int, value: float) -> Non
     assert average_forgetting(matrix) == pytest.approx(0.0)
     assert backward_transfer(matrix) == pytest.approx(0.0)
     assert average_accuracy(matrix) == pytest.approx(value)
+
+
+def test_aggregate_seeds_by_hand() -> None:
+    runs = [summarize(R), summarize(np.array([[1.0, NAN, NAN], [0.9, 0.8, NAN], [0.8, 0.7, 0.6]]))]
+    table = aggregate_seeds(runs)
+    aa = [2.05 / 3, 2.1 / 3]
+    assert table["average_accuracy"]["mean"] == pytest.approx(np.mean(aa))
+    # sample std of two values a, b is |a - b| / sqrt(2)
+    assert table["average_accuracy"]["std"] == pytest.approx(abs(aa[0] - aa[1]) / math.sqrt(2))
+    assert table["average_accuracy"]["n"] == 2
+    assert aggregate_seeds(runs[:1])["last"]["std"] is None
+    assert aggregate_seeds([summarize(R[:1])])["average_forgetting"] == {"mean": None, "std": None, "n": 1}
+    with pytest.raises(InvalidParameterError, match="at least one run"):
+        aggregate_seeds([])
