@@ -94,6 +94,21 @@ def stream_task_sizes(config: TrainingConfig) -> tuple[list[int], list[FilterRep
     )
 
 
+def stream_unit_ids(config: TrainingConfig) -> list[Any] | None:
+    """Privacy-unit ids of each task's training examples, when the data layer can list them
+    (``dpcl.data.task_train_unit_ids``) and the sizes do not come from ``[stream] task_sizes``."""
+    if config.stream.get("task_sizes") is not None:
+        return None
+    try:
+        import dpcl.data as data
+    except ImportError:  # pragma: no cover
+        return None
+    lister = getattr(data, "task_train_unit_ids", None)
+    if lister is None:
+        return None
+    return list(lister(dict(config.raw["stream"])))
+
+
 def _table_payload(report: AuditReport) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "verdict": "sound" if report.sound else "PRIVACY VIOLATION",
@@ -141,7 +156,7 @@ def run_audit(args: argparse.Namespace) -> int:
     _quiet_library_logs()
     config = load_config(args.config, data_stream_keys=_data_stream_keys())
     sizes, reports, size_notes = stream_task_sizes(config)
-    report = audit_config(config, sizes, filter_reports=reports)
+    report = audit_config(config, sizes, filter_reports=reports, unit_ids=stream_unit_ids(config))
     if size_notes:
         report = AuditReport(**{**report.__dict__, "notes": tuple(size_notes) + report.notes})
     if getattr(args, "json", False):

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 from dpcl.errors import (
     BudgetExceededError,
     ConfigError,
+    DisjointnessViolationError,
     InvalidParameterError,
     LabelSpaceViolationError,
     PrivacyViolationError,
@@ -124,12 +125,14 @@ def audit_config(
     task_sizes: Sequence[int],
     *,
     filter_reports: Sequence[FilterReport] | None = None,
+    unit_ids: Sequence[Any] | None = None,
 ) -> AuditReport:
     """Plan every task of ``config`` and report the stream's guarantee and its violations.
 
     ``task_sizes`` are the training examples of each task *after* label
     filtering; ``filter_reports`` (optional) are the per-task filter counts shown
-    in the report.
+    in the report; ``unit_ids`` (optional, one array per task) lets the audit
+    check that tasks declared disjoint really hold disjoint privacy units.
     """
     privacy, stream, method, spec = config.privacy, config.stream, config.method, config.spec
     sizes = _check_sizes(task_sizes, config.n_tasks)
@@ -144,6 +147,17 @@ def audit_config(
 
     across, problems = resolve_across_tasks(privacy["across_tasks"], stream["disjoint_units"])
     violations.extend(problems)
+    if unit_ids is not None:
+        if len(unit_ids) != len(sizes):
+            raise ConfigError(f"unit ids were given for {len(unit_ids)} tasks, the stream has {len(sizes)}.")
+        if across == "parallel":
+            probe = TaskLedger(delta=privacy["delta"], across_tasks="parallel")
+            try:
+                for t, ids in enumerate(unit_ids):
+                    probe.register_units(t, ids)
+            except DisjointnessViolationError as exc:
+                violations.append(f"{exc} The stream is accounted sequentially instead.")
+                across = "sequential"
     assumptions.append(DISJOINT_ASSUMPTION if across == "parallel" else SHARED_ASSUMPTION)
 
     plans = []

@@ -407,10 +407,20 @@ class TaskLedger:
             if shared.size:
                 raise DisjointnessViolationError(
                     f"tasks {list(tasks)} and {other} are declared to hold disjoint privacy units but share "
-                    f"unit {shared[0]!r} ({shared.size} shared in all); parallel composition (Thm 4.4) does not "
+                    f"unit {str(shared[0])!r} ({shared.size} shared in all); parallel composition (Thm 4.4) does not "
                     "apply. Remove the shared units or use across_tasks = 'sequential'."
                 )
         return keys
+
+    def register_units(self, task_index: int, unit_ids: Any) -> None:
+        """Record the privacy-unit ids of one task's data; under parallel composition a unit already held
+        by another task raises :class:`DisjointnessViolationError` naming it (nothing is recorded then)."""
+        t = int(task_index)
+        keys = self._check_units((t,), unit_ids)
+        previous = self._units.get(t, [])
+        merged = np.union1d(_unit_keys(previous), keys) if previous else np.unique(keys)
+        self._units[t] = merged.tolist()
+        self.save()
 
     # -- charging and releasing -----------------------------------------------
     def charge(
@@ -441,6 +451,11 @@ class TaskLedger:
                 )
         if self.across_tasks == "sequential" and len(task_tuple) > 1:
             _composition_groups([Charge(task_tuple, event_tuple, label)], "sequential")
+        if unit_ids is not None and len(task_tuple) > 1:
+            raise InvalidParameterError(
+                "unit_ids of a charge that reads several tasks are ambiguous; give each task's ids with "
+                "register_units(task, unit_ids) instead."
+            )
         keys = self._check_units(task_tuple, unit_ids)
         charge = Charge(task_tuple, event_tuple, label)
         if self.uses_filter:

@@ -134,6 +134,19 @@ def test_method_releasing_nothing_on_empty_task_is_a_violation():
     assert not report.sound and "Prop. F.1" in report.violations[0] and "task 1" in report.violations[0]
 
 
+def test_unit_ids_checked_when_declared_disjoint():
+    disjoint = [np.arange(0, 100), np.arange(100, 220), np.arange(220, 310)]
+    report = audit_config(_cfg(), SIZES, unit_ids=disjoint)
+    assert report.sound and report.across_tasks == "parallel"
+    shared = [np.arange(0, 100), np.arange(99, 219), np.arange(220, 310)]
+    report = audit_config(_cfg(), SIZES, unit_ids=shared)
+    assert not report.sound and report.across_tasks == "sequential"
+    assert "share unit '99'" in report.violations[0]
+    assert report.epsilon > 1.5  # accounted sequentially: sound for the shared unit
+    with pytest.raises(ConfigError, match="unit ids were given for 2 tasks"):
+        audit_config(_cfg(), SIZES, unit_ids=disjoint[:2])
+
+
 def test_task_sizes_checked():
     with pytest.raises(ConfigError, match="2 task sizes were given for 3 tasks"):
         audit_config(_cfg(), [1, 2])

@@ -135,6 +135,17 @@ def test_disjointness_checked_and_shared_unit_named():
     assert ledger.unit_ids(1) == ["7", "8", "9"]
 
 
+def test_register_units_for_union_charges(tmp_path):
+    ledger = _ledger("parallel", path=tmp_path / "l.json")
+    ledger.register_units(0, ["a", "b"])
+    ledger.register_units(1, ["c"])
+    with pytest.raises(DisjointnessViolationError, match="'b'"):
+        ledger.register_units(2, ["b", "d"])
+    assert TaskLedger.load(tmp_path / "l.json").unit_ids(1) == ["c"]
+    with pytest.raises(InvalidParameterError, match="register_units"):
+        ledger.charge([0, 1], _gauss(2.0), unit_ids=["a", "c"])
+
+
 def test_sequential_accepts_shared_units():
     ledger = _ledger("sequential")
     ledger.charge(0, _gauss(2.0), unit_ids=["alice", "bob"])
