@@ -1,0 +1,121 @@
+"""`dpcl run` as a user runs it: exit codes, JSON output, progress bars, a real killed run that resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from dpcl.guarantees.certificates import verify_certificate  # noqa: E402
+from dpcl.guarantees.ledger import TaskLedger  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
+from run_helpers import write_config  # noqa: E402
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def dpcl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dpcl", *args], capture_output=True, text=True, env=ENV, timeout=timeout
+    )
+
+
+def test_run_json_reports_every_release_and_the_certificates_verify(tmp_path):
+    config = write_config(tmp_path, "cosine", epsilon=2.0)
+    done = dpcl("run", str(config), "--out", str(tmp_path / "out"), "--json", "--seed", "2")
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["complete"] and payload["private"] and len(payload["releases"]) == 5
+    assert payload["average_accuracy"] > 0.6  # chance: 0.1
+    for release in payload["releases"]:
+        assert "cert" in Path(release["certificate"]).name
+        assert verify_certificate(tmp_path / "out" / release["certificate"]).valid
+    verified = dpcl("verify", str(tmp_path / "out" / payload["releases"][-1]["certificate"]))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_table_output_shows_progress_bars_unless_quiet(tmp_path):
+    config = write_config(tmp_path, "cosine")
+    loud = dpcl("run", str(config), "--out", str(tmp_path / "a"))
+    assert loud.returncode == 0, loud.stderr
+    assert "task 1/5" in loud.stderr and "average accuracy" in loud.stdout
+    quiet = dpcl("run", str(config), "--out", str(tmp_path / "b"), "--quiet")
+    assert quiet.returncode == 0 and "task 1/5" not in quiet.stderr
+
+
+def test_a_config_audit_refuses_exits_3_before_training(tmp_path):
+    config = write_config(tmp_path, "cosine", label_space="data")
+    done = dpcl("run", str(config), "--out", str(tmp_path / "out"))
+    assert done.returncode == 3
+    assert "Prop. 4.6" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "checkpoints").exists()
+    audited = dpcl("audit", str(config))
+    assert audited.returncode == 3
+
+
+@pytest.mark.parametrize(
+    "mutation, needle",
+    [("epsilon = 2.0", "epsilon = -1"), ('name = "cosine"', 'name = "cosine"\nlearning_rat = 0.1')],
+)
+def test_an_invalid_config_exits_2_naming_the_key(tmp_path, mutation, needle):
+    config = write_config(tmp_path, "cosine", epsilon=2.0)
+    config.write_text(config.read_text().replace(mutation, needle))
+    done = dpcl("run", str(config), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert ("epsilon" in done.stderr) or ("learning_rat" in done.stderr)
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    done = dpcl("run", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+def test_killed_run_resumes_with_its_spent_budget(tmp_path):
+    """SIGKILL a real run after its first certified release; the rerun resumes and keeps every charge."""
+    config = write_config(
+        tmp_path, "peft_ensemble", epsilon=2.0, label_space="prior",
+        method_extra="", tasks="[[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]",
+    )
+    config.write_text(config.read_text().replace("epochs = 1", "epochs = 4"))
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dpcl", "run", str(config), "--out", str(out), "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
+    )
+    state = out / "run.json"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            if state.exists() and json.loads(state.read_text())["releases"]:
+                break
+            time.sleep(0.05)
+        killed = process.poll() is None
+        if killed:
+            process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    released_before = len(json.loads(state.read_text())["releases"])
+    charges_before = len(TaskLedger.load(out / "ledger.json").charges)
+    assert released_before >= 1 and charges_before >= released_before
+
+    done = dpcl("run", str(config), "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["complete"] and len(payload["releases"]) == 5
+    if killed and released_before < 5:
+        assert payload["resumed_after_task"] == released_before
+    ledger = TaskLedger.load(out / "ledger.json")
+    # nothing already spent was forgotten: every earlier charge is still there, followed by the new ones
+    assert len(ledger.charges) >= max(5, charges_before)
+    assert all(verify_certificate(out / r["certificate"]).valid for r in payload["releases"])
