@@ -451,11 +451,6 @@ class TaskLedger:
                 )
         if self.across_tasks == "sequential" and len(task_tuple) > 1:
             _composition_groups([Charge(task_tuple, event_tuple, label)], "sequential")
-        if unit_ids is not None and len(task_tuple) > 1:
-            raise InvalidParameterError(
-                "unit_ids of a charge that reads several tasks are ambiguous; give each task's ids with "
-                "register_units(task, unit_ids) instead."
-            )
         keys = self._check_units(task_tuple, unit_ids)
         charge = Charge(task_tuple, event_tuple, label)
         if self.uses_filter:

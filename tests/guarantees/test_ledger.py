@@ -142,8 +142,10 @@ def test_register_units_for_union_charges(tmp_path):
     with pytest.raises(DisjointnessViolationError, match="'b'"):
         ledger.register_units(2, ["b", "d"])
     assert TaskLedger.load(tmp_path / "l.json").unit_ids(1) == ["c"]
-    with pytest.raises(InvalidParameterError, match="register_units"):
-        ledger.charge([0, 1], _gauss(2.0), unit_ids=["a", "c"])
+    # a charge reading several tasks (non-CL) gives the ids of their union; a later task sharing one is refused
+    ledger.charge([0, 1], _gauss(2.0), unit_ids=["a", "b", "c"])
+    with pytest.raises(DisjointnessViolationError, match="'c'"):
+        ledger.charge(3, _gauss(2.0), unit_ids=["c", "e"])
 
 
 def test_sequential_accepts_shared_units():
