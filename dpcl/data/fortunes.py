@@ -196,6 +196,7 @@ def load_fortunes(
     """
     from dpcl.data.encoder import encode_texts, encoder_id  # noqa: PLC0415 - keeps import light
 
+    batch_size = _check_int("batch_size", batch_size, 1)
     texts = load_fortunes_texts(
         categories, min_count=min_count, max_per_class=max_per_class, fortunes_path=fortunes_path
     )

@@ -8,22 +8,23 @@ rows given must be finite and in [0, 1].
 
 Definitions, with the papers' 1-based indices (t tasks learned, T in all):
 
-* Average accuracy (Tobaben et al. 2025, App. H, eq. A38; Chaudhry et al. 2018):
+* Average accuracy (Tobaben et al., App. H, eq. A38; Chaudhry et al. 2018):
   ``AA_t = 1/t * sum_{i=1..t} R[t, i]``.
 * Forgetting of task i after task t (eq. A39): ``f_{t,i} = max_{k in 1..t-1} (R[k, i] - R[t, i])``,
   and average forgetting (eq. A40): ``AF_t = 1/(t-1) * sum_{i=1..t-1} f_{t,i}`` (undefined for t = 1).
   The max in A39 runs over *all* k < t, including k < i (before task i was
   learned); entries that were not evaluated (NaN) are skipped. With
-  ``since_learned=True`` the max runs over k in i..t-1 only (the variant used
-  by e.g. GEM's and Avalanche's code); the two agree whenever a task's accuracy
-  before it is learned is not above its accuracy once learned (always the case
-  in class-incremental streams, where unseen classes are never predicted
-  correctly by a prototype classifier).
-* Backward transfer (Lopez-Paz & Ranzato 2017, eq. 3; Zhan et al. PeCL, Sec.
+  ``since_learned=True`` the max runs over k in i..t-1 only (a common variant:
+  the task's best accuracy since it was learned). The two agree whenever the
+  matrix holds no evaluation of a task before it was learned (``dpcl run``
+  records none: those entries are NaN) or such an evaluation is not above the
+  task's later best.
+* Backward transfer (Lopez-Paz & Ranzato 2017, GEM, the BWT metric; restated in Zhan et al. PeCL, Sec.
   "Evaluation Metrics"): ``BWT = 1/(N-1) * sum_{i=1..N-1} (R[N, i] - R[i, i])``.
   It compares with the accuracy *right after* learning i, while AF compares
   with the *best* earlier accuracy and has the opposite sign, so
-  ``AF_N >= -BWT`` always, with equality when no task's accuracy ever rose after it was learned.
+  ``AF_N >= -BWT`` always, with equality when every task's best accuracy before the
+  last row is the one right after it was learned.
 * Last (PeCL): ``Last = 1/N * sum_{i=1..N} R[N, i]`` -- the same number as ``AA_N``
   (Tobaben's "average accuracy" after the final task).
 * Avg (PeCL): ``Avg = 1/N * sum_{k=1..N} (1/k * sum_{i=1..k} R[k, i])`` -- the mean of the
@@ -188,7 +189,7 @@ def average_forgetting_curve(accuracy: Any, *, since_learned: bool = False) -> n
 
 
 def backward_transfer(accuracy: Any) -> float:
-    """BWT (Lopez-Paz & Ranzato 2017, eq. 3; PeCL): ``mean_{i<N-1} (R[N-1, i] - R[i, i])`` (0-based).
+    """BWT (Lopez-Paz & Ranzato 2017, GEM; restated in PeCL): ``mean_{i<N-1} (R[N-1, i] - R[i, i])`` (0-based).
 
     Uses the last row given as "after all N tasks"; needs at least two rows.
     """
