@@ -6,6 +6,12 @@ different encoder gives a different key, so a stale entry is never read. Files
 are written atomically (temp file + fsync + ``os.replace``) by
 :func:`dpcl.guarantees.atomic_io.write_bytes_atomic`, so a crash never leaves a
 half-written entry under a valid name.
+
+Why not ``joblib.Memory``: joblib is only an indirect dependency (through
+scikit-learn, an optional extra), it keys an entry on the calling function's
+source and pickled arguments rather than on what the features depend on (the
+encoder weights' hash and the texts), and it does not fsync. The key here is
+explicit and the write reuses dpcl's atomic writer.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ Train/test: a stratified split made once per dataset from ``test_fraction`` and
 ``split_seed`` (:func:`dpcl.data.splits.stratified_split`); the run ``seed``
 drives only the stream's randomness (blurry hand-over, permutations, example
 order). The test split is for reporting; nothing in dpcl tunes on it.
+
+Written here rather than taken from a library: the CL benchmark libraries that
+build such streams (Avalanche, Continuum) are not dependencies, carry torch, and
+do not track privacy units or offer a labels-only plan for auditing.
 """
 
 from __future__ import annotations
