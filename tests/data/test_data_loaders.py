@@ -134,6 +134,17 @@ def test_cifar10_batches(tmp_path: Path) -> None:
     assert units.tolist() == ds.unit_ids.tolist()
 
 
+def test_cifar_batches_naming_the_legacy_numpy_module(tmp_path: Path) -> None:
+    # the distributed CIFAR files were pickled by old numpy, whose arrays refer to numpy.core.multiarray
+    batches = _write_cifar10(tmp_path, n_batches=1)
+    path = tmp_path / "data_batch_1"
+    raw = path.read_bytes()
+    assert b"numpy._core.multiarray" in raw
+    path.write_bytes(raw.replace(b"numpy._core.multiarray", b"numpy.core.multiarray"))
+    batch = read_cifar_batch(path)
+    assert np.array_equal(batch["data"], batches[0][0]) and batch["labels"] == batches[0][1]
+
+
 def test_cifar100_fine_and_coarse(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     for name, n in (("train", 6), ("test", 3)):
