@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 
-from dpcl.cli.numbers import parse_count, parse_delta, parse_positive, parse_sample_rate
+import numpy as np
+
+from dpcl.cli.numbers import computed, parse_count, parse_delta, parse_positive, parse_sample_rate
 from dpcl.cli.output import add_json_flag, emit
 
 
@@ -85,11 +87,15 @@ def calibrate_gaussian_payload(epsilon: float, delta: float, sensitivity: float)
     """The ``dpcl calibrate gaussian`` answer as a dict (keys documented in docs/cli.md)."""
     from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_epsilon, gaussian_sigma
 
-    sigma = float(gaussian_sigma(epsilon, delta, sensitivity=sensitivity))
-    classic = classic_gaussian_sigma(epsilon, delta, sensitivity=sensitivity)
-    classic_sigma = float(classic.sigma)
-    classic_valid = bool(classic.valid)
-    classic_actual = float(gaussian_epsilon(classic_sigma, delta, sensitivity=sensitivity))
+    inputs = f"--epsilon {epsilon!r}, --delta {delta!r}, --sensitivity {sensitivity!r}"
+    with np.errstate(all="ignore"):  # extreme inputs: the result is checked below instead of warned about
+        sigma = computed("sigma", gaussian_sigma(epsilon, delta, sensitivity=sensitivity), inputs)
+        classic = classic_gaussian_sigma(epsilon, delta, sensitivity=sensitivity)
+        classic_sigma = computed("classic_sigma", classic.sigma, inputs)
+        classic_valid = bool(classic.valid)
+        classic_actual = computed(
+            "classic_actual_epsilon", gaussian_epsilon(classic_sigma, delta, sensitivity=sensitivity), inputs, allow_inf=True
+        )
     notes = [
         "sigma is the smallest noise with exact delta(epsilon) <= delta (Balle & Wang 2018, Thm 8).",
     ]
@@ -132,9 +138,10 @@ def run_calibrate_dpsgd(args: argparse.Namespace) -> int:
     from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 
     calibration = dpsgd_noise_multiplier(epsilon, delta, sample_rate, steps, accountant=args.accountant)
+    inputs = f"--epsilon {epsilon!r}, --delta {delta!r}, --sample-rate {sample_rate!r}, --steps {steps}"
     payload = {
-        "noise_multiplier": float(calibration.noise_multiplier),
-        "epsilon": float(calibration.epsilon),
+        "noise_multiplier": computed("noise_multiplier", calibration.noise_multiplier, inputs),
+        "epsilon": computed("epsilon", calibration.epsilon, inputs),
         "accountant": str(calibration.accountant),
         "target_epsilon": epsilon,
         "delta": delta,

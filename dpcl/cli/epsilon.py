@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 
-from dpcl.cli.numbers import parse_count, parse_delta, parse_positive, parse_sample_rate, read_sigmas
+import numpy as np
+
+from dpcl.cli.numbers import computed, parse_count, parse_delta, parse_positive, parse_sample_rate, read_sigmas
 from dpcl.cli.output import add_json_flag, emit
 
 
@@ -103,8 +105,11 @@ def run_epsilon_gaussian(args: argparse.Namespace) -> int:
 
     from dpcl.accounting.gaussian import gaussian_epsilon
 
+    inputs = f"--sigma {sigma!r}, --delta {delta!r}, --sensitivity {sensitivity!r}"
+    with np.errstate(all="ignore"):  # extreme inputs: the result is checked instead of warned about
+        epsilon = computed("epsilon", gaussian_epsilon(sigma, delta, sensitivity=sensitivity), inputs, allow_inf=True)
     payload = {
-        "epsilon": float(gaussian_epsilon(sigma, delta, sensitivity=sensitivity)),
+        "epsilon": epsilon,
         "delta": delta,
         "sigma": sigma,
         "sensitivity": sensitivity,
@@ -123,8 +128,9 @@ def run_epsilon_dpsgd(args: argparse.Namespace) -> int:
     from dpcl.accounting.dpsgd import dpsgd_epsilon
 
     result = dpsgd_epsilon(noise_multiplier, sample_rate, steps, delta, accountant=args.accountant)
+    inputs = f"--noise-multiplier {noise_multiplier!r}, --sample-rate {sample_rate!r}, --steps {steps}, --delta {delta!r}"
     payload = {
-        "epsilon": float(result.epsilon),
+        "epsilon": computed("epsilon", result.epsilon, inputs, allow_inf=True),
         "accountant": str(result.accountant),
         "delta": float(result.delta),
         "noise_multiplier": noise_multiplier,
@@ -148,11 +154,15 @@ def run_epsilon_compose_gaussians(args: argparse.Namespace) -> int:
 
     from dpcl.accounting.composition import compose_gaussians_epsilon, gaussian_composition_mu
 
+    inputs = f"{sigmas.size} sigmas from --sigmas, --delta {delta!r}, --sensitivity {sensitivity!r}"
+    with np.errstate(all="ignore"):  # extreme inputs: the result is checked instead of warned about
+        epsilon = computed("epsilon", compose_gaussians_epsilon(sigmas, delta, sensitivities=sensitivity), inputs, allow_inf=True)
+        mu = computed("mu", gaussian_composition_mu(sigmas, sensitivities=sensitivity), inputs, allow_inf=True)
     payload = {
-        "epsilon": float(compose_gaussians_epsilon(sigmas, delta, sensitivities=sensitivity)),
+        "epsilon": epsilon,
         "count": int(sigmas.size),
         "delta": delta,
-        "mu": float(gaussian_composition_mu(sigmas, sensitivities=sensitivity)),
+        "mu": mu,
         "sensitivity": sensitivity,
         "accountant": "exact",
     }

@@ -9,7 +9,9 @@ dispatcher in :mod:`dpcl.cli` turns that error into one line on stderr and exit
 code 2.
 
 The ``--sigmas`` file reader lives here too: one sigma per line (blank lines
-and lines starting with ``#`` are ignored) or a NumPy ``.npy`` array.
+and lines starting with ``#`` are ignored) or a NumPy ``.npy`` array. So does
+:func:`computed`, the last check on a number before a command prints it: NaN
+is never printed.
 """
 
 from __future__ import annotations
@@ -152,3 +154,19 @@ def _read_text(option: str, path: Path) -> np.ndarray:
             f"got {str(values_text[index])!r}."
         )
     return sigmas
+
+
+def computed(name: str, value: float, inputs: str, *, allow_inf: bool = False) -> float:
+    """Return ``value`` as a float if it is a number a command may print, else raise InvalidParameterError.
+
+    NaN is never printed. ``+inf`` is printed only where it is a true upper
+    bound (``allow_inf``: an epsilon so large it overflows a float). ``inputs``
+    names the options that led there, so the message says what to change.
+    """
+    value = float(value)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise InvalidParameterError(
+            f"{name} cannot be computed in floating point for {inputs}; these values are outside the "
+            "numerically supported range, choose less extreme ones."
+        )
+    return value

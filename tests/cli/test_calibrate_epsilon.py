@@ -366,3 +366,43 @@ def test_subprocess_bad_inputs_give_one_line_and_exit_2(tmp_path):
         assert proc.returncode == 2
         assert proc.stdout == ""
         assert proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
+
+
+# -- extreme but valid input: a number or a one-line error, never NaN ------------------------
+
+_POSITIVE = st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False)
+_DELTA = st.floats(min_value=1e-300, max_value=0.999999, allow_nan=False)
+
+
+def _number_or_one_line_error(argv: list[str]) -> None:
+    code, out, err = run([*argv, "--json"])
+    assert code in (0, 2), err
+    assert "nan" not in out.lower()
+    if code == 0:
+        assert err == ""  # no RuntimeWarning noise either
+        json.loads(out)
+    else:
+        assert out == "" and err.count("\n") == 1
+
+
+@given(epsilon=_POSITIVE, delta=_DELTA, sensitivity=_POSITIVE)
+def test_calibrate_gaussian_extreme_inputs_never_print_nan(epsilon, delta, sensitivity):
+    _number_or_one_line_error(
+        ["calibrate", "gaussian", "--epsilon", repr(epsilon), "--delta", repr(delta), "--sensitivity", repr(sensitivity)]
+    )
+
+
+@given(sigma=_POSITIVE, delta=_DELTA, sensitivity=_POSITIVE)
+def test_epsilon_gaussian_extreme_inputs_never_print_nan(sigma, delta, sensitivity):
+    _number_or_one_line_error(
+        ["epsilon", "gaussian", "--sigma", repr(sigma), "--delta", repr(delta), "--sensitivity", repr(sensitivity)]
+    )
+
+
+def test_overflowing_calibration_is_refused_not_printed_as_nan():
+    code, out, err = run(["calibrate", "gaussian", "--epsilon", "1e308", "--delta", "0.5", "--json"])
+    if code == 0:  # a finite answer must then be a sound one
+        answer = json.loads(out)
+        assert profile_delta(1e308, answer["sigma"]) <= 0.5
+    else:
+        assert code == 2 and out == "" and err.count("\n") == 1 and "--epsilon" in err
