@@ -164,7 +164,7 @@ def run_audit(args: argparse.Namespace) -> int:
     else:
         emit(args, f"dpcl audit {args.config}", _table_payload(report))
     if not report.sound:
-        sys.stderr.write(
-            f"dpcl audit: privacy violation ({len(report.violations)}): {report.violations[0].split('. ')[0]}.\n"
-        )
+        more = f" (and {len(report.violations) - 1} more, listed in the output)" if len(report.violations) > 1 else ""
+        first = " ".join(report.violations[0].split())
+        sys.stderr.write(f"dpcl audit: privacy violation{more}: {first}\n")
     return report.exit_code

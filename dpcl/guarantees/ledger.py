@@ -179,7 +179,7 @@ def _composition_groups(charges: Sequence[Charge], across_tasks: str) -> list[tu
         if multi:
             c = charges[multi[0]]
             raise PrivacyViolationError(
-                f"charge {multi[0]} ({c.label or 'unnamed'}) reads the data of several tasks {list(c.tasks)} "
+                f"{c.label or 'a charge'} reads the data of several tasks {list(c.tasks)} "
                 "while tasks may share privacy units (sequential composition): a shared unit can then occur "
                 "several times in one training set, which a per-example accountant does not bound (it needs "
                 "group privacy). Declare disjoint units (parallel composition) or train on one task at a time."
