@@ -343,17 +343,18 @@ def verify_certificate(
             )
         )
         got_groups = [(grp.tasks, grp.epsilon) for grp in again.groups]
-        same_groups = len(got_groups) == len(stated_groups) and all(
-            a[0] == b[0] and abs(a[1] - b[1]) <= tolerance * max(abs(a[1]), 1e-300)
-            for a, b in zip(got_groups, stated_groups)
-        )
-        checks.append(
-            VerificationCheck(
-                "composition_groups",
-                same_groups,
-                f"stated groups {stated_groups}, recomputed {got_groups}",
-            )
-        )
+        if len(got_groups) != len(stated_groups):
+            detail = f"{len(stated_groups)} groups stated, {len(got_groups)} recomputed from the events"
+            same_groups = False
+        else:
+            bad = [
+                f"tasks {list(b[0])}: stated epsilon {b[1]!r}, recomputed tasks {list(a[0])} epsilon {a[1]!r}"
+                for a, b in zip(got_groups, stated_groups)
+                if a[0] != b[0] or abs(a[1] - b[1]) > tolerance * max(abs(a[1]), 1e-300)
+            ]
+            same_groups = not bad
+            detail = "; ".join(bad) if bad else f"all {len(got_groups)} composition group(s) match"
+        checks.append(VerificationCheck("composition_groups", same_groups, detail))
     except MalformedCertificateError:
         raise
     except DpclError as exc:  # an accountant refusing the events is a failed check, not a crash

@@ -151,3 +151,11 @@ def test_build_refuses_missing_assumptions_or_mismatched_hash(tmp_path):
         certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=[" "])
     with pytest.raises(InvalidParameterError, match="hashes to"):
         certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=["x."], checkpoint=ckpt)
+
+
+def test_edited_group_epsilon_fails(certified):
+    cert_path, _ = certified[1]
+    _edit(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("epsilon", 0.1))
+    report = verify_certificate(cert_path)
+    assert [c.name for c in report.failed] == ["composition_groups"]
+    assert "stated epsilon 0.1" in report.failed[0].detail
