@@ -1,0 +1,159 @@
+"""Reproduce the results tables of the Tobaben et al. methods (docs/results.md).
+
+Every number comes from a certified ``dpcl run`` (the same runner as the CLI):
+the script writes one TOML config per setting, trains it once per seed into
+``OUT/<setting>/seed<k>`` and tabulates the final average accuracy AA (eq. A38)
+and average forgetting AF (eq. A40) as mean ± std over seeds.
+
+    .venv/bin/python scripts/tobaben_results.py --out results/tobaben --suite digits
+    .venv/bin/python scripts/tobaben_results.py --out results/tobaben --suite fortunes --seeds 3
+
+Suites:
+
+* ``digits`` — split digits (5 tasks of 2 classes, S_prior^const, delta = 1e-5):
+  DP Cosine Classifier at epsilon = 8, 1 per task, and non-private.
+* ``fortunes`` — Debian fortunes, 10 categories as classes in 5 tasks of 2
+  (MiniLM features, S_prior): Cosine, PEFT Ensemble, Naive, Non-CL at epsilon = 1,
+  8 per task and non-private. Hyper-parameters are fixed a priori (below), never
+  tuned on the test split.
+
+``--seed k`` varies initialisation, Poisson sampling and DP noise; the
+train/test split is fixed (``split_seed = 0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+DIGITS_STREAM = """[stream]
+dataset = "digits"
+tasks = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+label_space = "prior_const"
+prior_labels = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+disjoint_units = true
+"""
+
+FORTUNES_STREAM = """[stream]
+dataset = "fortunes"
+tasks = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+label_space = "prior"
+prior_labels = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+disjoint_units = true
+"""
+
+#: DP-SGD hyper-parameters of the fortunes suite (fixed a priori; PRV accounting as in the paper).
+DPSGD_METHOD = """epochs = 20
+batch_size = 32
+max_grad_norm = 1.0
+adapter_dim = 32
+learning_rate = 0.01
+"""
+
+
+def _config(stream: str, method: str, epsilon: float | None, accountant: str) -> str:
+    privacy = (
+        "[privacy]\n"
+        f"epsilon = {epsilon if epsilon is not None else 1.0}\n"
+        "delta = 1e-5\n"
+        f'accountant = "{accountant}"\n'
+    )
+    body = f'[method]\nname = "{method}"\n' + (DPSGD_METHOD if method != "cosine" else "")
+    if method == "peft_ensemble":
+        body += 'aggregation = "argmax"\n'
+    run = "\n[run]\nprivate = false\n" if epsilon is None else ""
+    return privacy + "\n" + stream + "\n" + body + run
+
+
+def settings(suite: str) -> list[tuple[str, str]]:
+    """(setting name, config text) of a suite."""
+    out = []
+    if suite == "digits":
+        for eps in (8.0, 1.0, None):
+            out.append((f"digits-cosine-eps{eps if eps else 'inf'}", _config(DIGITS_STREAM, "cosine", eps, "auto")))
+    elif suite == "fortunes":
+        for method in ("cosine", "peft_ensemble", "naive", "non_cl"):
+            for eps in (1.0, 8.0, None):
+                out.append(
+                    (f"fortunes-{method}-eps{eps if eps else 'inf'}", _config(FORTUNES_STREAM, method, eps, "prv"))
+                )
+    else:
+        raise SystemExit(f"unknown suite {suite!r}; use digits or fortunes")
+    return out
+
+
+def _one(job: tuple[str, str, int, str]) -> dict:
+    name, config_text, seed, out = job
+    import torch
+
+    torch.set_num_threads(1)
+    from dpcl.runner import run_training
+
+    directory = Path(out) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "config.toml"
+    config.write_text(config_text, encoding="utf-8")
+    run_dir = directory / f"seed{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    result = run_training(config, run_dir, seed=seed, quiet=True)
+    m = result.metrics
+    return {
+        "setting": name,
+        "seed": seed,
+        "average_accuracy": m["average_accuracy"],
+        "average_forgetting": m["average_forgetting"],
+        "final_epsilon": m["final_epsilon"],
+    }
+
+
+def _mean_std(values: list[float]) -> str:
+    array = np.asarray(values, dtype=float)
+    return f"{array.mean():.3f} ± {array.std(ddof=0):.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for runs and the results table")
+    parser.add_argument("--suite", choices=("digits", "fortunes"), required=True)
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (default 5)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
+    parser.add_argument("--only", default=None, help="run only settings whose name contains this text")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    jobs = [
+        (name, text, seed, args.out)
+        for name, text in settings(args.suite)
+        if args.only is None or args.only in name
+        for seed in range(args.seeds)
+    ]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(pool.map(_one, jobs))
+    table = ["| setting | AA (mean ± std) | AF (mean ± std) | ε per release (δ = 1e-5) | seeds |", "| --- | --- | --- | --- | --- |"]
+    summary = {}
+    for name in dict.fromkeys(r["setting"] for r in rows):
+        mine = [r for r in rows if r["setting"] == name]
+        eps = [r["final_epsilon"] for r in mine]
+        eps_text = "∞ (not private)" if eps[0] is None else f"{max(eps):.4g}"
+        table.append(
+            f"| {name} | {_mean_std([r['average_accuracy'] for r in mine])} | "
+            f"{_mean_std([r['average_forgetting'] for r in mine])} | {eps_text} | {len(mine)} |"
+        )
+        summary[name] = mine
+    text = "\n".join(table) + "\n"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / f"{args.suite}.md").write_text(text, encoding="utf-8")
+    (Path(args.out) / f"{args.suite}.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
