@@ -309,7 +309,9 @@ def verify_certificate(
     try:
         stated = float(g["epsilon"])
         delta = float(g["delta"])
-        group_accountants = [str(x["accountant"]) for x in g["groups"]]
+        # recompute with the accountant that was asked for: ``auto`` re-runs its own comparison, so the
+        # winner and its settings (e.g. auto's PLD discretisation) are reproduced exactly.
+        group_accountants = [str(x.get("requested_accountant", x["accountant"])) for x in g["groups"]]
         stated_groups = [(tuple(int(t) for t in x["tasks"]), float(x["epsilon"])) for x in g["groups"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise MalformedCertificateError(f"certificate guarantee is malformed: {exc}") from exc

@@ -101,6 +101,8 @@ class GroupGuarantee:
     charges: tuple[int, ...]
     epsilon: float
     accountant: str
+    #: accountant that was asked for (``auto`` names its winner in ``accountant``); recomputation uses it.
+    requested_accountant: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,7 +110,18 @@ class GroupGuarantee:
             "charges": list(self.charges),
             "epsilon": self.epsilon,
             "accountant": self.accountant,
+            "requested_accountant": self.requested_accountant or self.accountant,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "GroupGuarantee":
+        return cls(
+            tasks=tuple(int(t) for t in data["tasks"]),
+            charges=tuple(int(i) for i in data["charges"]),
+            epsilon=float(data["epsilon"]),
+            accountant=str(data["accountant"]),
+            requested_accountant=str(data.get("requested_accountant", data["accountant"])),
+        )
 
 
 @dataclass(frozen=True)
@@ -249,7 +262,9 @@ def compose_stream(
             eps, used, res_notes = float(res.epsilon), res.accountant, tuple(res.notes)
             if cache is not None:
                 cache[key] = (eps, used, res_notes)
-        results.append(GroupGuarantee(tasks=tasks, charges=idx, epsilon=eps, accountant=used))
+        results.append(
+            GroupGuarantee(tasks=tasks, charges=idx, epsilon=eps, accountant=used, requested_accountant=acct)
+        )
         notes.extend(n for n in res_notes if n not in notes)
     worst = max(results, key=lambda r: r.epsilon)
     names = sorted({r.accountant for r in results})
@@ -575,10 +590,7 @@ class TaskLedger:
                     accountant=g["accountant"],
                     adjacency=g["adjacency"],
                     unit=g["unit"],
-                    groups=tuple(
-                        GroupGuarantee(tuple(x["tasks"]), tuple(x["charges"]), float(x["epsilon"]), x["accountant"])
-                        for x in g["groups"]
-                    ),
+                    groups=tuple(GroupGuarantee.from_dict(x) for x in g["groups"]),
                     notes=tuple(g.get("notes", ())),
                 )
                 ledger.releases.append(
