@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 from dpcl import __version__
 from dpcl.errors import DpclError, InvalidParameterError, MalformedCertificateError, VerificationError
 from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
-from dpcl.guarantees.ledger import Charge, StreamGuarantee, TaskLedger, compose_stream
+from dpcl.guarantees.ledger import ACROSS_TASKS, Charge, StreamGuarantee, TaskLedger, compose_stream
 
 __all__ = [
     "CERTIFICATE_FORMAT",
@@ -225,6 +225,14 @@ def read_certificate(path: "str | os.PathLike[str]") -> dict[str, Any]:
         raise MalformedCertificateError(f"certificate guarantee must have the fields {', '.join(needed)}.")
     if not isinstance(g["epsilon"], (int, float)) or isinstance(g["epsilon"], bool) or not math.isfinite(g["epsilon"]):
         raise MalformedCertificateError(f"certificate epsilon must be a finite number, got {g['epsilon']!r}.")
+    if g["across_tasks"] not in ACROSS_TASKS:
+        raise MalformedCertificateError(
+            f"certificate across_tasks must be one of {', '.join(ACROSS_TASKS)}, got {g['across_tasks']!r}."
+        )
+    if not isinstance(g["delta"], (int, float)) or isinstance(g["delta"], bool) or not 0 < g["delta"] < 1:
+        raise MalformedCertificateError(f"certificate delta must be a number in (0, 1), got {g['delta']!r}.")
+    if not isinstance(g["groups"], list) or not all(isinstance(x, dict) for x in g["groups"]):
+        raise MalformedCertificateError("certificate guarantee groups must be a list of objects.")
     if not isinstance(data["events"], list) or not data["events"]:
         raise MalformedCertificateError("certificate events must be a non-empty list of charges.")
     if not isinstance(data["assumptions"], list) or not all(isinstance(a, str) for a in data["assumptions"]):

@@ -136,6 +136,13 @@ def test_malformed_certificates(tmp_path, certified):
     with pytest.raises(MalformedCertificateError, match="events"):
         verify_certificate(cert_path)
     cert_path, _ = certified[1]
+    _edit(cert_path, lambda d: d["guarantee"].__setitem__("across_tasks", "sideways"))
+    with pytest.raises(MalformedCertificateError, match="across_tasks"):
+        verify_certificate(cert_path)
+    _edit(cert_path, lambda d: d["guarantee"].__setitem__("across_tasks", "sequential"))
+    _edit(cert_path, lambda d: d["events"][0]["events"][0].__setitem__("sigma", -1.0))
+    with pytest.raises(MalformedCertificateError, match="sigma"):
+        verify_certificate(cert_path)
     _edit(cert_path, lambda d: d["events"][0]["events"][0].__setitem__("kind", "mystery"))
     with pytest.raises(MalformedCertificateError, match="mystery"):
         verify_certificate(cert_path)
