@@ -8,6 +8,8 @@ import json
 import dp_accounting
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from dp_accounting.pld import pld_privacy_accountant
 from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
 
@@ -90,3 +92,34 @@ def test_certificate_with_dpsgd_events_recomputes(tmp_path, accountant):
     data["events"][1]["events"][0]["event"]["noise_multiplier"] = 1.8  # was 1.5: less spent, epsilon drops
     path.write_text(json.dumps(data))
     assert "epsilon" in [c.name for c in verify_certificate(path).failed]
+
+
+dpsgd_runs = st.lists(
+    st.tuples(st.floats(1.0, 4.0), st.floats(0.01, 0.3), st.integers(1, 20)), min_size=1, max_size=4
+)
+
+
+@pytest.mark.thorough
+@settings(max_examples=20, deadline=None)
+@given(dpsgd_runs, st.sampled_from(["parallel", "sequential"]))
+def test_real_accounting_properties(runs, across):
+    """On DP-SGD tasks with auto accounting: parallel = worst task, sequential in [worst, sum at delta/T],
+    and one more task never lowers epsilon."""
+    ledger = TaskLedger(delta=DELTA, across_tasks=across, accountant="auto")
+    previous = 0.0
+    for t, (z, q, steps) in enumerate(runs):
+        ledger.charge(t, dpsgd_events(z, q, steps))
+        eps = ledger.guarantee().epsilon
+        assert eps >= previous * (1 - 1e-9)
+        previous = eps
+    per_task = [ledger.task_guarantee(t) for t in range(len(runs))]
+    if across == "parallel":
+        assert previous == pytest.approx(max(per_task), rel=1e-12)
+    else:
+        assert previous >= max(per_task) * (1 - 1e-3)  # auto may pick different accountants per group
+        split = [
+            TaskLedger(delta=DELTA / len(runs), across_tasks="parallel", accountant="auto") for _ in runs
+        ]
+        for led, (z, q, steps) in zip(split, runs):
+            led.charge(0, dpsgd_events(z, q, steps))
+        assert previous <= sum(led.guarantee().epsilon for led in split) * (1 + 1e-9)
