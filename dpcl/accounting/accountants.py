@@ -51,7 +51,6 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -113,7 +112,7 @@ class AccountingResult:
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "candidates", MappingProxyType(dict(self.candidates)))
+        object.__setattr__(self, "candidates", dict(self.candidates))
         object.__setattr__(self, "notes", tuple(self.notes))
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +141,7 @@ class _Mechanisms:
     laplace: list[tuple[float, int]] = field(default_factory=list)  # (epsilon0, count)
     sampled: list[tuple[float, float, int]] = field(default_factory=list)  # (z, q, count)
     eps_delta: list[tuple[float, float, int]] = field(default_factory=list)  # (eps, delta, count)
+    rdp_cache: dict[float, float] = field(default_factory=dict)  # delta -> RDP epsilon
 
     @property
     def only_gaussian(self) -> bool:
@@ -253,6 +253,7 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
     from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
 
     _refuse_eps_delta(mech, "pld")
+    _pld_size_guard(mech, delta, interval)
     plds = []
     notes = [f"pld: dp-accounting PLD, pessimistic estimate, value discretisation interval {interval:g}."]
     if mech.gauss_mus:
@@ -284,7 +285,38 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
     total = plds[0]
     for other in plds[1:]:
         total = total.compose(other)
-    return float(total.get_epsilon_for_delta(delta)), tuple(notes)
+    eps = float(total.get_epsilon_for_delta(delta))
+    if not math.isfinite(eps):
+        raise UnsupportedEventError(
+            f"dp-accounting's PLD gives no finite epsilon at delta={delta!r}: the tail mass it truncates "
+            "(counted as infinite loss) exceeds delta. Use a larger delta or accountant 'rdp' or 'exact'."
+        )
+    return eps, tuple(notes)
+
+
+#: PLD refuses events whose RDP epsilon / interval exceeds this (grid points of the
+#: composed privacy-loss distribution grow like that ratio; 1e6 points is ~1-2 s
+#: and tens of MB, far more would exhaust memory).
+PLD_MAX_GRID_POINTS = 1e6
+
+
+def _pld_size_guard(mech: _Mechanisms, delta: float, interval: float) -> None:
+    """Refuse, before allocating, a PLD whose grid would not fit in memory."""
+    scale_events = mech
+    if mech.sampled and mech.adjacency is Adjacency.REPLACE_ONE:
+        # size proxy only: the same steps under add/remove with doubled sensitivity
+        scale_events = _Mechanisms(
+            adjacency=Adjacency.ADD_REMOVE, unit=mech.unit, gauss_mus=mech.gauss_mus,
+            gauss_counts=mech.gauss_counts, laplace=mech.laplace,
+            sampled=[(z / 2.0, q, c) for z, q, c in mech.sampled],
+        )
+    eps_scale = _rdp_epsilon(scale_events, delta)
+    points = eps_scale / interval
+    if not points <= PLD_MAX_GRID_POINTS:
+        raise UnsupportedEventError(
+            f"a PLD for these events would need ~{points:.2g} grid points at discretisation interval {interval:g} "
+            f"(their RDP epsilon is {eps_scale:.4g}); use accountant 'rdp' or 'prv', or add noise."
+        )
 
 
 def _rdp_accountant(mech: _Mechanisms) -> Any:
@@ -303,8 +335,14 @@ def _rdp_accountant(mech: _Mechanisms) -> Any:
     return acc
 
 
+def _rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
+    if delta not in mech.rdp_cache:
+        mech.rdp_cache[delta] = float(_rdp_accountant(mech).get_epsilon(delta))
+    return mech.rdp_cache[delta]
+
+
 def _rdp(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
-    eps = float(_rdp_accountant(mech).get_epsilon(delta))
+    eps = _rdp_epsilon(mech, delta)
     return eps, ("rdp: dp-accounting RdpAccountant, default orders, its RDP-to-(epsilon, delta) conversion.",)
 
 
@@ -318,7 +356,7 @@ def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
 
     _refuse_eps_delta(mech, "prv")
     _refuse_replace_one_sampling(mech, "prv")
-    eps_rdp = float(_rdp_accountant(mech).get_epsilon(delta))
+    eps_rdp = _rdp_epsilon(mech, delta)
     eps_error = max(PRV_RELATIVE_EPS_ERROR * eps_rdp, PRV_MIN_EPS_ERROR)
     delta_error = PRV_RELATIVE_DELTA_ERROR * delta
     prvs: list[Any] = []
@@ -339,12 +377,12 @@ def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
             _, _, eps_upper = acc.compute_epsilon(delta=delta, num_self_compositions=counts)
     except (ValueError, RuntimeError, FloatingPointError) as exc:
         raise UnsupportedEventError(
-            f"prv-accountant cannot bound epsilon for these events at delta={delta!r} ({exc}); use accountant 'pld'."
+            f"prv-accountant cannot bound epsilon for these events at delta={delta!r} ({exc}); use accountant 'pld' or 'rdp'."
         ) from exc
     eps_upper = float(eps_upper)
     if not math.isfinite(eps_upper):
         raise UnsupportedEventError(
-            f"prv-accountant returned no finite upper bound at delta={delta!r}; use accountant 'pld'."
+            f"prv-accountant returned no finite upper bound at delta={delta!r}; use accountant 'pld' or 'rdp'."
         )
     return max(eps_upper, 0.0), (
         f"prv: prv-accountant upper bound (not its estimate), eps_error={eps_error:.3g}, delta_error={delta_error:.3g}.",
@@ -550,10 +588,10 @@ def _auto(mech: _Mechanisms, delta: float, base: dict[str, Any]) -> AccountingRe
     for cand, fn in runs.items():
         try:
             eps, notes = fn(mech, delta)
+            _check_result(eps, cand)
         except UnsupportedEventError as exc:
             refusals.append(f"{cand}: {exc}")
             continue
-        _check_result(eps, cand)
         candidates[cand] = eps
         all_notes[cand] = notes
     if not candidates:
@@ -568,7 +606,12 @@ def _auto(mech: _Mechanisms, delta: float, base: dict[str, Any]) -> AccountingRe
 
 
 def _check_result(eps: float, name: str) -> None:
-    if not (isinstance(eps, float) and eps >= 0 and not math.isnan(eps)):
+    if isinstance(eps, float) and eps == math.inf:
+        raise UnsupportedEventError(
+            f"the {name} accountant gives no finite epsilon for these events at this delta; "
+            "try another accountant or a larger delta."
+        )
+    if not (isinstance(eps, float) and eps >= 0 and math.isfinite(eps)):
         raise ArithmeticError(f"accountant {name!r} produced an invalid epsilon {eps!r}")  # pragma: no cover
 
 

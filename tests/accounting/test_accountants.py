@@ -242,3 +242,33 @@ def test_property_pld_and_rdp_never_below_exact(sigma: float, count: int, delta:
     rdp = compute_epsilon(ev, delta, "rdp").epsilon
     assert pld >= exact * (1 - 1e-9) - 1e-12
     assert rdp >= exact * (1 - 1e-9) - 1e-12
+
+
+def test_pld_refuses_grids_that_would_not_fit_and_auto_falls_back() -> None:
+    # almost no noise: a PLD grid would need ~1e9 points; refuse before allocating
+    ev = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=0.05, sample_rate=0.5), 1000)
+    with pytest.raises(UnsupportedEventError, match="grid points"):
+        compute_epsilon(ev, 1e-10, "pld")
+    r = compute_epsilon(ev, 1e-10, "auto")
+    assert "pld" not in r.candidates and math.isfinite(r.epsilon)
+    json.dumps(r.to_dict(), allow_nan=False)
+
+
+def test_pld_refuses_delta_below_its_truncated_tail() -> None:
+    with pytest.raises(UnsupportedEventError, match="delta"):
+        compute_epsilon(GaussianEvent(sigma=3.0), 1e-100, "pld")
+    r = compute_epsilon(GaussianEvent(sigma=3.0), 1e-100, "auto")
+    assert r.accountant == "exact" and r.epsilon == pytest.approx(gdp_eps_reference(1 / 3, 1e-100), rel=1e-6)
+
+
+def test_accounting_layer_never_imports_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dpcl.accounting, dpcl.accounting.accountants, dpcl.accounting.dpsgd, dpcl.accounting.filter;"
+        "from dpcl.accounting import compute_epsilon, dpsgd_epsilon;"
+        "dpsgd_epsilon(1.0, 0.1, 10, 1e-5, 'pld'); compute_epsilon(dpcl.accounting.GaussianEvent(sigma=1.0), 1e-5, 'prv');"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
