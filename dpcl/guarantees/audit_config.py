@@ -269,6 +269,13 @@ def audit_config(
             f"the stream's epsilon {epsilon:.6g} exceeds total_epsilon = {total:g} by {epsilon - total:.6g}."
         )
     filter_state = ledger.filter_state() if ledger.uses_filter else {}
+    for key, state in filter_state.items():
+        notes.append(
+            f"privacy filter ({key}, {state['rule']} rule): whatever the tasks' parameters, even chosen adaptively, "
+            f"the guarded data stay ({state['epsilon_budget']:g}, {state['delta_budget']:g})-DP; spent "
+            f"epsilon={state['spent']['epsilon']:.6g}, delta={state['spent']['delta']:.3g} "
+            "(Rogers et al. 2016 basic filter; Smith & Thakurta 2022 for GDP)."
+        )
     return AuditReport(
         epsilon=epsilon,
         delta=privacy["delta"],
