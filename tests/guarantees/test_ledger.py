@@ -307,3 +307,45 @@ def test_filter_state_survives_reload(tmp_path):
     with pytest.raises(BudgetExceededError, match="refused"):
         again.charge(2, _gauss(1.0))
     assert len(TaskLedger.load(path).charges) == 2
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    sys.path.insert(0, {tests_dir!r})
+    from dpcl.accounting.events import GaussianEvent
+    from dpcl.guarantees.ledger import TaskLedger
+    ledger = TaskLedger.open({path!r}, delta=1e-5, across_tasks="parallel")
+    start = len(ledger.charges)
+    for t in range(start, start + 1000):
+        ledger.charge(t, GaussianEvent(sigma=3.0), unit_ids=np.arange(t * 5000, (t + 1) * 5000))
+        print("charged", t, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("kill_after", [2, 5])
+def test_kill_during_writes_never_leaves_a_torn_ledger(tmp_path, kill_after):
+    """SIGKILL at an arbitrary point of a stream of large atomic writes: the file on disk is always a complete
+    ledger holding at least every charge reported done, and the run resumes from it."""
+    path = tmp_path / "ledger.json"
+    script = _WRITER.format(tests_dir=str(Path(__file__).parent), path=str(path))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    done = -1
+    for line in proc.stdout:
+        done = int(line.split()[1])
+        if done >= kill_after:
+            proc.send_signal(signal.SIGKILL)  # most likely in the middle of the next charge's write
+            break
+    proc.wait(timeout=60)
+    proc.stdout.close()
+    ledger = TaskLedger.load(path)  # never LedgerCorruptError
+    assert len(ledger.charges) >= done + 1
+    assert not [p for p in os.listdir(tmp_path) if p != "ledger.json" and not p.endswith(".tmp")]
+    resumed = TaskLedger.open(path, delta=1e-5, across_tasks="parallel")
+    n = len(resumed.charges)
+    with pytest.raises(DisjointnessViolationError):
+        resumed.charge(n, GaussianEvent(sigma=3.0), unit_ids=[0])  # unit 0 already belongs to task 0
+    assert len(TaskLedger.load(path).charges) == n
