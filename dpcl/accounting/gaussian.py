@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
+_UNIT_ROUNDOFF = 2.0**-53
 #: Relative tolerance at which the Newton iterations stop (a few ulps of a float64).
 _RTOL = 1e-13
 #: :func:`gaussian_sigma` solves for a slightly smaller epsilon (see
@@ -71,19 +72,27 @@ def _calibration_target(epsilon: np.ndarray, delta: np.ndarray) -> np.ndarray:
 # privacy profile in log space
 # ---------------------------------------------------------------------------
 def _log_delta(epsilon: np.ndarray, mu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(log delta(epsilon; mu), log(exp(epsilon) * Phi(-mu/2 - epsilon/mu)))``.
+    """``(log of an upper bound on delta(epsilon; mu), log(exp(epsilon) * Phi(-mu/2 - epsilon/mu)))``.
 
     Balle & Wang (2018), Thm 8. Both terms are computed in log space with
     ``log_ndtr`` and combined as ``log(e^a - e^b) = a + log1p(-e^(b-a))``, which
     stays accurate when delta is tiny (epsilon large) and never forms ``exp(epsilon)``.
+
+    When mu is tiny the two terms nearly cancel (b - a -> 0) and float rounding
+    dominates. ``b - a`` is therefore lowered by a bound on its float error
+    (a few ulps of |a|, |b|, epsilon and of the arguments' rounding propagated
+    through d log Phi(x)/dx ~ |x|), so the value returned is never below the exact
+    delta: about 1e-13 relative above it in ordinary regimes, and conservative
+    where the cancellation is severe (e.g. epsilon = 1e-6 with delta = 1e-200).
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = epsilon / mu
         a = log_ndtr(mu / 2.0 - ratio)
         b = epsilon + log_ndtr(-mu / 2.0 - ratio)
-        diff = b - a
-        # b <= a in exact arithmetic (delta >= 0); where rounding makes b >= a the
-        # true delta is below float resolution of the two terms: report log(0).
+        t = mu / 2.0 + ratio
+        float_error = 8.0 * _UNIT_ROUNDOFF * (np.abs(a) + np.abs(b) + epsilon + 2.0 * t * (t + 1.0))
+        diff = (b - a) - float_error
+        # exact b <= a (delta >= 0); if even the lowered difference is >= 0, delta is 0 to float precision
         log_delta = np.where(diff < 0, a + np.log1p(-np.exp(np.minimum(diff, 0.0))), -np.inf)
     return log_delta, b
 
