@@ -269,12 +269,22 @@ def audit_config(
             f"the stream's epsilon {epsilon:.6g} exceeds total_epsilon = {total:g} by {epsilon - total:.6g}."
         )
     filter_state = ledger.filter_state() if ledger.uses_filter else {}
-    for key, state in filter_state.items():
+    if filter_state:
+        states = list(filter_state.values())
+        worst = max(states, key=lambda st: st["spent"]["epsilon"])
+        scope = "the whole stream" if across == "sequential" else f"each task's data ({len(states)} filters)"
         notes.append(
-            f"privacy filter ({key}, {state['rule']} rule): whatever the tasks' parameters, even chosen adaptively, "
-            f"the guarded data stay ({state['epsilon_budget']:g}, {state['delta_budget']:g})-DP; spent "
-            f"epsilon={state['spent']['epsilon']:.6g}, delta={state['spent']['delta']:.3g} "
-            "(Rogers et al. 2016 basic filter; Smith & Thakurta 2022 for GDP)."
+            f"privacy filter over {scope}, {'/'.join(sorted({st['rule'] for st in states}))} rule: whatever the "
+            f"tasks' parameters, even chosen adaptively, the guarded data stay ({worst['epsilon_budget']:g}, "
+            f"{worst['delta_budget']:g})-DP; largest spent epsilon={worst['spent']['epsilon']:.6g}, "
+            f"delta={worst['spent']['delta']:.3g} (basic filter: Rogers et al. 2016; GDP filter: Smith & Thakurta 2022)."
+        )
+    over = [p for p in per_task if p.get("epsilon") is not None and p["epsilon"] > privacy["epsilon"] * (1 + 1e-9)]
+    if over:
+        notes.append(
+            f"accountant {privacy['accountant']!r} bounds task {over[0]['task']} at epsilon={over[0]['epsilon']:.6g}, "
+            f"above the per-task budget {privacy['epsilon']:g} the noise was calibrated to: its upper bound is looser "
+            "than the calibration's (both are sound). accountant = 'auto' reports the tightest sound bound."
         )
     return AuditReport(
         epsilon=epsilon,

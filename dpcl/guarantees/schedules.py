@@ -133,7 +133,18 @@ PEFT_KEYS: tuple[MethodKey, ...] = DPSGD_KEYS + (
               "or 'entropy'", _one_of("argmax", "median", "entropy")),
 )
 
-COSINE_KEYS: tuple[MethodKey, ...] = (DEVICE_KEY,)
+#: DP-SGD keys a cosine config may carry (e.g. when switching methods); the cosine classifier does not
+#: train by gradient descent, so they do not change its plan, and the plan's notes say so.
+COSINE_UNUSED_KEYS = ("epochs", "batch_size", "max_grad_norm")
+
+COSINE_KEYS: tuple[MethodKey, ...] = (
+    DEVICE_KEY,
+    MethodKey("epochs", int, None, "accepted but unused: the cosine classifier makes one noisy sum per task",
+              _positive_int),
+    MethodKey("batch_size", int, None, "accepted but unused by the cosine classifier", _positive_int),
+    MethodKey("max_grad_norm", float, None, "accepted but unused: features are l2-normalised instead",
+              _positive_float),
+)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
@@ -230,6 +241,11 @@ class CosineSpec:
                 f"task {task_index}: Gaussian noise sigma={sigma:.6g} on the per-class feature sums "
                 f"(sensitivity {sensitivity:g}, {adjacency.value}) gives epsilon={achieved:.6g} at delta={delta:.3g} "
                 "(analytic Gaussian, Balle & Wang 2018).",
+                *(
+                    (f"[method] {', '.join(unused)} do not affect the cosine classifier (no gradient training).",)
+                    if (unused := [k for k in COSINE_UNUSED_KEYS if method.get(k) is not None]) and task_index == 0
+                    else ()
+                ),
             ),
         )
 

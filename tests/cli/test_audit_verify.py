@@ -74,7 +74,7 @@ COSINE_TEXT = (CONFIGS / "cosine.toml").read_text() if (CONFIGS / "cosine.toml")
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
-        ('name = "cosine"', 'name = "cosine"\nepochs = 2', "unknown [method] key(s) epochs"),
+        ('name = "cosine"', 'name = "cosine"\nepoch = 2', "unknown [method] key(s) epoch"),
         ("epsilon = 1.0", "epsilon = -1.0", "[privacy] epsilon must be > 0"),
         ("epsilon = 1.0", 'epsilon = "one"', "[privacy] epsilon must be a finite number"),
         ('dataset = "digits"', 'dataset = "digits"\nshuffle = true', "unknown [stream] key(s) shuffle"),

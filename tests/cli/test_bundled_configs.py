@@ -56,6 +56,38 @@ def test_bundled_config_passes_audit(capsys, path):
         )
 
 
+ISSUE_EXAMPLE = """
+[privacy]
+epsilon = 1.0          # per-task budget
+delta = 1e-5
+adjacency = "add_remove"   # or "replace_one"
+accountant = "prv"         # prv | pld | rdp | auto
+across_tasks = "auto"      # auto | parallel | sequential
+total_epsilon = 4.0        # optional: privacy filter over the stream
+[stream]
+dataset = "digits"
+tasks = [[0,1],[2,3],[4,5],[6,7],[8,9]]
+label_space = "prior_const"   # data | prior | prior_const
+prior_labels = [[0,1],[2,3],[4,5],[6,7],[8,9]]
+disjoint_units = true
+[method]
+name = "cosine"    # cosine | peft_ensemble | naive | non_cl | l2dpml | pecl
+epochs = 2
+batch_size = 64
+max_grad_norm = 1.0
+"""
+
+
+def test_audit_issue_example_verbatim(tmp_path, capsys):
+    path = tmp_path / "issue.toml"
+    path.write_text(ISSUE_EXAMPLE)
+    code, payload, err = _audit(capsys, path)
+    assert code == 0, err
+    assert payload["across_tasks"] == "parallel" and payload["accountant"] == "prv"
+    assert payload["total_epsilon"] == 4.0 and len(payload["filter"]) == 5
+    assert any("do not affect the cosine classifier" in n for n in payload["notes"])
+
+
 def test_audit_and_verify_as_a_user(tmp_path):
     """`python -m dpcl audit` in a fresh process: exit 0 on the example, 2 on an unknown key, 3 on S_data."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}

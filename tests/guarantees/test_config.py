@@ -85,10 +85,15 @@ def test_invalid_configs_name_the_key(path, value, message):
         parse_config(_with(path, value))
 
 
-def test_cosine_refuses_dpsgd_keys():
-    raw = _with(("method",), {"name": "cosine", "epochs": 2})
-    with pytest.raises(ConfigError, match=r"unknown \[method\] key\(s\) epochs; allowed: device"):
+def test_cosine_keys():
+    raw = _with(("method",), {"name": "cosine", "learning_rate": 0.1})
+    with pytest.raises(ConfigError, match=r"unknown \[method\] key\(s\) learning_rate; allowed: device, epochs"):
         parse_config(raw)
+    # the example: DP-SGD keys on a cosine config are accepted (and noted as unused by the audit)
+    cfg = parse_config(_with(("method",), {"name": "cosine", "epochs": 2, "batch_size": 64, "max_grad_norm": 1.0}))
+    assert cfg.method["epochs"] == 2 and cfg.method["device"] == "cpu"
+    with pytest.raises(ConfigError, match=r"\[method\] epochs must be an integer >= 1"):
+        parse_config(_with(("method",), {"name": "cosine", "epochs": 0}))
 
 
 def test_data_stream_keys_accepted_only_when_declared():
