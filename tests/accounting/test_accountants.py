@@ -272,3 +272,30 @@ def test_accounting_layer_never_imports_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_events_survive_serialisation_with_the_same_epsilon() -> None:
+    from dpcl.accounting.events import event_from_dict
+
+    events = ComposedEvent(
+        [
+            RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=1.2, sample_rate=0.02), 50),
+            LaplaceEvent(scale=5.0),
+            HeterogeneousGaussianEvent(sigmas=np.array([4.0, 8.0]), sensitivities=np.array([1.0, 2.0])),
+        ]
+    )
+    back = event_from_dict(json.loads(json.dumps(events.to_dict())))
+    for name in ("rdp", "basic"):
+        assert compute_epsilon(back, DELTA, name).epsilon == compute_epsilon(events, DELTA, name).epsilon
+
+
+@given(
+    sigma=st.floats(0.05, 1e4),
+    scale=st.floats(0.05, 1e4),
+    delta=st.floats(1e-12, 0.5),
+)
+def test_property_no_nan_for_valid_inputs(sigma: float, scale: float, delta: float) -> None:
+    for ev in (GaussianEvent(sigma=sigma), LaplaceEvent(scale=scale)):
+        for name in ("exact", "basic", "advanced"):
+            eps = compute_epsilon(ev, delta, name).epsilon
+            assert math.isfinite(eps) and eps >= 0

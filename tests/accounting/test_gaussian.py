@@ -256,3 +256,51 @@ def test_invalid_profile_epsilon_and_arrays() -> None:
         gaussian_epsilon(1.0, np.array([1e-5, 1.0]))
     with pytest.raises(InvalidParameterError):
         gaussian_sigma("abc", 1e-5)
+
+
+# ---------------------------------------------------------------------------
+# severe cancellation (tiny mu, tiny delta): still an upper bound
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "eps,delta", [(1e-6, 1e-200), (1e-5, 1e-120), (1e-4, 1e-60), (2e-6, 1e-250), (1e-3, 1e-300)]
+)
+def test_calibration_is_sound_under_cancellation(eps: float, delta: float) -> None:
+    mpmath = pytest.importorskip("mpmath")  # high-precision reference (ships with sympy/torch)
+    mpmath.mp.dps = 80
+    sigma = gaussian_sigma(eps, delta)
+    mu = mpmath.mpf(1) / mpmath.mpf(sigma)
+    e = mpmath.mpf(eps)
+    true_delta = mpmath.ncdf(mu / 2 - e / mu) - mpmath.exp(e) * mpmath.ncdf(-mu / 2 - e / mu)
+    assert true_delta <= delta
+    # the reported profile is never below the exact value
+    assert gaussian_delta(eps, sigma) >= float(true_delta) * (1 - 1e-12)
+    # epsilon for that sigma is an upper bound too
+    e_back = gaussian_epsilon(sigma, delta)
+    ee = mpmath.mpf(e_back)
+    assert mpmath.ncdf(mu / 2 - ee / mu) - mpmath.exp(ee) * mpmath.ncdf(-mu / 2 - ee / mu) <= delta
+
+
+invalid_positive = st.one_of(
+    st.floats(max_value=0.0, allow_nan=False), st.just(float("nan")), st.just(float("inf")), st.just(-float("inf"))
+)
+invalid_delta = st.one_of(
+    st.floats(max_value=0.0, allow_nan=False), st.floats(min_value=1.0), st.just(float("nan"))
+)
+
+
+@given(bad=invalid_positive, delta=delta_st)
+def test_property_invalid_epsilon_or_sigma_always_raises(bad: float, delta: float) -> None:
+    with pytest.raises(InvalidParameterError, match="epsilon"):
+        gaussian_sigma(bad, delta)
+    with pytest.raises(InvalidParameterError, match="sigma"):
+        gaussian_epsilon(bad, delta)
+    with pytest.raises(InvalidParameterError, match="sensitivity"):
+        gaussian_sigma(1.0, delta, bad)
+
+
+@given(eps=eps_st, bad=invalid_delta)
+def test_property_invalid_delta_always_raises(eps: float, bad: float) -> None:
+    with pytest.raises(InvalidParameterError, match="delta"):
+        gaussian_sigma(eps, bad)
+    with pytest.raises(InvalidParameterError, match="delta"):
+        gdp_epsilon(eps, bad)
