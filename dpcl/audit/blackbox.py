@@ -51,8 +51,11 @@ import numpy as np
 from dpcl.audit.clopper_pearson import clopper_pearson_lower, clopper_pearson_upper
 from dpcl.errors import InvalidParameterError
 
-#: Largest number of trials per input accepted by the sampler audits (memory: 8 bytes per score).
+#: Largest number of trials per input accepted by the sampler audits (a time limit more than a memory one).
 MAX_TRIALS = 100_000_000
+
+#: Most outputs per input held in memory to choose the threshold (about 80 MB each as float64).
+MAX_SELECTION_TRIALS = 10_000_000
 
 #: The threshold is chosen with Clopper-Pearson bounds at ``alpha * SELECTION_LEVEL_FACTOR``
 #: (more conservative than the final bound; any choice on the selection half is sound).
@@ -128,7 +131,7 @@ def check_trials(trials: Any, *, minimum: int = 4) -> int:
     if not minimum <= t <= MAX_TRIALS:
         raise InvalidParameterError(
             f"trials must be an integer in [{minimum}, {MAX_TRIALS}] (outputs drawn per input; "
-            f"the upper limit keeps the scores in memory), got {t}."
+            f"the upper limit bounds the run time), got {t}."
         )
     return t
 
@@ -275,6 +278,9 @@ def audit_scores(
 ) -> AuditResult:
     """Lower bound on epsilon at ``delta`` from scalar scores of outputs of M(D) and M(D').
 
+    The scores of each input must be independent draws of the mechanism (the
+    Clopper–Pearson bounds assume i.i.d. Bernoulli indicators); their order
+    does not matter, since the split into halves is a seeded random permutation.
     Without ``thresholds`` the samples of each input are randomly split (seeded
     by ``seed``) into a selection half and a bounding half (see module
     docstring). With ``thresholds`` (fixed before looking at the scores) every
@@ -351,7 +357,9 @@ def audit_sampler(
     The selection half and the bounding half are drawn by separate calls from
     independent streams (``numpy.random.SeedSequence(seed).spawn``), so they are
     independent by construction; the bounding half is drawn in chunks of
-    ``chunk_size`` outputs and only counted, never stored.
+    ``chunk_size`` outputs and only counted, never stored. The selection part
+    holds ``min(trials // 2, MAX_SELECTION_TRIALS)`` outputs per input (memory);
+    any further trials go to the bounding part.
     """
     n = check_trials(trials)
     d = _check_delta(delta)
@@ -363,7 +371,7 @@ def audit_sampler(
     rng_sel_d, rng_sel_dp, rng_bnd_d, rng_bnd_dp = (
         np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(4)
     )
-    h = n // 2
+    h = min(n // 2, MAX_SELECTION_TRIALS)
     sel_d = _as_scores("M(D) outputs", sample_d(h, rng_sel_d), score)
     sel_dp = _as_scores("M(D') outputs", sample_d_prime(h, rng_sel_dp), score)
     if sel_d.size != h or sel_dp.size != h:

@@ -169,3 +169,13 @@ def test_rate_formula_is_monotone_in_the_rates(fpr, fnr, bump, delta):
     assert epsilon_from_error_rates(min(1.0, fpr + bump), fnr, delta) <= base
     assert epsilon_from_error_rates(fpr, min(1.0, fnr + bump), delta) <= base
     assert base >= 0.0
+
+
+def test_selection_part_is_capped_and_the_rest_goes_to_the_bound(monkeypatch):
+    import dpcl.audit.blackbox as blackbox
+
+    monkeypatch.setattr(blackbox, "MAX_SELECTION_TRIALS", 1000)
+    s_d, s_dp = _gaussian_samplers(1.0)
+    r = audit_sampler(s_d, s_dp, 10_000, 1e-3, seed=0, chunk_size=777)
+    assert r.trials == 10_000 and r.bound_trials == 9000
+    assert 0 < r.epsilon_lower_bound <= gaussian_epsilon_closed_form(1.0, 1e-3)
