@@ -169,8 +169,13 @@ class ReleaseRecord:
 
 
 def event_is_gaussian_type(event: PrivacyEvent) -> bool:
-    """True when every elementary event is an (unsampled) Gaussian mechanism, so GDP composes it exactly."""
-    return all(leaf.kind in ("gaussian", "heterogeneous_gaussian") for leaf, _ in event.leaves())
+    """True when every elementary event is an unsampled Gaussian mechanism (incl. full-batch DP-SGD, q = 1),
+    so Gaussian DP composes it exactly and the GDP filter applies."""
+    return all(
+        leaf.kind in ("gaussian", "heterogeneous_gaussian")
+        or (leaf.kind == "poisson_sampled_gaussian" and leaf.sample_rate == 1.0)
+        for leaf, _ in event.leaves()
+    )
 
 
 def _compute(events: Sequence[PrivacyEvent], delta: float, accountant: str):

@@ -349,3 +349,14 @@ def test_kill_during_writes_never_leaves_a_torn_ledger(tmp_path, kill_after):
     with pytest.raises(DisjointnessViolationError):
         resumed.charge(n, GaussianEvent(sigma=3.0), unit_ids=[0])  # unit 0 already belongs to task 0
     assert len(TaskLedger.load(path).charges) == n
+
+
+def test_gaussian_type_events_pick_the_gdp_filter():
+    from dpcl.accounting.events import PoissonSampledGaussianEvent, RepeatedEvent
+    from dpcl.guarantees.ledger import event_is_gaussian_type
+
+    full_batch = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=2.0, sample_rate=1.0), 5)
+    sampled = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=2.0, sample_rate=0.1), 5)
+    assert event_is_gaussian_type(_gauss(1.0)) and event_is_gaussian_type(full_batch)
+    assert not event_is_gaussian_type(sampled)
+    assert not event_is_gaussian_type(EpsilonDeltaEvent(epsilon=1.0))
