@@ -109,6 +109,34 @@ def stream_unit_ids(config: TrainingConfig) -> list[Any] | None:
     return list(lister(dict(config.raw["stream"])))
 
 
+def run_section_problems(config: TrainingConfig) -> list[str]:
+    """Check the ``[run]`` section against ``dpcl run``'s keys; return privacy violations it implies.
+
+    Unknown keys or wrong types raise ConfigError. ``private = false`` trains without noise: the
+    run then has no privacy guarantee at all, which the audit reports as a violation.
+    """
+    section = config.raw.get("run")
+    if section is None:
+        return []
+    try:
+        from dpcl.runner.run import RUN_KEYS
+    except ImportError:  # pragma: no cover - runner not in this build
+        return []
+    unknown = sorted(set(section) - set(RUN_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown [run] key(s) {', '.join(unknown)}; allowed: {', '.join(RUN_KEYS)}.")
+    for key, (kind, default, help_text) in RUN_KEYS.items():
+        value = section.get(key, default)
+        if not isinstance(value, kind):
+            raise ConfigError(f"[run] {key} must be {kind.__name__} ({help_text}); got {value!r}.")
+    if section.get("private", True) is False:
+        return [
+            "[run] private = false: the run trains without clipping or noise, so its releases have no "
+            "differential-privacy guarantee at all (the numbers above are what the private run would cost)."
+        ]
+    return []
+
+
 def _table_payload(report: AuditReport) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "verdict": "sound" if report.sound else "PRIVACY VIOLATION",
@@ -156,9 +184,16 @@ def run_audit(args: argparse.Namespace) -> int:
     _quiet_library_logs()
     config = load_config(args.config, data_stream_keys=_data_stream_keys())
     sizes, reports, size_notes = stream_task_sizes(config)
+    run_problems = run_section_problems(config)
     report = audit_config(config, sizes, filter_reports=reports, unit_ids=stream_unit_ids(config))
-    if size_notes:
-        report = AuditReport(**{**report.__dict__, "notes": tuple(size_notes) + report.notes})
+    if size_notes or run_problems:
+        report = AuditReport(
+            **{
+                **report.__dict__,
+                "notes": tuple(size_notes) + report.notes,
+                "violations": tuple(run_problems) + report.violations,
+            }
+        )
     if getattr(args, "json", False):
         emit(args, "dpcl audit", report.to_dict())
     else:

@@ -91,6 +91,15 @@ def test_audit_invalid_config_exit_2(tmp_path, capsys, old, new, message):
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 
 
+def test_audit_run_section(tmp_path, capsys):
+    code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT + "\n[run]\nprivate = false\n"), "--json")
+    assert code == 3 and "no differential-privacy guarantee" in json.loads(out)["violations"][0]
+    code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT + "\n[run]\nprivate = true\n"))
+    assert code == 0
+    code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT + "\n[run]\nprivat = true\n"))
+    assert code == 2 and "unknown [run] key(s) privat" in err and out == ""
+
+
 def test_audit_missing_file_exit_2(tmp_path, capsys):
     code, out, err = _run(capsys, "audit", str(tmp_path / "nope.toml"))
     assert code == 2 and "does not exist" in err and out == ""
