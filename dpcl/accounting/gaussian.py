@@ -196,6 +196,25 @@ def _solve_safe_root(
 # ---------------------------------------------------------------------------
 # epsilon for a delta, mu for an (epsilon, delta)
 # ---------------------------------------------------------------------------
+def _asymptotic_epsilon(mu: np.ndarray, log_target: np.ndarray, eps0: np.ndarray) -> np.ndarray:
+    """Cheap start for the epsilon root: the Mills-ratio form of Thm 8 (see :func:`_asymptotic_mu`).
+
+    Three Newton steps in epsilon on log(phi(t1) mu / (t1 t2)) = log delta; kept
+    only where t1 > 2 and the value lies in (0, eps0), else ``eps0``.
+    """
+    eps = eps0.copy()
+    with np.errstate(all="ignore"):
+        for _ in range(3):
+            t1 = eps / mu - mu / 2.0
+            t2 = eps / mu + mu / 2.0
+            f = -0.5 * t1 * t1 - _LOG_SQRT_2PI + np.log(mu) - np.log(t1 * t2) - log_target
+            df = -t1 / mu - 1.0 / (mu * t1) - 1.0 / (mu * t2)
+            eps = eps - f / df
+        t1 = eps / mu - mu / 2.0
+        ok = np.isfinite(eps) & (eps > 0) & (eps < eps0) & (t1 > 2.0)
+    return np.where(ok, eps, eps0)
+
+
 def _epsilon_from_mu(mu: np.ndarray, delta: np.ndarray) -> np.ndarray:
     """Smallest epsilon >= 0 with delta(epsilon; mu) <= delta (arrays, already validated)."""
     mu = np.asarray(mu, dtype=np.float64)
@@ -230,7 +249,8 @@ def _epsilon_from_mu(mu: np.ndarray, delta: np.ndarray) -> np.ndarray:
         log_d, _ = _log_delta(eps, m[idx])
         return np.exp(log_d) - target[idx]
 
-    out[need] = _solve_safe_root(fun, eps0, np.zeros_like(eps0), increasing=False, verify=verify)
+    start = _asymptotic_epsilon(m, lt, eps0)
+    out[need] = _solve_safe_root(fun, eps0, np.zeros_like(eps0), increasing=False, start=start, verify=verify)
     return out
 
 
