@@ -15,7 +15,7 @@ assumptions/settings behind the number. Accountants:
     Gaussian) get a delta share; ``basic`` sums (Dwork & Roth 2014, Thm 3.16),
     ``advanced`` is Kairouz, Oh & Viswanath (2017) Thm 3.5 with the slack/delta
     split optimised on a grid. Poisson subsampling is amplified by
-    (log(1 + q(e^eps - 1)), q delta) (Balle, Barthe & Gaboardi 2018, Thm 8, add/remove).
+    (log(1 + q(e^eps - 1)), q delta) (Balle, Barthe & Gaboardi 2018, Poisson subsampling under add/remove).
 ``rdp``
     dp-accounting's ``RdpAccountant`` (default orders; its RDP-to-DP conversion).
 ``pld``
@@ -417,7 +417,7 @@ def _profile_epsilons(mu: np.ndarray, q: np.ndarray, deltas: np.ndarray) -> np.n
     """Per-mechanism epsilon at per-mechanism delta (broadcast); subsampled rows amplified.
 
     Poisson subsampling at rate q of an (eps, d)-DP mechanism is
-    (log(1 + q(e^eps - 1)), q d)-DP under add/remove (Balle, Barthe & Gaboardi 2018, Thm 8),
+    (log(1 + q(e^eps - 1)), q d)-DP under add/remove (Balle, Barthe & Gaboardi 2018, Poisson subsampling),
     so a row with delta share d uses base delta d/q (capped at 1/2, still valid).
     """
     base_delta = np.minimum(deltas / q, 0.5)
