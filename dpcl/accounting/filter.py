@@ -63,8 +63,14 @@ class FilterCharge:
 
 @dataclass(frozen=True)
 class FilterBudget:
-    """Budget spent or remaining. Under ``gdp``, ``mu`` is the GDP parameter and
-    (epsilon, delta) its (epsilon, delta_budget) conversion."""
+    """Budget spent or remaining.
+
+    Under ``basic``, (epsilon, delta) are sums. Under ``gdp``, ``mu`` governs
+    admission: ``spent.mu = sqrt(sum mu_t^2)`` with ``spent.epsilon`` its epsilon at
+    delta_budget, and ``remaining.mu = sqrt(mu_budget^2 - sum mu_t^2)`` (the
+    largest Gaussian mechanism still admissible); ``remaining.epsilon`` is only
+    ``epsilon_budget - spent.epsilon`` (informational: epsilons do not add under GDP).
+    """
 
     epsilon: float
     delta: float
