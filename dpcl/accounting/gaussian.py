@@ -124,7 +124,9 @@ def _solve_safe_root(
     ``fun(x, idx)`` returns ``(g, g', g'')`` for the elements ``idx``. ``x0`` must be
     safe (``g(x0) <= 0``, known from a bound); ``unsafe0`` is a point with ``g > 0``,
     or ``inf`` when unknown; ``start`` (default ``x0``) is the first iterate.
-    ``verify(x, idx)`` (default: ``fun``'s ``g``) is the final safety check. The iteration keeps a bracket [safe, unsafe] and takes Halley steps
+    ``verify(x, idx)`` (default: ``fun``'s ``g``) is the final safety check.
+
+    The iteration keeps a bracket [safe, unsafe] and takes Halley steps
     (cubic convergence) that stay inside it, bisecting (or doubling, while the
     bracket is open) otherwise. Once a step is below 1e-6 relative, the next
     iterate is within ~1e-15 relative of the root; it is moved 1e-13 toward the
