@@ -1,0 +1,233 @@
+"""L2DP-ML training (Alg. 2): fixed disjoint memory, run-time preconditions, certificates; A-GEM baselines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from dpcl.data.digits import load_digits  # noqa: E402
+from dpcl.data.streams import permuted_stream  # noqa: E402
+from dpcl.errors import DisjointnessViolationError, InvalidParameterError, PrivacyViolationError  # noqa: E402
+from dpcl.guarantees.lifelong import L2DPML_SPEC, output_sensitivity, reconstruction_sensitivity  # noqa: E402
+from dpcl.guarantees.method_schema import TaskPlan  # noqa: E402
+from dpcl.methods.base import MethodSetup, TrainingData, method_class  # noqa: E402
+from dpcl.methods.l2dpml import (  # noqa: E402
+    AGEMClassifier,
+    DPSGDAGEMClassifier,
+    L2DPMLMethod,
+    agem_project,
+    output_coefficients,
+    reconstruction_coefficients,
+)
+
+PRIVACY = {"epsilon": 10.0, "delta": 1e-5, "adjacency": "replace_one"}
+METHOD = {"hidden_sizes": [8, 4], "batch_size": 100, "epochs": 5, "memory_batches_per_task": 1}
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return permuted_stream(load_digits(), 3, seed=0)
+
+
+def _data(task) -> TrainingData:
+    return TrainingData(task.train.features, task.train.labels, task.train.unit_ids)
+
+
+def _method(method=METHOD, privacy=PRIVACY, seed=0) -> L2DPMLMethod:
+    return L2DPMLMethod(MethodSetup(method=method, privacy=privacy, label_space=tuple(range(10)), input_dim=64,
+                                    seed=seed))
+
+
+def _fit(m: L2DPMLMethod, task, method=METHOD, privacy=PRIVACY) -> TaskPlan:
+    plan = L2DPML_SPEC.plan_task(method, privacy, len(task.train.labels), task.index)
+    m.fit_task(task.index, _data(task), task.labels, plan)
+    return plan
+
+
+def test_registered_under_its_config_name():
+    assert method_class("l2dpml") is L2DPMLMethod
+
+
+def test_coefficients_match_a_per_example_sum():
+    rng = np.random.default_rng(1)
+    x = rng.random((7, 4))
+    batches = (np.array([0, 2, 5]), np.array([1, 3, 4, 6]))
+    got = reconstruction_coefficients(torch.as_tensor(x), batches).numpy()
+    for k, idx in enumerate(batches):
+        a = sum(np.outer(0.5 - r, r) for r in x[idx])  # a[s, j] = x_j (1/2 - x_s)
+        np.testing.assert_allclose(got[k], (a + a.T) / 2, atol=1e-12)
+    h = rng.uniform(-1, 1, size=(7, 3))
+    y = np.eye(5)[rng.integers(0, 5, size=7)]
+    b, q = output_coefficients(torch.as_tensor(h), torch.as_tensor(y), batches)
+    for k, idx in enumerate(batches):
+        np.testing.assert_allclose(b[k].numpy(), h[idx].T @ (0.5 - y[idx]), atol=1e-12)
+        np.testing.assert_allclose(q[k].numpy(), h[idx].T @ h[idx], atol=1e-12)
+
+
+def test_sensitivities_come_from_the_layer_sizes():
+    m = _method()
+    assert m.delta_r == reconstruction_sensitivity(64, "unit")
+    assert m.delta_l == output_sensitivity(4 + 1, 10)
+
+
+def test_stream_keeps_memory_fixed_and_disjoint_and_reports_the_bound(stream):
+    m = _method()
+    _fit(m, stream.tasks[0])
+    snapshot = [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in e.items()} for e in m.memory]
+    for task in stream.tasks[1:]:
+        _fit(m, task)
+    # one fixed batch per task entered the memory, and earlier entries never changed
+    assert [e["task"] for e in m.memory] == [0, 1, 2]
+    for old, now in zip(snapshot, m.memory):
+        assert old["digest"] == now["digest"]
+        assert torch.equal(old["ae"], now["ae"]) and torch.equal(old["b_n"], now["b_n"])
+        np.testing.assert_array_equal(old["units"], now["units"])
+    units = np.concatenate([e["units"] for e in m.memory])
+    assert units.size == np.unique(units).size
+    for t in range(3):
+        report = m.certificate_extra(t)["l2dpml"]
+        assert report["preconditions_met"]
+        names = {p["name"] for p in report["preconditions"]}
+        assert names == {"input_range", "disjoint_units", "fixed_disjoint_batches", "memory_fixed_disjoint",
+                         "fixed_hidden_layers"}
+        bound = report["lifelong_bound"]
+        assert bound["epsilon"] == pytest.approx(10.0)
+        assert set(bound["certified_terms"]) == {"epsilon1", "epsilon1_over_gamma_x", "epsilon1_over_gamma",
+                                                 "epsilon2"}
+        assert bound["paper_epsilon"] >= bound["epsilon"]
+        assert report["laplace_scales"]["output"] == pytest.approx(m.delta_l / 5.0)
+    preds = m.predict(stream.tasks[0].test.features)
+    assert preds.shape == stream.tasks[0].test.labels.shape
+    with pytest.raises(InvalidParameterError, match="not been released"):
+        m.certificate_extra(5)
+
+
+def test_tampered_memory_is_refused(stream):
+    m = _method()
+    _fit(m, stream.tasks[0])
+    m.memory[0]["b_n"] = m.memory[0]["b_n"] + 1.0
+    with pytest.raises(PrivacyViolationError, match="fixed"):
+        _fit(m, stream.tasks[1])
+
+
+def test_inputs_outside_the_declared_box_are_refused_not_clamped(stream):
+    task = stream.tasks[0]
+    m = _method()
+    bad = TrainingData(task.train.features * 2.0, task.train.labels, task.train.unit_ids)
+    plan = L2DPML_SPEC.plan_task(METHOD, PRIVACY, len(bad), 0)
+    with pytest.raises(InvalidParameterError, match="input_range"):
+        m.fit_task(0, bad, task.labels, plan)
+    assert m.tasks_fitted == 0 and not m.memory
+
+
+def test_units_shared_between_tasks_are_refused(stream):
+    m = _method()
+    _fit(m, stream.tasks[0])
+    t1 = stream.tasks[1]
+    overlapping = TrainingData(t1.train.features, t1.train.labels, stream.tasks[0].train.unit_ids[: len(t1.train.labels)])
+    plan = L2DPML_SPEC.plan_task(METHOD, PRIVACY, len(overlapping), 1)
+    with pytest.raises(DisjointnessViolationError):
+        m.fit_task(1, overlapping, t1.labels, plan)
+
+
+def test_empty_task_still_releases_a_classifier(stream):
+    m = _method()
+    empty = TrainingData(np.zeros((0, 64), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    plan = L2DPML_SPEC.plan_task(METHOD, PRIVACY, 0, 0)
+    before = m.theta1.clone()
+    m.fit_task(0, empty, tuple(range(10)), plan)
+    assert torch.equal(before, m.theta1) and not m.memory
+    assert m.predict(stream.tasks[0].test.features).shape == stream.tasks[0].test.labels.shape
+
+
+def test_first_task_autoencoder_is_frozen_afterwards(stream):
+    method = {**METHOD, "autoencoder_training": "first_task"}
+    m = _method(method)
+    _fit(m, stream.tasks[0], method)
+    theta = m.theta1.clone()
+    _fit(m, stream.tasks[1], method)
+    assert torch.equal(theta, m.theta1)
+    assert m.memory[1]["ae"] is None
+
+
+def test_learns_with_little_noise_and_not_with_a_tiny_budget(stream):
+    task = stream.tasks[0]
+    method = {"hidden_sizes": [16], "batch_size": 512, "epochs": 200}
+    accurate = _method(method, {**PRIVACY, "epsilon": 1e6})
+    _fit(accurate, task, method, {**PRIVACY, "epsilon": 1e6})
+    assert accurate.accuracy(task.test.features, task.test.labels) > 0.6
+    noisy = _method(method, {**PRIVACY, "epsilon": 0.1})
+    _fit(noisy, task, method, {**PRIVACY, "epsilon": 0.1})
+    assert noisy.accuracy(task.test.features, task.test.labels) < 0.4
+
+
+def test_state_dict_round_trip(stream):
+    m = _method()
+    _fit(m, stream.tasks[0])
+    m2 = _method()
+    m2.load_state_dict(m.state_dict())
+    x = stream.tasks[0].test.features
+    np.testing.assert_array_equal(m.scores(x), m2.scores(x))
+    _fit(m, stream.tasks[1])
+    _fit(m2, stream.tasks[1])
+    np.testing.assert_array_equal(m.scores(x), m2.scores(x))
+
+
+vectors = st.lists(st.floats(-10, 10, allow_nan=False), min_size=4, max_size=4)
+
+
+@given(vectors, vectors)
+def test_agem_projection_never_increases_the_memory_loss_to_first_order(g, g_ref):
+    g, g_ref = torch.tensor(g, dtype=torch.float64), torch.tensor(g_ref, dtype=torch.float64)
+    out = agem_project(g, g_ref)
+    assert float(out @ g_ref) >= -1e-9 * (1 + float(g.norm() * g_ref.norm()))
+    if float(g @ g_ref) >= 0:
+        assert torch.equal(out, g)
+
+
+def _baseline(cls, **extra):
+    method = {"hidden_sizes": [16], "batch_size": 64, "epochs": 1, "learning_rate": 0.1, "memory_per_task": 32,
+              **extra}
+    return cls(MethodSetup(method=method, privacy={}, label_space=tuple(range(10)), input_dim=64, seed=0))
+
+
+def test_agem_baselines_train_on_the_same_stream(stream):
+    agem = _baseline(AGEMClassifier)
+    dp = _baseline(DPSGDAGEMClassifier, clip_norm=1.0)
+    sizes = [len(t.train.labels) for t in stream.tasks[:2]]
+    schedule = dp.schedule(sizes)
+    assert schedule["task_steps"] == [dp.steps(n) for n in sizes]
+    assert schedule["memory_sample_rates"][1] == pytest.approx(1.0)  # memory of 32 < memory batch of 64
+    for task in stream.tasks[:2]:
+        agem.fit_task(task.index, _data(task), task.labels, TaskPlan((), {}))
+        dp.fit_task(task.index, _data(task), task.labels, TaskPlan((), {"noise_multiplier": 1.0}))
+    assert len(agem.mem_y) == 64 and len(dp.mem_y) == 64
+    for model in (agem, dp):
+        acc = model.accuracy(stream.tasks[1].test.features, stream.tasks[1].test.labels)
+        assert 0.0 <= acc <= 1.0
+
+
+def test_dpcl_run_certifies_every_release_and_verify_accepts(tmp_path):
+    from dpcl.cli import main
+
+    config = tmp_path / "l2dpml.toml"
+    config.write_text(
+        '[privacy]\nepsilon = 4.0\ndelta = 1e-5\nadjacency = "replace_one"\naccountant = "auto"\n'
+        '[stream]\ndataset = "digits"\nkind = "permuted"\nn_tasks = 2\nlabel_space = "prior_const"\n'
+        "prior_labels = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\ndisjoint_units = true\n"
+        '[method]\nname = "l2dpml"\nhidden_sizes = [8, 4]\nbatch_size = 200\nepochs = 3\n'
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    certs = sorted((tmp_path / "run" / "certificates").glob("*.cert.json"))
+    assert len(certs) == 2
+    for cert in certs:
+        assert main(["verify", str(cert)]) == 0
+    import json
+
+    last = json.loads(certs[-1].read_text())
+    assert last["guarantee"]["epsilon"] <= 4.0 + 1e-9  # parallel over disjoint tasks: the budget is not exceeded
+    assert any("Lifelong DP" in note for note in last["extra"]["plan_notes"])
