@@ -138,7 +138,8 @@ def gaussian_composition_mu(sigmas: Any, sensitivities: Any = 1.0) -> float:
             f"sensitivities must be one value or one per sigma ({sig.size}), got {sens.size}."
         )
     ratio = sens / sig if sens.size > 1 else sens[0] / sig
-    sum_sq = float(np.dot(ratio, ratio))
+    # an elementwise sum, not np.dot: BLAS threading costs more than it saves at this size on few cores
+    sum_sq = float(np.sum(ratio * ratio))
     if not math.isfinite(sum_sq):
         raise InvalidParameterError("sum of (sensitivity/sigma)^2 overflows; sigmas are too small for a meaningful bound.")
     return math.sqrt(sum_sq * (1.0 + 2.0 * ratio.size * _UNIT_ROUNDOFF))

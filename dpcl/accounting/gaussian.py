@@ -34,6 +34,7 @@ import numpy as np
 from scipy.special import log_ndtr, ndtri
 
 from dpcl.accounting.validation import check_delta, check_nonnegative, check_positive
+from dpcl.errors import InvalidParameterError
 
 __all__ = [
     "ClassicGaussian",
@@ -396,8 +397,18 @@ def gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> float | 
         log_d, _ = _log_delta(eps_flat[idx], sens_i / (sens_i / mu))
         return np.exp(log_d) - dlt_flat[idx]
 
-    mu = _mu_from_epsilon(_calibration_target(eps, dlt), dlt, verify=verify)
-    sigma = sens / mu
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        mu = _mu_from_epsilon(_calibration_target(eps, dlt), dlt, verify=verify)
+        sigma = sens / mu
+    bad = ~(np.isfinite(sigma) & (sigma > 0))
+    if np.any(bad):
+        i = int(np.flatnonzero(np.ravel(bad))[0])
+        raise InvalidParameterError(
+            "no finite positive sigma reaches "
+            f"epsilon={float(np.ravel(eps)[i])!r}, delta={float(np.ravel(dlt)[i])!r} "
+            f"(sensitivity={float(np.ravel(sens)[i] if np.size(sens) > 1 else np.ravel(sens)[0])!r}) in floating point; "
+            "use a smaller epsilon or a smaller sensitivity."
+        )
     return _scalar_or_array(sigma, scalar)
 
 
