@@ -280,3 +280,15 @@ def test_pecl_spec_refuses_bad_config():
     assert keys["calibration"].check("classic") is not None
     assert keys["calibration"].check("paper") is None
     assert keys["alpha"].check(1.5) is not None
+
+
+def test_pecl_spec_budget_check_against_privacy_epsilon():
+    with pytest.raises(ConfigError, match="epsilon_upper"):
+        pt.PECL_SPEC.plan_task({"epsilon_upper": 10.0}, {"delta": 1e-6, "epsilon": 8.0}, 10, 0)
+    # the paper calibration is not refused: its true epsilon is certified and the excess is stated
+    plan = pt.PECL_SPEC.plan_task({"calibration": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
+    assert any("exceeds [privacy] epsilon" in n for n in plan.notes)
+    # every task gets the same data-independent plan; the notes are stated once, with task 0
+    first = pt.PECL_SPEC.plan_task({}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
+    later = pt.PECL_SPEC.plan_task({}, {"delta": 1e-6, "epsilon": 10.0}, 99, 2)
+    assert later.events == first.events and first.notes and not later.notes

@@ -234,6 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pretrain-steps", type=int, default=150)
     parser.add_argument("--max-seq-len", type=int, default=64)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--n-layer", type=int, default=2)
+    parser.add_argument("--n-embd", type=int, default=64)
+    parser.add_argument("--n-head", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of the LoRA adapters")
+    parser.add_argument("--head-lr", type=float, default=1e-2, help="learning rate of the classification head")
+    parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)  # dp-accounting's RDP order warnings; the bounds are unaffected
     unknown = [m for m in args.methods if m not in METHODS]
@@ -246,9 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "epochs": args.epochs,
         "pretrain_steps": args.pretrain_steps,
         "max_seq_len": args.max_seq_len,
-        "learning_rate": 3e-3,
-        "head_learning_rate": 1e-2,
+        "learning_rate": args.lr,
+        "head_learning_rate": args.head_lr,
         "device": args.device,
+        "n_layer": args.n_layer,
+        "n_embd": args.n_embd,
+        "n_head": args.n_head,
+        "batch_size": args.batch_size,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

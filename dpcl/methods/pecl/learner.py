@@ -30,6 +30,7 @@ formulation; the latter is what canary exposure measures.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
@@ -117,6 +118,14 @@ class LearnerConfig:
 _PRETRAINED: dict[tuple, tuple[dict[str, torch.Tensor], float]] = {}
 
 
+@functools.lru_cache(maxsize=64)
+def _noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """DP-SGD noise multiplier for (epsilon, delta) after ``steps`` Poisson steps (cached: calibration is costly)."""
+    from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
+
+    return float(dpsgd_noise_multiplier(epsilon, delta, sample_rate, steps).noise_multiplier)
+
+
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     order = torch.randperm(n, generator=generator)
     return list(torch.split(order, batch_size))
@@ -194,7 +203,7 @@ class ContinualLM:
             loss.backward()
             opt.step()
             sched.step()
-            loss_value = float(loss)
+            loss_value = float(loss.detach())
         return loss_value
 
     def _peft(self):
@@ -381,14 +390,11 @@ class ContinualLM:
         from opacus import GradSampleModule
         from opacus.optimizers import DPOptimizer
 
-        from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
-
         cfg = self.config
         n = ids.shape[0]
         sample_rate = min(1.0, cfg.batch_size / n)
         steps = max(1, cfg.epochs * math.ceil(1.0 / sample_rate))
-        calibration = dpsgd_noise_multiplier(cfg.dpsgd_epsilon, cfg.delta, sample_rate, steps)
-        noise_multiplier = float(calibration.noise_multiplier)
+        noise_multiplier = _noise_multiplier(cfg.dpsgd_epsilon, cfg.delta, sample_rate, steps)
         params = self._trainable()
         gsm = GradSampleModule(self.model)
         opt = DPOptimizer(

@@ -78,13 +78,14 @@ class TokenDP:
     ) -> torch.Tensor:
         """``clip(e, C) + N(0, sigma^2 I)`` for every token; records the release when indices are given."""
         index = self.grid_index(scores)
-        sigma = self.sigma_table[index]
-        norms = embeddings.norm(dim=-1, keepdim=True)
-        clipped = embeddings * torch.clamp(self.clip_norm / norms.clamp_min(1e-12), max=1.0)
-        noise = torch.randn(embeddings.shape, generator=generator, device=embeddings.device, dtype=embeddings.dtype)
+        sigma = self.sigma_table[index].to(embeddings.dtype).unsqueeze(-1)
+        scale = torch.clamp(self.clip_norm / torch.linalg.vector_norm(embeddings, dim=-1, keepdim=True).clamp_min(1e-12),
+                            max=1.0)
+        out = torch.randn(embeddings.shape, generator=generator, device=embeddings.device, dtype=embeddings.dtype)
+        out.mul_(sigma).addcmul_(embeddings, scale)  # N(0, sigma^2) + clip(e, C), in place
         if example_index is not None:
             self._record(index, mask, example_index, n_examples)
-        return clipped + noise * sigma.unsqueeze(-1)
+        return out
 
     @torch.no_grad()
     def _record(self, index: torch.Tensor, mask: torch.Tensor, example_index: torch.Tensor, n_examples: int | None) -> None:

@@ -1,0 +1,65 @@
+"""Benchmark: PeCL's TDP step vs the non-private forward of the embedding layer (issue quality bar: <= 2x).
+
+``python benchmarks/pecl_tdp.py [--device cuda]`` times, for a batch of 64 x 128
+tokens, (a) the token-embedding lookup alone and (b) lookup + TDP (sigma lookup
+from the calibrated table, clipping, per-token Gaussian noise). Scores are
+given (computing them needs a forward pass of the LM, which is not part of the
+noise step). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from dpcl.methods.pecl.tdp import TokenDP
+
+
+def _time(fn, device: str, repeats: int) -> float:
+    for _ in range(5):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dim", type=int, default=768, help="embedding width (GPT-2 small: 768)")
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    device = args.device
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(50257, args.dim).to(device)
+    ids = torch.randint(0, 50257, (64, 128), device=device)
+    mask = torch.ones_like(ids)
+    scores = torch.rand(64, 128, device=device)
+    tdp = TokenDP(epsilon_lower=1.0, epsilon_upper=10.0, delta=1e-6, clip_norm=1.0, calibration="analytic",
+                  releases=1, device=device)
+    generator = torch.Generator(device=device).manual_seed(1)
+
+    @torch.no_grad()
+    def forward() -> torch.Tensor:
+        return embedding(ids)
+
+    @torch.no_grad()
+    def private() -> torch.Tensor:
+        return tdp.perturb(embedding(ids), scores, mask, generator)
+
+    plain = _time(forward, device, args.repeats)
+    noisy = _time(private, device, args.repeats)
+    print(json.dumps({"device": device, "batch": [64, 128], "dim": args.dim, "embedding_forward_s": plain,
+                      "embedding_plus_tdp_s": noisy, "ratio": noisy / plain}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The PeCL experiment harness: privacy reported for DP-SGD baselines, tables, the stream, the bundled config."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from dpcl.accounting.accountants import compute_epsilon  # noqa: E402
+from dpcl.accounting.dpsgd import dpsgd_events  # noqa: E402
+from dpcl.accounting.events import ComposedEvent  # noqa: E402
+from dpcl.methods.pecl.experiment import _dpsgd_epsilon, fortunes_text_stream, markdown_table  # noqa: E402
+
+pytestmark = pytest.mark.torch
+CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl.toml"
+
+
+def _records():
+    return [{"dpsgd": {"noise_multiplier": 2.0, "sample_rate": 0.1, "steps": 50}},
+            {"dpsgd": {"noise_multiplier": 2.0, "sample_rate": 0.08, "steps": 60}}]
+
+
+def test_replayed_examples_compose_over_tasks_and_disjoint_tasks_do_not():
+    records = _records()
+    events = [dpsgd_events(r["dpsgd"]["noise_multiplier"], r["dpsgd"]["sample_rate"], r["dpsgd"]["steps"])
+              for r in records]
+    er = _dpsgd_epsilon(records, "er", 1e-6)
+    seq = _dpsgd_epsilon(records, "seqft", 1e-6)
+    assert er["epsilon"] == pytest.approx(compute_epsilon(ComposedEvent(events), 1e-6).epsilon)
+    assert seq["epsilon"] == pytest.approx(max(compute_epsilon(e, 1e-6).epsilon for e in events))
+    assert er["epsilon"] > seq["epsilon"]
+    assert _dpsgd_epsilon([{}], "seqft", 1e-6)["epsilon"] == math.inf
+
+
+def test_markdown_table_states_unit_and_infinity():
+    rows = [
+        {"method": "A", "backward_transfer": -0.1, "last": 0.5, "avg": 0.6, "canary_exposure": 2.0,
+         "privacy": {"epsilon": 10.0, "unit": "token (replace-one)", "sequence_epsilon": 50.0}},
+        {"method": "B", "backward_transfer": None, "last": 0.7, "avg": None,
+         "privacy": {"epsilon": math.inf, "unit": "none"}},
+    ]
+    table = markdown_table(rows).splitlines()
+    assert table[2] == "| A | -0.100 | 0.500 | 0.600 | 2.00 | 10 (token (replace-one)) | 50.0 |"
+    assert table[3] == "| B | – | 0.700 | – | – | ∞ (not private) | – |"
+
+
+def test_fortunes_text_stream_is_class_incremental_and_disjoint_from_public():
+    tasks, public, names = fortunes_text_stream(n_tasks=5, classes_per_task=2, max_per_class=20, seed=0)
+    assert len(tasks) == 5 and len(names) == 10
+    for t, task in enumerate(tasks):
+        assert set(np.unique(task.train_labels)) == {2 * t, 2 * t + 1}
+        assert len(task.test_texts) > 0
+    private = {x for t in tasks for x in t.train_texts + t.test_texts}
+    assert not private & set(public)
+
+
+def test_bundled_config_audits_as_sound(capsys):
+    import json
+
+    from dpcl.cli import main
+
+    assert main(["audit", str(CONFIG), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["epsilon"] == pytest.approx(10.0, rel=1e-6)
+    text = json.dumps(report)
+    assert "do not depend on the private data" in text and "replace_one" in text

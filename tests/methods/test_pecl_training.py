@@ -1,0 +1,144 @@
+"""PeCL and its baselines end to end on a tiny model (seconds on CPU), and the ``dpcl run`` adapter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dpcl.errors import ConfigError, InvalidParameterError, PrivacyViolationError  # noqa: E402
+from dpcl.guarantees import per_token as pt  # noqa: E402
+from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+TINY = {"n_layer": 1, "n_embd": 16, "n_head": 1, "max_seq_len": 24, "pretrain_steps": 2, "batch_size": 8,
+        "lora_rank": 2, "epochs": 2}
+PUBLIC = [f"public sentence number {i} about nothing" for i in range(16)]
+
+
+def _tasks():
+    a = [f"apples and pears {i}" for i in range(8)] + [f"12 Main Street {i}" for i in range(8)]
+    b = [f"zebra crossing {i}" for i in range(8)] + [f"call 555-01{i:02d}" for i in range(8)]
+    return [(a, np.repeat([0, 1], 8)), (b, np.repeat([2, 3], 8))]
+
+
+@pytest.mark.parametrize("calibration", ["analytic", "paper"])
+def test_pecl_trains_and_records_true_per_token_guarantee(calibration):
+    learner = ContinualLM(4, learner_config(**TINY, calibration=calibration), seed=0, public_texts=PUBLIC)
+    records = [learner.fit_task(k, texts, labels) for k, (texts, labels) in enumerate(_tasks())]
+    for r in records:
+        g = r["guarantee"]
+        assert g["unit"] == "token" and g["adjacency"] == "replace_one" and g["sensitivity"] == 2.0
+        assert g["releases_per_token"] == 2
+        true = pt.true_token_epsilons(g["sigma_min_used"], 1e-6, 1.0, releases=2)
+        assert g["epsilon"] == pytest.approx(true)
+        if calibration == "analytic":
+            assert g["epsilon"] <= 10.0 * (1 + 1e-6)
+        else:
+            assert g["epsilon"] > g["claimed_epsilon_of_worst_token"]
+        assert g["sequence"]["epsilon"] >= g["epsilon"] and g["sequence"]["longest_sequence_tokens"] <= 24
+        assert 0.0 <= r["mean_score"] <= 1.0
+        assert 1.0 <= r["lambda_dyn"] <= 10.0
+    assert records[1]["omega_bar"] > 0  # memory regularisation active from the second task on
+    assert learner.adapter == "task_1"
+    ids, mask = learner._encode(_tasks()[0][0])
+    scores = learner.token_scores(ids, mask)
+    assert scores.shape == ids.shape and float(scores.min()) >= 0 and float(scores.max()) <= 1
+    preds = learner.predict(_tasks()[0][0])
+    assert set(preds.tolist()) <= {0, 1, 2, 3}
+    nll = learner.sequence_nll(["abc", "abcdef"])
+    assert nll.shape == (2,) and np.all(nll > 0)
+
+
+@pytest.mark.parametrize(
+    "strategy,privacy",
+    [("seqft", "none"), ("er", "none"), ("ewc", "dpsgd"),
+     pytest.param("er", "dpsgd", marks=pytest.mark.thorough), pytest.param("ewc", "none", marks=pytest.mark.thorough)],
+)
+def test_baselines_train(strategy, privacy):
+    learner = ContinualLM(4, learner_config(**TINY, strategy=strategy, privacy=privacy), seed=0, public_texts=PUBLIC)
+    records = [learner.fit_task(k, texts, labels) for k, (texts, labels) in enumerate(_tasks())]
+    if privacy == "dpsgd":
+        from dpcl.accounting.dpsgd import dpsgd_epsilon
+
+        d = records[0]["dpsgd"]
+        assert dpsgd_epsilon(d["noise_multiplier"], d["sample_rate"], d["steps"], 1e-6).epsilon <= 1.0 * 1.01
+    if strategy == "er":
+        assert records[1]["n_trained"] == 16 + learner.config.replay_per_task
+    if strategy == "ewc":
+        assert len(learner.ewc_terms) == 2
+    acc = learner.accuracy(*_tasks()[1])
+    assert 0.0 <= acc <= 1.0
+
+
+def test_learner_config_refuses_mismatched_privacy():
+    with pytest.raises(InvalidParameterError, match="tdp"):
+        learner_config(strategy="seqft", privacy="tdp")
+    with pytest.raises(InvalidParameterError, match="unknown"):
+        learner_config(colour="blue")
+
+
+@pytest.mark.thorough
+def test_pecl_learns_a_separable_task():
+    learner = ContinualLM(4, learner_config(**{**TINY, "epochs": 15}, strategy="seqft", privacy="none",
+                                            learning_rate=3e-3, head_learning_rate=1e-2), 0, PUBLIC)
+    texts, labels = _tasks()[0]
+    learner.fit_task(0, texts, labels)
+    assert learner.accuracy(texts, labels) >= 0.9
+
+
+# ---------------------------------------------------------------- dpcl run adapter
+def _setup(**method):
+    from dpcl.methods.base import MethodSetup
+
+    keys = {k: v for k, v in TINY.items()}
+    keys.update(method)
+    return MethodSetup(method={"name": "pecl", **keys}, privacy={"delta": 1e-6, "epsilon": 10.0},
+                       label_space=(0, 1, 2, 3), input_dim=1, seed=0)
+
+
+def _data(texts, labels, texts_given=True):
+    from dpcl.methods.base import TrainingData
+
+    n = len(texts)
+    return TrainingData(features=np.zeros((n, 1), np.float32), labels=np.asarray(labels),
+                        unit_ids=np.arange(n) + 10_000 * int(labels[0]), texts=tuple(texts) if texts_given else None)
+
+
+def test_pecl_method_follows_the_plan_and_round_trips():
+    from dpcl.methods.base import method_class
+
+    cls = method_class("pecl")
+    setup = _setup()
+    method = cls(setup)
+    plan = pt.PECL_SPEC.plan_task(setup.method, setup.privacy, 16, 0)
+    texts, labels = _tasks()[0]
+    method.fit_task(0, _data(texts, labels), (0, 1), plan)
+    scores = method.scores(np.asarray(texts, dtype=object))
+    assert scores.shape == (16, 4)
+    assert set(method.predict(np.asarray(texts, dtype=object)).tolist()) <= {0, 1}
+    state = method.state_dict()
+    again = cls(setup)
+    again.load_state_dict(state)
+    assert np.allclose(again.scores(np.asarray(texts, dtype=object)), scores, atol=1e-5)
+    with pytest.raises(InvalidParameterError, match="raw texts"):
+        method.scores(np.zeros((2, 3)))
+
+
+def test_pecl_method_refuses_plan_mismatch_and_missing_texts():
+    from dpcl.methods.base import method_class
+
+    setup = _setup()
+    method = method_class("pecl")(setup)
+    texts, labels = _tasks()[0]
+    other = pt.PECL_SPEC.plan_task({**setup.method, "clip_norm": 0.5}, setup.privacy, 16, 0)
+    with pytest.raises(PrivacyViolationError, match="clip_norm"):
+        method.fit_task(0, _data(texts, labels), (0, 1), other)
+    plan = pt.PECL_SPEC.plan_task(setup.method, setup.privacy, 16, 0)
+    with pytest.raises(ConfigError, match="texts"):
+        method.fit_task(0, _data(texts, labels, texts_given=False), (0, 1), plan)
+    assert math.isfinite(plan.noise["sigma_min"])
