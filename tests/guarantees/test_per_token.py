@@ -292,3 +292,41 @@ def test_pecl_spec_budget_check_against_privacy_epsilon():
     first = pt.PECL_SPEC.plan_task({}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
     later = pt.PECL_SPEC.plan_task({}, {"delta": 1e-6, "epsilon": 10.0}, 99, 2)
     assert later.events == first.events and first.notes and not later.notes
+
+
+@pytest.mark.parametrize("calibration", ["analytic", "paper"])
+def test_pecl_release_certificate_states_true_per_token_guarantee_and_verifies(tmp_path, calibration):
+    from dpcl.cli import main
+    from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
+    from dpcl.guarantees.ledger import TaskLedger
+
+    method = {"calibration": calibration, "epochs": 3, "max_seq_len": 16}
+    privacy = {"delta": 1e-6, "epsilon": 10.0}
+    ledger = TaskLedger(delta=1e-6, across_tasks="parallel", adjacency="replace_one", unit="token")
+    for t in range(3):
+        plan = pt.PECL_SPEC.plan_task(method, privacy, n_examples=20, task_index=t)
+        ledger.charge(t, plan.events, unit_ids=np.arange(20) + 100 * t, label=f"pecl task {t}")
+    checkpoint = tmp_path / "task003.pt"
+    checkpoint.write_bytes(b"weights")
+    ledger.release(2)
+    first = pt.PECL_SPEC.plan_task(method, privacy, 20, 0)
+    cert = certificate_from_ledger(
+        ledger, method="pecl", label_space="prior", assumptions=list(first.assumptions), checkpoint=checkpoint,
+        extra={"plan_notes": list(first.notes)},
+    )
+    path = write_certificate(tmp_path / "task003.cert.json", cert)
+    verify_certificate(path).raise_if_invalid()
+    assert main(["verify", str(path)]) == 0
+    sigma = first.noise["sigma_min"]
+    # parallel over tasks (disjoint fortunes): the worst token over 3 perturbations, at sensitivity 2C
+    assert cert["guarantee"]["epsilon"] == pytest.approx(reference_epsilon(sigma / math.sqrt(3), 1e-6, 2.0), rel=1e-6)
+    assert cert["guarantee"]["unit"] == "token" and cert["guarantee"]["adjacency"] == "replace_one"
+    assert pt.DATA_DEPENDENCE_ASSUMPTION in cert["assumptions"]
+    if calibration == "paper":
+        assert cert["guarantee"]["epsilon"] > 10.0
+    else:
+        assert cert["guarantee"]["epsilon"] <= 10.0 * (1 + 1e-6)
+    # a certificate whose stated epsilon is lowered no longer verifies
+    cert["guarantee"]["epsilon"] = cert["guarantee"]["epsilon"] * 0.5
+    bad = write_certificate(tmp_path / "bad.cert.json", cert)
+    assert main(["verify", str(bad)]) == 3
