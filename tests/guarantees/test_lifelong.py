@@ -268,3 +268,11 @@ def test_dpsgd_agem_events_and_growth():
     assert eps[0] == pytest.approx(first)
     with pytest.raises(InvalidParameterError):
         dpsgd_agem_unit_events(1.0, rates, steps, mem, 2, 1)
+
+
+def test_lifelong_module_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, dpcl.guarantees.lifelong\nassert 'torch' not in sys.modules, 'torch imported'\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
