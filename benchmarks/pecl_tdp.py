@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--dim", type=int, default=768, help="embedding width (GPT-2 small: 768)")
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--compile", action="store_true", help="also time a torch.compile-fused TDP step")
     args = parser.parse_args()
     device = args.device
     torch.manual_seed(0)
@@ -57,8 +58,24 @@ def main() -> None:
 
     plain = _time(forward, device, args.repeats)
     noisy = _time(private, device, args.repeats)
-    print(json.dumps({"device": device, "batch": [64, 128], "dim": args.dim, "embedding_forward_s": plain,
-                      "embedding_plus_tdp_s": noisy, "ratio": noisy / plain}))
+    result = {"device": device, "batch": [64, 128], "dim": args.dim, "embedding_forward_s": plain,
+              "embedding_plus_tdp_s": noisy, "ratio": noisy / plain}
+    if args.compile:
+        # The same arithmetic fused by torch.compile (global RNG: inductor does not take a Generator argument).
+        table, grid, clip = tdp.sigma_table, tdp.grid, tdp.clip_norm
+
+        def step(ids_, scores_):
+            emb = embedding(ids_)
+            index = torch.ceil(scores_.clamp(0.0, 1.0) * grid).long().clamp(0, grid)
+            sigma = table[index].unsqueeze(-1)
+            scale = torch.clamp(clip / torch.linalg.vector_norm(emb, dim=-1, keepdim=True).clamp_min(1e-12), max=1.0)
+            return emb * scale + torch.randn_like(emb) * sigma
+
+        fused = torch.compile(step)
+        with torch.no_grad():
+            result["embedding_plus_tdp_compiled_s"] = _time(lambda: fused(ids, scores), device, args.repeats)
+        result["ratio_compiled"] = result["embedding_plus_tdp_compiled_s"] / plain
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

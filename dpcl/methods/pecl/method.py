@@ -18,7 +18,7 @@ and private).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 import torch
@@ -48,6 +48,8 @@ def _texts(features: Any) -> list[str]:
 
 class PeCLMethod(ContinualMethod):
     name = "pecl"
+    #: The runner must pass ``TrainingData.texts`` and evaluate on test texts (not encoder features).
+    needs_texts: ClassVar[bool] = True
 
     def __init__(self, setup: MethodSetup) -> None:
         super().__init__(setup)
