@@ -570,7 +570,7 @@ class PeCLSpec:
                 f"[method] epsilon_upper = {upper:g} exceeds the per-release budget [privacy] epsilon = "
                 f"{float(budget):g}; lower epsilon_upper or raise [privacy] epsilon."
             )
-        notes = [] if task_index > 0 else [
+        notes = [
             f"per-token guarantee (worst token, score 0): epsilon={summary['epsilon']:.6g} at delta={delta:.3g}, "
             f"replace-one, sensitivity 2C={summary['sensitivity']:.6g}, sigma_min={sigma_min:.6g}, "
             f"{v['epochs']} perturbation(s) per token.",
@@ -588,7 +588,7 @@ class PeCLSpec:
                 f"calibration='paper': the paper claims eps_i in [{lower:g}, {upper:g}] per release; the true "
                 f"per-token epsilon of its sigma_i at sensitivity 2C is {summary['epsilon']:.6g}."
             )
-        if task_index == 0:  # the same for every task: stated once
+        if task_index == 0:  # the paper's Remark 1 discussion is the same for every task: stated once
             notes.extend(summary["sequence"]["notes"])
         return TaskPlan(
             events=(token_event(sigma_min, v["clip_norm"], v["epochs"]),),
