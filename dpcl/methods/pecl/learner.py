@@ -165,8 +165,10 @@ class ContinualLM:
         )
         self.adapter = "task_0"
         peft_lm = get_peft_model(lm, self.lora_config, adapter_name=self.adapter)
+        rng_state = torch.random.get_rng_state()  # seed the head without touching the caller's global RNG
         torch.manual_seed(self.seed + 2)
         self.model = LMClassifier(peft_lm, config.n_embd, self.n_labels).to(self.device)
+        torch.random.set_rng_state(rng_state)
         self.embedding = lm.get_input_embeddings()
         self.seen = np.zeros(self.n_labels, dtype=bool)
         self.tasks_fitted = 0
