@@ -85,7 +85,8 @@ class MethodSetup:
     ``label_space`` is the sorted union of every task's public output labels
     (``O^prior`` under ``prior_const``, the union of the ``O_t^prior`` under
     ``prior``); ``input_dim`` the feature dimension of the (public, frozen)
-    encoder. ``device`` is a torch device string ("cpu" or "cuda").
+    encoder, or 0 when the stream gives raw texts (methods that can fine-tune an
+    encoder read ``TrainingData.texts``; the others refuse). ``device`` is a torch device string ("cpu" or "cuda").
     """
 
     method: Mapping[str, Any]
@@ -98,8 +99,8 @@ class MethodSetup:
     def __post_init__(self) -> None:
         if not self.label_space:
             raise InvalidParameterError("label_space must list at least one public label.")
-        if int(self.input_dim) < 1:
-            raise InvalidParameterError(f"input_dim must be >= 1, got {self.input_dim}.")
+        if int(self.input_dim) < 0:
+            raise InvalidParameterError(f"input_dim must be >= 0 (0: raw-text inputs), got {self.input_dim}.")
 
 
 class ContinualMethod(ABC):

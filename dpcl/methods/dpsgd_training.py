@@ -139,7 +139,7 @@ def seeded_adapter(
 
 def train_classifier(
     model: nn.Module,
-    features: torch.Tensor,
+    features: "torch.Tensor | tuple[torch.Tensor, ...]",
     targets: torch.Tensor,
     schedule: SgdSchedule,
     *,
@@ -149,11 +149,14 @@ def train_classifier(
 ) -> None:
     """Train ``model`` in place with cross-entropy for ``schedule.steps`` Poisson-sampled steps.
 
+    ``features`` is one tensor [n, ...] or a tuple of them (e.g. token ids and
+    attention mask), indexed by example and passed to ``model`` positionally.
     Private schedules use opacus per-example gradients, clipping and Gaussian
     noise (seeded by ``generator``); non-private ones plain Adam on the same batches.
     """
-    n = int(features.shape[0])
-    device = features.device
+    inputs = features if isinstance(features, tuple) else (features,)
+    n = int(inputs[0].shape[0])
+    device = inputs[0].device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=learning_rate)
     train_model: nn.Module = model
@@ -180,7 +183,7 @@ def train_classifier(
             batch = torch.zeros(0, dtype=torch.long, device=device)
         optimizer.zero_grad(set_to_none=True)
         if schedule.private or batch.numel():
-            logits = train_model(features[batch])
+            logits = train_model(*(x[batch] for x in inputs))
             loss = loss_fn(logits, targets[batch])
             if not schedule.private:
                 loss = loss / max(batch.numel(), 1)

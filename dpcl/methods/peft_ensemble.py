@@ -18,6 +18,10 @@ one of three aggregation rules over the labels released so far:
   model ``l`` does not predict). We implement the rule as the paper describes
   it; we could not check Zhao et al.'s equation itself.
 
+Raw-text streams (no features, ``input_dim = 0``): each member is a LoRA
+adapter on the pre-trained MiniLM encoder plus a head
+(:mod:`dpcl.methods.lora_text`, ``adapter_dim`` = LoRA rank), trained the same way.
+
 An empty task still trains its model with noise-only DP-SGD steps from its
 data-independent initialisation, so every release is a proper classifier
 (Prop. F.1).
@@ -102,6 +106,39 @@ class PeftEnsemble(ContinualMethod):
         self.generator = torch.Generator(device=self.device).manual_seed(int(setup.seed))
         self.models: list[AdapterClassifier] = []
         self.model_labels: list[tuple[int, ...]] = []
+        #: raw-text mode (input_dim 0): members are LoRA adapters on MiniLM (dpcl.methods.lora_text)
+        self.text_mode = int(setup.input_dim) == 0
+        self.text_members: list[dict[str, Any]] = []
+        self._text_encoder: Any = None
+
+    def _encoder(self) -> Any:
+        if self._text_encoder is None:
+            from dpcl.methods.lora_text import LoraTextEncoder
+
+            self._text_encoder = LoraTextEncoder(self.adapter_dim).to(self.device)
+        return self._text_encoder
+
+    def _fit_text_member(self, data: TrainingData, targets: np.ndarray, n_outputs: int, schedule: Any,
+                         progress: ProgressCallback | None) -> None:
+        from dpcl.methods.lora_text import TextMember, tokenize
+
+        if data.texts is None:
+            raise InvalidParameterError("text mode needs the raw texts of the task (TrainingData.texts).")
+        encoder = self._encoder()
+        encoder.reset_adapter(int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=self.device)))
+        member = TextMember(encoder, n_outputs).to(self.device)
+        train_classifier(
+            member,
+            tokenize(data.texts, self.device),
+            torch.as_tensor(targets, dtype=torch.long, device=self.device),
+            schedule,
+            learning_rate=self.learning_rate,
+            generator=self.generator,
+            progress=progress,
+        )
+        self.text_members.append(
+            {"adapter": encoder.adapter_state(), "head": {k: v.detach().cpu().clone() for k, v in member.head.state_dict().items()}}
+        )
 
     def _new_model(self, n_outputs: int) -> AdapterClassifier:
         return seeded_adapter(int(self.setup.input_dim), n_outputs, self.adapter_dim, self.generator, self.device)
@@ -127,6 +164,12 @@ class PeftEnsemble(ContinualMethod):
         schedule = schedule_from_plan(plan, self.setup.method, len(data))
         order = np.argsort(task_labels)
         targets = order[np.searchsorted(task_labels[order], labels)]
+        if self.text_mode:
+            self._fit_text_member(data, targets, task_labels.size, schedule, progress)
+            self.model_labels.append(tuple(int(o) for o in task_labels))
+            self.mark_released(output_labels)
+            self.tasks_fitted += 1
+            return
         model = self._new_model(task_labels.size)
         train_classifier(
             model,
@@ -143,9 +186,25 @@ class PeftEnsemble(ContinualMethod):
         self.tasks_fitted += 1
 
     def member_logits(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Logits [m, n, L] of every ensemble member over the label space, and masks [m, L] of their labels."""
-        x = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
+        """Logits [m, n, L] of every ensemble member over the label space, and masks [m, L] of their labels.
+
+        In text mode ``features`` is a 1-D array of texts.
+        """
         n_labels = len(self.label_space)
+        if self.text_mode:
+            from dpcl.methods.lora_text import pooled_features, tokenize
+
+            inputs = tokenize(np.asarray(features, dtype=object).ravel(), self.device)
+            logits = np.zeros((len(self.text_members), inputs[0].shape[0], n_labels))
+            masks = np.zeros((len(self.text_members), n_labels), dtype=bool)
+            for i, (member, labels) in enumerate(zip(self.text_members, self.model_labels)):
+                pooled = pooled_features(self._encoder(), member["adapter"], inputs)
+                weight, bias = member["head"]["weight"].to(self.device), member["head"]["bias"].to(self.device)
+                positions = self.label_positions(labels)
+                logits[i][:, positions] = (pooled @ weight.T + bias).double().cpu().numpy()
+                masks[i, positions] = True
+            return logits, masks
+        x = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
         logits = np.zeros((len(self.models), x.shape[0], n_labels))
         masks = np.zeros((len(self.models), n_labels), dtype=bool)
         with torch.no_grad():
@@ -165,6 +224,7 @@ class PeftEnsemble(ContinualMethod):
             "label_space": list(self.label_space),
             "adapter_dim": self.adapter_dim,
             "models": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in self.models],
+            "text_members": list(self.text_members),
             "model_labels": [list(labels) for labels in self.model_labels],
             "generator_state": self.generator.get_state(),
         }
@@ -174,7 +234,10 @@ class PeftEnsemble(ContinualMethod):
             raise InvalidParameterError("checkpoint was written for another label space or adapter size.")
         self._load_base_state(state)
         self.models, self.model_labels = [], []
-        for weights, labels in zip(state["models"], state["model_labels"]):
+        self.text_members = [dict(m) for m in state.get("text_members", [])]
+        if self.text_mode:
+            self.model_labels = [tuple(int(o) for o in labels) for labels in state["model_labels"]]
+        for weights, labels in zip(state["models"], [] if self.text_mode else state["model_labels"]):
             model = AdapterClassifier(int(self.setup.input_dim), len(labels), self.adapter_dim).to(self.device)
             model.load_state_dict(weights)
             model.eval()

@@ -176,7 +176,8 @@ class _PreparedTask:
     unit_ids: np.ndarray
     output_labels: tuple[int, ...]
     filtered_out: int
-    test_features: np.ndarray
+    texts: tuple[str, ...] | None
+    test_features: np.ndarray  # features, or texts (object array) for raw-text streams
     test_labels: np.ndarray
 
 
@@ -185,11 +186,9 @@ def _prepare_tasks(stream: Any, label_sets: Sequence[tuple[int, ...]]) -> tuple[
 
     prepared, reports = [], []
     for task, output in zip(stream, label_sets):
-        if task.train.features is None:
-            raise ConfigError(
-                f"[stream] dataset {stream.dataset_name!r} gives raw texts without features; the methods of "
-                "Tobaben et al. need encoder features (use dataset = 'fortunes', which embeds with MiniLM)."
-            )
+        text_only = task.train.features is None
+        if text_only and (task.train.texts is None or task.test.texts is None):
+            raise ConfigError(f"[stream] dataset {stream.dataset_name!r} gives neither features nor texts.")
         mask, report = filter_task(task.train.labels, output, task.index)
         reports.append(report)
         if len(task.test) == 0:
@@ -197,12 +196,21 @@ def _prepare_tasks(stream: Any, label_sets: Sequence[tuple[int, ...]]) -> tuple[
         prepared.append(
             _PreparedTask(
                 index=task.index,
-                features=np.asarray(task.train.features[mask], dtype=np.float32),
+                features=(
+                    np.zeros((int(mask.sum()), 0), dtype=np.float32)
+                    if text_only
+                    else np.asarray(task.train.features[mask], dtype=np.float32)
+                ),
                 labels=np.asarray(task.train.labels[mask], dtype=np.int64),
                 unit_ids=np.asarray(task.train.unit_ids[mask]),
                 output_labels=tuple(int(o) for o in output),
                 filtered_out=report.filtered,
-                test_features=np.asarray(task.test.features, dtype=np.float32),
+                texts=None if task.train.texts is None else tuple(str(x) for x in task.train.texts[mask]),
+                test_features=(
+                    np.asarray(task.test.texts, dtype=object)
+                    if text_only
+                    else np.asarray(task.test.features, dtype=np.float32)
+                ),
                 test_labels=np.asarray(task.test.labels, dtype=np.int64),
             )
         )
@@ -218,6 +226,7 @@ def _release_data(prepared: Sequence[_PreparedTask], t: int, reuses_past_tasks: 
         features=np.concatenate([p.features for p in parts]),
         labels=np.concatenate([p.labels for p in parts]),
         unit_ids=np.concatenate([p.unit_ids for p in parts]),
+        texts=None if any(p.texts is None for p in parts) else tuple(t for p in parts for t in p.texts),
     )
     outputs = tuple(sorted({o for p in parts for o in p.output_labels}))
     return data, outputs, [p.index for p in parts]

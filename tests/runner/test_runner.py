@@ -201,3 +201,18 @@ def test_label_space_data_error_is_a_label_space_violation_type(tmp_path):
     with pytest.raises(PrivacyViolationError) as info:
         run_training(config, tmp_path / "out", quiet=True)
     assert not isinstance(info.value, LabelSpaceViolationError) or info.value.exit_code == 3
+
+
+@pytest.mark.thorough
+def test_raw_text_stream_trains_lora_members_and_certifies(tmp_path):
+    """fortunes_texts (no features): PEFT Ensemble members are LoRA adapters on MiniLM; certificates verify."""
+    config = write_config(tmp_path, "peft_ensemble", epsilon=8.0, label_space="prior", tasks="[[0, 1], [2, 3]]")
+    text = config.read_text().replace(
+        'dataset = "digits"',
+        'dataset = "fortunes_texts"\ndataset_options = {categories = ["food", "law", "science", "work"], '
+        "max_per_class = 20}",
+    ).replace("batch_size = 64", "batch_size = 8")
+    config.write_text(text)
+    result = run_training(config, tmp_path / "out", quiet=True)
+    assert result.complete and _verified(result)
+    assert np.isfinite(result.metrics["average_accuracy"])

