@@ -231,3 +231,18 @@ def test_dpcl_run_certifies_every_release_and_verify_accepts(tmp_path):
     last = json.loads(certs[-1].read_text())
     assert last["guarantee"]["epsilon"] <= 4.0 + 1e-9  # parallel over disjoint tasks: the budget is not exceeded
     assert any("Lifelong DP" in note for note in last["extra"]["plan_notes"])
+
+
+def test_noise_is_laplace_at_the_stated_scale_and_independent_across_batches():
+    from dpcl.methods.l2dpml import _symmetric_laplace
+
+    scale = 3.0
+    draws = _symmetric_laplace(np.random.default_rng(0), scale, 4000, 3).numpy()
+    upper = draws[:, np.triu_indices(3)[0], np.triu_indices(3)[1]]  # [batches, 6]
+    np.testing.assert_allclose(draws, np.transpose(draws, (0, 2, 1)))  # symmetric: one draw per released entry
+    # Laplace(b): E|X| = b, Var = 2 b^2 (4000 x 6 draws: relative standard error < 1%)
+    assert np.mean(np.abs(upper)) == pytest.approx(scale, rel=0.03)
+    assert np.var(upper) == pytest.approx(2 * scale**2, rel=0.06)
+    # batches get independent draws (Alg. 2's single shared draw would give correlation 1)
+    corr = np.corrcoef(upper[0::2, 0], upper[1::2, 0])[0, 1]
+    assert abs(corr) < 0.06
