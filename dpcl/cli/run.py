@@ -77,9 +77,17 @@ def print_summary(result: Any) -> None:
     console.print(f"run directory: {result.out_dir} (metrics.json, accuracy.png, ledger.json, checkpoints/)")
 
 
+def quiet_accounting_logs() -> None:
+    """Hide dp-accounting's RDP convergence warnings (orders it excludes; the bound stays sound) from the CLI."""
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
+
 def run_command(args: argparse.Namespace) -> int:
     from dpcl.runner import run_training
 
+    quiet_accounting_logs()
     result = run_training(args.config, args.out, seed=args.seed, device=args.device, quiet=args.quiet or args.json)
     if args.json:
         print_json(
