@@ -246,3 +246,19 @@ def test_noise_is_laplace_at_the_stated_scale_and_independent_across_batches():
     # batches get independent draws (Alg. 2's single shared draw would give correlation 1)
     corr = np.corrcoef(upper[0::2, 0], upper[1::2, 0])[0, 1]
     assert abs(corr) < 0.06
+
+
+def test_heterogeneous_task_sizes_get_their_own_fixed_batches(stream):
+    m = _method({**METHOD, "memory_batches_per_task": 2})
+    sizes = [50, 288, 120]
+    for t, (task, n) in enumerate(zip(stream.tasks, sizes)):
+        data = TrainingData(task.train.features[:n], task.train.labels[:n], task.train.unit_ids[:n])
+        plan = L2DPML_SPEC.plan_task({**METHOD, "memory_batches_per_task": 2}, PRIVACY, n, t)
+        assert plan.noise["n_batches"] == -(-n // METHOD["batch_size"])
+        m.fit_task(t, data, task.labels, plan)
+        partition = next(p for p in m.certificate_extra(t)["l2dpml"]["preconditions"]
+                         if p["name"] == "fixed_disjoint_batches")
+        assert partition["met"]
+    # 1 batch from the 50-example task, 2 from each larger one
+    assert [e["task"] for e in m.memory] == [0, 1, 1, 2, 2]
+    assert all(len(e["units"]) <= METHOD["batch_size"] for e in m.memory)
