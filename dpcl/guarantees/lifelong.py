@@ -646,6 +646,10 @@ class L2DPMLSpec:
                 f"Lifelong DP (Lai et al., Thm 2, re-derived): epsilon = epsilon1 + epsilon2 = {e1:.6g} + {e2:.6g} "
                 f"= {e1 + e2:.6g}, delta = 0, replace-one, per {unit}, for all releases of the stream "
                 f"together (tasks disjoint: parallel composition); this task's examples: {task_epsilon:.6g}.",
+                f"Thm 2 terms as certified: epsilon1 = {e1:.6g}, epsilon1/gamma_x = 0 (noisy inputs are never "
+                f"released), epsilon1/gamma = 0 (noisy hidden features are never released), epsilon2 = {e2:.6g}; "
+                "the paper's values of the two gamma terms, the preconditions and whether this run met them are in "
+                "the method's per-release report (checkpoint state 'reports').",
                 *(() if n else ("empty task: no data is read, no event is charged (a proper classifier is still "
                                "released)",)),
             ),
