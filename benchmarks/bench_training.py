@@ -395,8 +395,8 @@ def render(
         f"n_embd {tdp['n_embd']}, LoRA rank {tdp['lora_rank']}) on a batch of {tdp['batch_size']} fortunes "
         f"({tdp['tokens']} tokens, max length {tdp['max_seq_len']}); median of {tdp['repeats']} steps per variant, "
         "variants interleaved in rotating order. PeCL scores every token once per task and perturbs it once per epoch "
-        f"({tdp['epochs']} epochs), so its amortised step adds the noise every step and the scoring once per "
-        "epochs.",
+        f"({tdp['epochs']} epochs), so its amortised step is the noisy step plus the scoring cost divided by "
+        "the number of epochs.",
         "",
         "| step | ms | vs clean step |",
         "| --- | ---: | ---: |",
@@ -421,10 +421,19 @@ def results_section(quick: bool = False, methods: Sequence[str] = METHODS, threa
     """
     import torch
 
-    if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be an integer >= 1 or None, got {threads!r}")
-        torch.set_num_threads(threads)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be an integer >= 1 or None, got {threads!r}")
+    previous_threads = torch.get_num_threads()
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return _measure(quick, methods)
+    finally:
+        torch.set_num_threads(previous_threads)  # the caller's process keeps its own setting
+
+
+def _measure(quick: bool, methods: Sequence[str]) -> str:
+    import torch
 
     # dp-accounting's RDP logs a warning per non-converging order, transformers and torch warn about
     # deprecations: none of it concerns what is measured here.
