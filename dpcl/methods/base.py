@@ -62,7 +62,7 @@ class TrainingData:
     features: np.ndarray
     labels: np.ndarray
     unit_ids: np.ndarray
-    texts: tuple[str, ...] | None = None
+    texts: "tuple[str, ...] | np.ndarray | None" = None
 
     def __post_init__(self) -> None:
         n = len(self.labels)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,7 +177,7 @@ class _PreparedTask:
     unit_ids: np.ndarray
     output_labels: tuple[int, ...]
     filtered_out: int
-    texts: tuple[str, ...] | None
+    texts: np.ndarray | None
     test_features: np.ndarray  # features, or texts (object array) for raw-text streams
     test_labels: np.ndarray
 
@@ -205,7 +206,7 @@ def _prepare_tasks(stream: Any, label_sets: Sequence[tuple[int, ...]]) -> tuple[
                 unit_ids=np.asarray(task.train.unit_ids[mask]),
                 output_labels=tuple(int(o) for o in output),
                 filtered_out=report.filtered,
-                texts=None if task.train.texts is None else tuple(str(x) for x in task.train.texts[mask]),
+                texts=None if task.train.texts is None else np.asarray(task.train.texts[mask], dtype=object),
                 test_features=(
                     np.asarray(task.test.texts, dtype=object)
                     if text_only
@@ -226,7 +227,7 @@ def _release_data(prepared: Sequence[_PreparedTask], t: int, reuses_past_tasks: 
         features=np.concatenate([p.features for p in parts]),
         labels=np.concatenate([p.labels for p in parts]),
         unit_ids=np.concatenate([p.unit_ids for p in parts]),
-        texts=None if any(p.texts is None for p in parts) else tuple(t for p in parts for t in p.texts),
+        texts=None if any(p.texts is None for p in parts) else np.concatenate([p.texts for p in parts]),
     )
     outputs = tuple(sorted({o for p in parts for o in p.output_labels}))
     return data, outputs, [p.index for p in parts]
@@ -237,8 +238,6 @@ def _config_digest(path: Path) -> str:
 
 
 def _non_private_statement(path: Path, *, task: int, method: str, checkpoint: Path, config: Mapping[str, Any]) -> None:
-    import os
-
     write_json_atomic(
         path,
         {
