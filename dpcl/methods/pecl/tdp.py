@@ -78,14 +78,30 @@ class TokenDP:
     ) -> torch.Tensor:
         """``clip(e, C) + N(0, sigma^2 I)`` for every token; records the release when indices are given."""
         index = self.grid_index(scores)
-        sigma = self.sigma_table[index].to(embeddings.dtype).unsqueeze(-1)
-        scale = torch.clamp(self.clip_norm / torch.linalg.vector_norm(embeddings, dim=-1, keepdim=True).clamp_min(1e-12),
-                            max=1.0)
-        out = torch.randn(embeddings.shape, generator=generator, device=embeddings.device, dtype=embeddings.dtype)
-        out.mul_(sigma).addcmul_(embeddings, scale)  # N(0, sigma^2) + clip(e, C), in place
+        out = self.perturb_with_sigmas(embeddings, self.sigma_table[index], generator)
         if example_index is not None:
             self._record(index, mask, example_index, n_examples)
         return out
+
+    def perturb_with_sigmas(
+        self, embeddings: torch.Tensor, sigmas: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """The noise step alone, with per-token ``sigmas [B, L]`` looked up beforehand (:meth:`sigmas`).
+
+        Scores are fixed for a task, so training looks the sigmas up once per
+        task and records the releases with :meth:`record_epoch`.
+        """
+        sigma = sigmas.to(embeddings.dtype).unsqueeze(-1)
+        scale = torch.clamp(self.clip_norm / torch.linalg.vector_norm(embeddings, dim=-1, keepdim=True).clamp_min(1e-12),
+                            max=1.0)
+        out = torch.randn(embeddings.shape, generator=generator, device=embeddings.device, dtype=embeddings.dtype)
+        return out.mul_(sigma).addcmul_(embeddings, scale)  # N(0, sigma^2) + clip(e, C), in place
+
+    @torch.no_grad()
+    def record_epoch(self, scores: torch.Tensor, mask: torch.Tensor) -> None:
+        """Record one perturbation of every token of a task's ``[n, L]`` sequences (one epoch)."""
+        n = scores.shape[0]
+        self._record(self.grid_index(scores), mask, torch.arange(n, device=scores.device), n)
 
     @torch.no_grad()
     def _record(self, index: torch.Tensor, mask: torch.Tensor, example_index: torch.Tensor, n_examples: int | None) -> None:
