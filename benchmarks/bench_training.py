@@ -17,9 +17,8 @@ Measured here, nothing copied in by hand:
 
 1. **Training throughput** of each method dpcl can build (``cosine``,
    ``peft_ensemble``, ``naive``, ``non_cl``, ``l2dpml``, ``pecl``): the method is
-   built from its bundled config (``dpcl/configs/<name>.toml``; ``l2dpml`` has
-   none, so the cosine digits config with ``name = "l2dpml"`` and
-   ``adjacency = "replace_one"``, which its plan requires), every task is planned
+   built from its bundled config (``dpcl/configs/<name>.toml``,
+   ``l2dpml_split_digits.toml`` for ``l2dpml``), every task is planned
    with the method's own :class:`~dpcl.guarantees.method_schema.MethodSpec`
    (the plan ``dpcl run`` trains with) and ``fit_task`` is timed on the
    label-filtered task data (median of ``METHOD_REPEATS`` runs of the whole
@@ -126,17 +125,15 @@ class MethodThroughput:
         return self.examples_per_second * self.epochs
 
 
+#: Bundled config of methods whose config is not named ``<method>.toml``.
+CONFIG_FILES = {"l2dpml": "l2dpml_split_digits.toml"}
+
+
 def _config_text(method: str) -> tuple[str, str]:
     """(config TOML text, where it comes from) for ``method``."""
-    bundled = CONFIGS / f"{method}.toml"
+    bundled = CONFIGS / CONFIG_FILES.get(method, f"{method}.toml")
     if bundled.exists():
-        return bundled.read_text(), f"dpcl/configs/{method}.toml"
-    if method == "l2dpml":
-        text = (CONFIGS / "cosine.toml").read_text()
-        text = text.replace('name = "cosine"', 'name = "l2dpml"').replace(
-            'adjacency = "add_remove"', 'adjacency = "replace_one"'
-        )
-        return text, 'dpcl/configs/cosine.toml with name = "l2dpml", adjacency = "replace_one"'
+        return bundled.read_text(), f"dpcl/configs/{bundled.name}"
     raise FileNotFoundError(f"no config for method {method!r}")
 
 
@@ -150,15 +147,15 @@ def _task_data(stream: Any, label_sets: Sequence[Sequence[int]], t: int, reuses_
         mask, _ = filter_task(task.train.labels, label_sets[task.index], task.index)
         train = task.train
         n = int(mask.sum())
-        # Text-only streams (PeCL) carry no encoder features; the method reads the texts.
+        # Raw-text streams (PeCL) carry no encoder features: [n, 0] features, the method reads the texts.
         features = (
             np.asarray(train.features[mask], dtype=np.float32)
             if train.features is not None
-            else np.zeros((n, 1), dtype=np.float32)
+            else np.zeros((n, 0), dtype=np.float32)
         )
-        texts = None if train.texts is None else tuple(str(x) for x in np.asarray(train.texts)[mask])
+        texts = None if train.texts is None else np.asarray(train.texts[mask], dtype=object)
         parts.append((features, np.asarray(train.labels[mask], dtype=np.int64), np.asarray(train.unit_ids[mask]), texts))
-    texts = None if any(p[3] is None for p in parts) else tuple(x for p in parts for x in p[3])
+    texts = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
     data = TrainingData(
         features=np.concatenate([p[0] for p in parts]),
         labels=np.concatenate([p[1] for p in parts]),
@@ -188,7 +185,7 @@ def bench_method(method: str, max_tasks: int | None, seed: int = 0) -> MethodThr
         for s in output_label_sets(config.stream["label_space"], config.stream["prior_labels"], len(stream))
     ]
     first = list(stream)[0].train
-    input_dim = 1 if first.features is None else int(first.features.shape[1])
+    input_dim = 0 if first.features is None else int(first.features.shape[1])  # 0: raw-text inputs
     setup = MethodSetup(
         method=config.method,
         privacy=config.privacy,
@@ -367,7 +364,8 @@ def render(
         "Each method is built from its config and trained task by task with the plan `dpcl run` uses. "
         "`examples/s` = examples of the data each release reads / wall-clock seconds of `fit_task` "
         "(Non-CL retrains on the union of the tasks so far, so it reads more examples per release); "
-        "`example-epochs/s` multiplies by the config's epochs; each stream is trained from scratch "
+        "`example-epochs/s` multiplies by the config's epochs (L2DP-ML's epochs run on its released noisy "
+        "polynomial coefficients, not on the examples); each stream is trained from scratch "
         f"{repeats} time(s) and the run with the median fit time is shown. `build s` is the method's construction "
         "(PeCL pre-trains its language model on public text there), timed on the first run. Ratios are against "
         "the DP Cosine Classifier.",
