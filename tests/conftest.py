@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import os
 
+# One intra-op thread per test process: `pytest -n 2` already runs two workers on
+# two cores, and torch's thread hand-offs make small tensor operations far slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 import pytest
 from hypothesis import HealthCheck, settings
 
