@@ -103,10 +103,11 @@ def print_demo_run(console: Any, demo: dict[str, Any]) -> None:
     console.print(table)
     check = demo["verification"]
     console.print(f"Final average accuracy (AA, 10 classes, chance 0.1): {demo['average_accuracy']:.3f}")
-    console.print(f"Certificates (one per release): {demo['certificates']}")
+    # soft_wrap: paths stay on one line, so they can be copied
+    console.print(f"Certificates (one per release): {demo['certificates']}", soft_wrap=True)
     console.print(
         f"Verified the last certificate: ε recomputed from its events = {check['recomputed_epsilon']:.6g} "
         f"(stated {check['stated_epsilon']:.6g}), checkpoint hash matches: "
         + ("[bold green]valid[/]" if check["valid"] else "[bold red]INVALID[/]")
     )
-    console.print(f"Check it yourself: dpcl verify {demo['releases'][-1]['certificate']}")
+    console.print(f"Check it yourself: dpcl verify {demo['releases'][-1]['certificate']}", soft_wrap=True)

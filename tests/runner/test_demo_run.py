@@ -37,3 +37,25 @@ def test_demo_run_certifies_every_release_and_prints_where_they_are(tmp_path):
     assert "cumulative ε" in text and demo["certificates"] in text and "valid" in text
     # the config written next to the run is the bundled one, runnable with `dpcl run`
     assert (tmp_path / "demo" / "demo.toml").read_text() == DEMO_CONFIG
+
+
+def test_dpcl_demo_prints_the_certified_run_then_the_walkthrough(tmp_path, capsys):
+    from dpcl.cli import main
+
+    code = main(["demo", "--out", str(tmp_path / "demo")])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    for text in ("certified continual-learning run", "cumulative ε", "Verified the last certificate", "valid",
+                 str(tmp_path / "demo" / "run" / "certificates"), "Calibrating a Gaussian"):
+        assert text in out, text
+    assert out.index("cumulative ε") < out.index("Calibrating a Gaussian")
+
+
+def test_dpcl_demo_json_adds_the_run_to_the_walkthrough(tmp_path, capsys):
+    from dpcl.cli import main
+
+    code = main(["demo", "--out", str(tmp_path / "demo"), "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert {"gaussian_calibration", "dpsgd", "token_calibration", "run"} <= set(payload)
+    assert payload["run"]["verification"]["valid"] and len(payload["run"]["releases"]) == 5
