@@ -17,6 +17,7 @@ a GPU (``--device cuda``); the feature-based adapter of
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -48,13 +49,23 @@ class LoraTextEncoder(nn.Module):
         super().__init__()
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModel
+        from transformers.utils import logging as hf_logging
 
-        base = AutoModel.from_pretrained(_encoder_path())
+        bars_were_off = hf_logging.is_progress_bar_enabled() is False
+        hf_logging.disable_progress_bar()  # loading a local file needs no progress bar on stderr
+        try:
+            base = AutoModel.from_pretrained(_encoder_path())
+        finally:
+            if not bars_were_off:
+                hf_logging.enable_progress_bar()
         for parameter in base.parameters():
             parameter.requires_grad_(False)
         rank = max(int(rank), 1)
         config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS))
-        self.encoder = get_peft_model(base, config)
+        with warnings.catch_warnings():
+            # peft asks transformers a deprecated gradient-checkpointing question; nothing to act on here
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            self.encoder = get_peft_model(base, config)
         self.hidden_size = int(base.config.hidden_size)
 
     def reset_adapter(self, seed: int) -> None:
