@@ -25,6 +25,7 @@ import numpy as np
 
 from dpcl.cli.numbers import computed, parse_count, parse_delta, parse_positive, parse_sample_rate
 from dpcl.cli.output import add_json_flag, emit
+from dpcl.errors import InvalidParameterError
 
 
 def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
@@ -89,7 +90,11 @@ def calibrate_gaussian_payload(epsilon: float, delta: float, sensitivity: float)
 
     inputs = f"--epsilon {epsilon!r}, --delta {delta!r}, --sensitivity {sensitivity!r}"
     with np.errstate(all="ignore"):  # extreme inputs: the result is checked below instead of warned about
-        sigma = computed("sigma", gaussian_sigma(epsilon, delta, sensitivity=sensitivity), inputs)
+        try:
+            raw_sigma = gaussian_sigma(epsilon, delta, sensitivity=sensitivity)
+        except InvalidParameterError as exc:  # no finite sigma: say it with the command's option names
+            raise InvalidParameterError(f"sigma cannot be computed for {inputs}: {exc}") from exc
+        sigma = computed("sigma", raw_sigma, inputs)
         classic = classic_gaussian_sigma(epsilon, delta, sensitivity=sensitivity)
         classic_sigma = computed("classic_sigma", classic.sigma, inputs)
         classic_valid = bool(classic.valid)
