@@ -20,7 +20,8 @@ Streams (:class:`TaskStream` of :class:`Task` ``(index, train, test, labels, per
   each task on its own disjoint chunk of the training split.
 * :func:`build_stream` ``(section)`` / :func:`task_sizes` ``(section)`` -- from a ``[stream]`` config
   section whose keys are documented in :data:`STREAM_KEYS` (and ``docs/data.md``);
-  :func:`task_sizes` and :func:`task_train_labels` read labels only, for ``dpcl audit``.
+  :func:`task_sizes`, :func:`task_train_labels` and :func:`task_train_unit_ids` read labels
+  and unit ids only, for ``dpcl audit``.
 
 torch views live in :mod:`dpcl.data.torch_adapter` (``to_tensors``, ``to_tensor_dataset``);
 they are imported on first use of those names.
@@ -50,6 +51,7 @@ from dpcl.data.streams import (
     permuted_stream,
     task_sizes,
     task_train_labels,
+    task_train_unit_ids,
 )
 
 __all__ = [
@@ -77,6 +79,7 @@ __all__ = [
     "stratified_split",
     "task_sizes",
     "task_train_labels",
+    "task_train_unit_ids",
     "to_tensor_dataset",
     "to_tensors",
 ]

@@ -68,6 +68,7 @@ __all__ = [
     "build_stream",
     "task_sizes",
     "task_train_labels",
+    "task_train_unit_ids",
 ]
 
 STREAM_KINDS = ("class_incremental", "blurry", "permuted")
@@ -514,8 +515,10 @@ def build_stream(section: Mapping[str, Any]) -> TaskStream:
         raise _as_config_error(exc) from exc
 
 
-def _section_plans(stream_section: Mapping[str, Any]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-    """Labels of the training split and the index plans of a section (labels only, no features)."""
+def _section_plans(
+    stream_section: Mapping[str, Any],
+) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Labels and unit ids of the training split and the index plans of a section (no features)."""
     from dpcl.data.registry import dataset_labels  # noqa: PLC0415
 
     parsed = parse_stream_section(stream_section)
@@ -539,7 +542,7 @@ def _section_plans(stream_section: Mapping[str, Any]) -> tuple[np.ndarray, list[
         raise
     except InvalidParameterError as exc:
         raise _as_config_error(exc) from exc
-    return train_labels, plans
+    return train_labels, unit_ids[train_idx], plans
 
 
 def task_sizes(stream_section: Mapping[str, Any]) -> list[int]:
@@ -548,7 +551,7 @@ def task_sizes(stream_section: Mapping[str, Any]) -> list[int]:
     Reads labels only (no features, no encoder, no torch) and runs the same index
     plan as :func:`build_stream`, so the sizes are those the run trains on.
     """
-    _, plans = _section_plans(stream_section)
+    _, _, plans = _section_plans(stream_section)
     return [int(p[0].size) for p in plans]
 
 
@@ -558,5 +561,17 @@ def task_train_labels(stream_section: Mapping[str, Any]) -> list[np.ndarray]:
     Labels only (no features, no torch): what ``dpcl audit`` needs to count the examples a
     public label set keeps (``label_space = "prior"``/``"prior_const"``) before planning DP-SGD.
     """
-    train_labels, plans = _section_plans(stream_section)
+    train_labels, _, plans = _section_plans(stream_section)
     return [train_labels[p[0]] for p in plans]
+
+
+def task_train_unit_ids(stream_section: Mapping[str, Any]) -> list[np.ndarray]:
+    """Privacy-unit ids of each task's training examples, in the order :func:`build_stream` gives them.
+
+    Runs the same index plan as :func:`build_stream` on labels and unit ids only (no features,
+    no torch), so ``dpcl audit`` can check that a stream declared ``disjoint_units = true``
+    really holds disjoint units (Tobaben et al., Thm 4.4) before anything is trained; equal to
+    :meth:`TaskStream.unit_ids` of the built stream.
+    """
+    _, train_units, plans = _section_plans(stream_section)
+    return [train_units[p[0]] for p in plans]

@@ -18,6 +18,7 @@ from dpcl.data import (
     permuted_stream,
     task_sizes,
     task_train_labels,
+    task_train_unit_ids,
 )
 from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError
 
@@ -230,6 +231,8 @@ def test_task_sizes_match_the_built_stream(section: dict) -> None:
     assert task_sizes(section) == stream.task_sizes()
     labels = task_train_labels(section)
     assert [y.tolist() for y in labels] == [t.train.labels.tolist() for t in stream]
+    units = task_train_unit_ids(section)
+    assert [u.tolist() for u in units] == [u.tolist() for u in stream.unit_ids()]
 
 
 def test_stream_keys_are_documented() -> None:
