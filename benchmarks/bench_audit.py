@@ -2,14 +2,24 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/bench_audit.py            # full run (a few minutes on 2 cores), writes RESULTS_audit.md
-    .venv/bin/python benchmarks/bench_audit.py --quick    # smoke run; prints, writes nothing
+    .venv/bin/python benchmarks/run_all.py                # the whole report, benchmarks/RESULTS.md (this is section 4)
+    .venv/bin/python benchmarks/bench_audit.py            # this section alone (a few minutes on 2 cores); prints it
+    .venv/bin/python benchmarks/bench_audit.py --quick    # smoke run: fewer trials and seeds; prints it
+
+From Python (opacus installs a top-level package named ``benchmarks``, so import
+this file as a module of the ``benchmarks/`` folder, as ``run_all.py`` does)::
+
+    sys.path.insert(0, "benchmarks")
+    import bench_audit
+    results = bench_audit.measure(quick=False)
+    markdown = bench_audit.render(results)
 
 Measured here, nothing copied in by hand:
 
 1. **Speed**: wall-clock of ``audit_sampler`` on a Gaussian with 10^6 and 10^7
    trials per input (sampling included) and of ``audit_scores`` on 10^6 ready
-   scores; median of ``repeats`` runs after one warm-up.
+   scores; median of ``repeats`` runs after one warm-up. Throughput is the
+   number of mechanism outputs audited (both neighbouring inputs) per second.
 2. **Power / tightness**: the lower bound epsilon_hat reached as a fraction of
    the mechanism's true epsilon (exact Gaussian profile, Balle & Wang 2018
    Thm 8, via ``dpcl.accounting.gaussian``; Laplace: sensitivity / scale), for
@@ -27,7 +37,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -41,7 +50,6 @@ from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_sigma  # n
 from dpcl.audit.blackbox import audit_sampler, audit_scores  # noqa: E402
 from dpcl.audit.mechanisms import GaussianMechanism, LaplaceMechanism, audit_mechanism  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "RESULTS_audit.md"
 
 
 def _median_time(fn: Callable[[], Any], repeats: int) -> float:
@@ -54,19 +62,20 @@ def _median_time(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def bench_speed(quick: bool) -> list[tuple[str, float]]:
+def bench_speed(quick: bool) -> list[tuple[str, int, float]]:
+    """(what, mechanism outputs audited over both inputs, median seconds) per auditor call."""
     sample_0 = lambda n, rng: rng.normal(0.0, 1.0, n)  # noqa: E731
     sample_1 = lambda n, rng: rng.normal(1.0, 1.0, n)  # noqa: E731
     rng = np.random.default_rng(0)
     s0, s1 = rng.normal(0, 1, 10**6), rng.normal(1, 1, 10**6)
     rows = [
-        ("audit_sampler, Gaussian, 10^6 trials per input (sampling included)",
+        ("audit_sampler, Gaussian, 10^6 trials per input (sampling included)", 2 * 10**6,
          _median_time(lambda: audit_sampler(sample_0, sample_1, 10**6, 1e-5), 1 if quick else 5)),
-        ("audit_scores, 10^6 ready scores per input",
+        ("audit_scores, 10^6 ready scores per input", 2 * 10**6,
          _median_time(lambda: audit_scores(s0, s1, 1e-5), 1 if quick else 5)),
     ]
     if not quick:
-        rows.append(("audit_sampler, Gaussian, 10^7 trials per input (sampling included)",
+        rows.append(("audit_sampler, Gaussian, 10^7 trials per input (sampling included)", 2 * 10**7,
                      _median_time(lambda: audit_sampler(sample_0, sample_1, 10**7, 1e-5), 3)))
     return rows
 
@@ -134,23 +143,62 @@ def bench_canary(quick: bool) -> list[dict]:
     return rows
 
 
-def render(speed: list, power: list, canary: list) -> str:
-    lines = [
-        "## Empirical privacy auditing (`dpcl.audit`)",
+def measure(quick: bool = False) -> dict[str, Any]:
+    """All three audit benchmarks: ``{"speed": [...], "power": [...], "canary": [...]}`` (see the module docstring)."""
+    return {"speed": bench_speed(quick), "power": bench_power(quick), "canary": bench_canary(quick)}
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """Headline numbers for the report's summary table, computed from :func:`measure`'s results."""
+    name, outputs, seconds = results["speed"][0]
+    calibrated = [r for r in results["power"] if r["setting"].startswith(("Gaussian, analytic", "Laplace"))]
+    largest = max(r["trials"] for r in calibrated if r["setting"].startswith("Gaussian"))
+    gaussian_big = [r for r in calibrated if r["setting"].startswith("Gaussian") and r["trials"] == largest]
+    miscalibrated = [r for r in results["power"] if "HALF" in r["setting"] or "CLASSIC" in r["setting"]]
+    violating = [r for r in miscalibrated if r["true_eps"] > r["claim"]]
+    return {
+        "sampler_outputs_per_second": outputs / seconds,
+        "sampler_what": name,
+        "calibrated_flagged": sum(r["flagged"] for r in calibrated),
+        "calibrated_runs": sum(r["seeds"] for r in calibrated),
+        "gaussian_trials": largest,
+        "gaussian_fraction_min": min(r["fraction"] for r in gaussian_big),
+        "gaussian_fraction_max": max(r["fraction"] for r in gaussian_big),
+        "violating_flagged": sum(r["flagged"] for r in violating),
+        "violating_runs": sum(r["seeds"] for r in violating),
+        "canary_ratio_max": max((r["ratio"] for r in results["canary"]), default=float("nan")),
+    }
+
+
+def render(results: dict[str, Any], heading: str = "##", standalone: bool = True, number: int | None = None) -> str:
+    """Markdown for the audit benchmarks.
+
+    ``standalone`` adds a line naming the machine (the merged report has a table at its top); ``heading`` is
+    the markdown level of the section title, ``number`` (if given) its number.
+    """
+    speed, power, canary = results["speed"], results["power"], results["canary"]
+    sub = heading + "#"
+    prefix = "" if number is None else f"{number}. "
+    lines = [f"{heading} {prefix}Empirical privacy auditing (`dpcl.audit`)", ""]
+    if standalone:
+        lines += [
+            f"Measured by `.venv/bin/python benchmarks/bench_audit.py` on {platform.machine()}, "
+            f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, numpy {np.__version__}"
+            f" ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).",
+            "",
+        ]
+    lines += [
+        f"{sub} Auditor throughput (median wall-clock)",
         "",
-        f"Measured by `.venv/bin/python benchmarks/bench_audit.py` on {platform.machine()}, "
-        f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, numpy {np.__version__}"
-        f" ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). The machine is shared, so timings are indicative.",
+        "`outputs` counts the mechanism outputs audited over both neighbouring inputs.",
         "",
-        "### Speed (median wall-clock)",
-        "",
-        "| what | seconds |",
-        "| --- | ---: |",
+        "| what | outputs | seconds | outputs / s |",
+        "| --- | ---: | ---: | ---: |",
     ]
-    lines += [f"| {name} | {t:.3f} |" for name, t in speed]
+    lines += [f"| {name} | {n:.0e} | {t:.3f} | {n / t:,.0f} |" for name, n, t in speed]
     lines += [
         "",
-        "### Power: lower bound reached, as a fraction of the true epsilon",
+        f"{sub} Power: lower bound reached, as a fraction of the true epsilon",
         "",
         "`trials` are per neighbouring input (half select the threshold, half bound); confidence 0.95; "
         "mean/min/max over seeds. `true eps` is the mechanism's exact epsilon at delta (Balle & Wang 2018, "
@@ -167,7 +215,7 @@ def render(speed: list, power: list, canary: list) -> str:
         )
     lines += [
         "",
-        "### DP-SGD canary audit (`dpcl.audit.canary`)",
+        f"{sub} DP-SGD canary audit (`dpcl.audit.canary`)",
         "",
         "Logistic regression on 32 points (4 features + the canary's own axis), clip 1, lr 0.05, canary norm 4; "
         "half the shadow runs contain the canary (add/remove, unit = example). `loss`: black-box score (final "
@@ -186,27 +234,11 @@ def render(speed: list, power: list, canary: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: fewer trials and seeds; prints, writes nothing")
+    parser.add_argument("--quick", action="store_true", help="smoke run: fewer trials and seeds")
     args = parser.parse_args(argv)
-    text = render(bench_speed(args.quick), bench_power(args.quick), bench_canary(args.quick))
-    print(text)
-    if not args.quick:
-        _write_atomic(RESULTS, text)
+    print(render(measure(args.quick)))
     return 0
 
 

@@ -2,16 +2,18 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/bench_training.py            # full run, writes benchmarks/RESULTS_training.md
-    .venv/bin/python benchmarks/bench_training.py --quick    # smoke run (one task, few steps); prints, writes nothing
+    .venv/bin/python benchmarks/run_all.py                   # the whole report, benchmarks/RESULTS.md (sections 5-6)
+    .venv/bin/python benchmarks/bench_training.py            # these sections alone; prints them
+    .venv/bin/python benchmarks/bench_training.py --quick    # smoke run (one task, few steps); prints them
 
-From Python (the single benchmark report merges this section). opacus installs a
-top-level package named ``benchmarks``, so import this file as a module of the
-``benchmarks/`` folder, as ``run_all.py`` does with ``bench_accounting``::
+From Python (``run_all.py`` merges these sections into the single benchmark
+report). opacus installs a top-level package named ``benchmarks``, so import
+this file as a module of the ``benchmarks/`` folder, as ``run_all.py`` does::
 
     sys.path.insert(0, "benchmarks")
     import bench_training
-    markdown = bench_training.results_section(quick=False)
+    results = bench_training.measure(quick=False)        # structured numbers
+    markdown = bench_training.render(results)            # or results_section(quick=False)
 
 Measured here, nothing copied in by hand:
 
@@ -68,7 +70,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-RESULTS = ROOT / "benchmarks" / "RESULTS_training.md"
 CONFIGS = ROOT / "dpcl" / "configs"
 
 #: Methods in the order of the report.
@@ -343,24 +344,37 @@ def bench_tdp_overhead(repeats: int = 30, seed: int = 0) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------------------------------
-def render(
-    methods: Sequence[MethodThroughput], tdp: dict[str, Any], info: dict[str, str], when: str, repeats: int
-) -> str:
-    lines = [
-        "## Training throughput and PeCL's token-level DP overhead",
-        "",
-        f"Measured by `.venv/bin/python benchmarks/bench_training.py` on {when}. CPU only, "
-        f"{info['torch threads']} torch thread(s) (`--threads`; one thread by default, so that the numbers measure "
-        "the methods rather than thread hand-offs on a shared machine). Machine:",
-        "",
-        "| | |",
-        "| --- | --- |",
-    ]
-    lines += [f"| {k} | {v} |" for k, v in info.items()]
+def render(results: dict[str, Any], heading: str = "##", standalone: bool = True, number: int | None = None) -> str:
+    """Markdown for :func:`measure`'s results.
+
+    ``standalone`` adds the machine table (the merged report has one at its top); ``heading`` is the
+    markdown level of the two section titles, ``number`` (if given) the number of the first of them.
+    """
+    titles = ["Training throughput per method (CPU)", "PeCL: token-level DP (TDP) overhead per training step (CPU)"]
+    if number is not None:
+        titles = [f"{number + i}. {title}" for i, title in enumerate(titles)]
+    methods: Sequence[MethodThroughput] = results["methods"]
+    tdp: dict[str, Any] = results["tdp"]
+    info: dict[str, str] = results["info"]
+    repeats: int = results["repeats"]
+    threads = (
+        f"CPU only, {info['torch threads']} torch thread(s) (one by default, so that the numbers measure "
+        "the methods rather than thread hand-offs on a shared machine)."
+    )
+    lines: list[str] = []
+    if standalone:
+        lines += [
+            f"Measured by `.venv/bin/python benchmarks/bench_training.py` on {results['when']}. {threads} Machine:",
+            "",
+            "| | |",
+            "| --- | --- |",
+        ]
+        lines += [f"| {k} | {v} |" for k, v in info.items()]
+        lines += [""]
     lines += [
+        f"{heading} {titles[0]}",
         "",
-        "### Training throughput per method (CPU)",
-        "",
+        *([] if standalone else [threads, ""]),
         "Each method is built from its config and trained task by task with the plan `dpcl run` uses. "
         "`examples/s` = examples of the data each release reads / wall-clock seconds of `fit_task` "
         "(Non-CL retrains on the union of the tasks so far, so it reads more examples per release); "
@@ -387,7 +401,7 @@ def render(
     plain = tdp["plain_s"]
     lines += [
         "",
-        "### PeCL: token-level DP (TDP) overhead per training step (CPU)",
+        f"{heading} {titles[1]}",
         "",
         f"One training step (forward, backward, AdamW) of PeCL's model ({tdp['n_layer']} layers, "
         f"n_embd {tdp['n_embd']}, LoRA rank {tdp['lora_rank']}) on a batch of {tdp['batch_size']} fortunes "
@@ -410,7 +424,12 @@ def render(
 
 
 def results_section(quick: bool = False, methods: Sequence[str] = METHODS, threads: int | None = 1) -> str:
-    """Run the training benchmarks and return the markdown section for the benchmark report.
+    """Run the training benchmarks and return their markdown (standalone, with the machine table)."""
+    return render(measure(quick, methods, threads))
+
+
+def measure(quick: bool = False, methods: Sequence[str] = METHODS, threads: int | None = 1) -> dict[str, Any]:
+    """Run the training benchmarks: ``{"methods", "tdp", "info", "when", "repeats"}``.
 
     ``threads`` sets torch's intra-op thread count (``None`` keeps torch's default). The default
     is 1: on a machine whose cores are shared with other jobs, handing small operations (a
@@ -430,7 +449,7 @@ def results_section(quick: bool = False, methods: Sequence[str] = METHODS, threa
         torch.set_num_threads(previous_threads)  # the caller's process keeps its own setting
 
 
-def _measure(quick: bool, methods: Sequence[str]) -> str:
+def _measure(quick: bool, methods: Sequence[str]) -> dict[str, Any]:
     import torch
 
     # dp-accounting's RDP logs a warning per non-converging order, transformers and torch warn about
@@ -444,27 +463,34 @@ def _measure(quick: bool, methods: Sequence[str]) -> str:
         warnings.simplefilter("ignore", UserWarning)
         rows = bench_methods(max_tasks=1 if quick else None, methods=methods, repeats=1 if quick else METHOD_REPEATS)
         tdp = bench_tdp_overhead(repeats=3 if quick else 150)
-    return render(rows, tdp, info, when, repeats=1 if quick else METHOD_REPEATS)
+    return {"methods": rows, "tdp": tdp, "info": info, "when": when, "repeats": 1 if quick else METHOD_REPEATS}
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """Headline numbers for the report's summary table, computed from :func:`measure`'s results."""
+    ok = [m for m in results["methods"] if not m.error]
+    tdp = results["tdp"]
+    return {
+        "examples_per_second": {m.method: m.examples_per_second for m in ok},
+        "datasets": {m.method: m.dataset for m in ok},
+        "not_run": {m.method: m.error for m in results["methods"] if m.error},
+        "tdp_noise_ratio": tdp["noise_s"] / tdp["plain_s"],
+        "tdp_scoring_noise_ratio": tdp["scoring_noise_s"] / tdp["plain_s"],
+        "tdp_amortised_ratio": tdp["amortised_s"] / tdp["plain_s"],
+        "tdp_epochs": tdp["epochs"],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one task per method, few steps; print, write nothing")
+    parser.add_argument("--quick", action="store_true", help="one task per method, few steps")
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS, help="methods to measure")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1; 0 keeps torch's default)")
     args = parser.parse_args(argv)
     if args.threads < 0:
         parser.error(f"--threads must be >= 0, got {args.threads}")
-    section = results_section(quick=args.quick, methods=args.methods, threads=args.threads or None)
-    if args.quick:
-        print(section)
-    else:
-        from dpcl.guarantees.atomic_io import write_text_atomic
-
-        write_text_atomic(RESULTS, section)
-        print(section)
-        print(f"wrote {RESULTS}")
+    print(results_section(quick=args.quick, methods=args.methods, threads=args.threads or None))
     return 0
 
 

@@ -1,12 +1,18 @@
-"""Regenerate ``benchmarks/RESULTS.md`` and ``benchmarks/composition_time.png``.
+"""Regenerate ``benchmarks/RESULTS.md`` and ``benchmarks/composition_time.png``: the whole benchmark report.
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/run_all.py           # full run, a few minutes on 2 cores
-    .venv/bin/python benchmarks/run_all.py --quick   # smoke run; prints, writes nothing
+    .venv/bin/python benchmarks/run_all.py           # full run (see benchmarks/README.md for how long)
+    .venv/bin/python benchmarks/run_all.py --quick   # smoke run; prints the report, writes nothing
 
-Every number in RESULTS.md is measured by this script on the machine named in
-its header; nothing is copied in by hand.
+One process measures, on the same machine and in this order: accounting
+(``bench_accounting``: DP-SGD ε and time next to dp-accounting, prv-accountant
+and opacus; composition of heterogeneous Gaussians at 10³/10⁵/10⁶ events;
+vectorised calibration), the auditor (``bench_audit``: throughput, power,
+DP-SGD canary) and training (``bench_training``: examples/s of every method,
+PeCL's TDP overhead). The report opens with the machine and a summary of the
+headline ratios. Every number in RESULTS.md is measured by this script on the
+machine named in its header; nothing is copied in by hand.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import io
 import os
 import platform
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,6 +33,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import bench_accounting as bench  # noqa: E402
+import bench_audit  # noqa: E402
+import bench_training  # noqa: E402
 
 from dpcl.guarantees.atomic_io import write_bytes_atomic, write_text_atomic  # noqa: E402
 
@@ -50,7 +59,7 @@ def machine_info() -> dict[str, str]:
     except (OSError, StopIteration):
         memory = "unknown"
     versions = {}
-    for package in ("numpy", "scipy", "dp-accounting", "prv-accountant", "opacus", "torch"):
+    for package in ("numpy", "scipy", "dp-accounting", "prv-accountant", "opacus", "torch", "peft", "transformers"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -67,27 +76,147 @@ def machine_info() -> dict[str, str]:
     }
 
 
+def load_average() -> str:
+    """The 1-minute load average (other jobs on the machine make timings noisy), or 'unknown'."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:  # pragma: no cover - not on every platform
+        return "unknown"
+
+
 def _ms(seconds: float) -> str:
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} µs"
     if seconds < 1:
         return f"{seconds * 1e3:.1f} ms"
-    if seconds < 3600:
+    if seconds < 120:
         return f"{seconds:.2f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
 
 
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def summary_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(what, dpcl, reference, ratio) rows of the headline table, all computed from this run's results."""
+    rows: list[tuple[str, str, str, str]] = []
+    dpsgd = {m.name: m for m in results["dpsgd"]}
+    pld, auto = dpsgd["dp-accounting PLD"], dpsgd["dpcl auto"]
+    rows.append((
+        "DP-SGD ε (q = 0.01, z = 1, T = 10⁴, δ = 1e-5): dpcl `auto` vs dp-accounting PLD",
+        f"ε {auto.value:.4f} in {_ms(auto.seconds)}",
+        f"ε {pld.value:.4f} in {_ms(pld.seconds)}",
+        f"ε × {auto.value / pld.value:.4f}, time × {auto.seconds / pld.seconds:.2f}",
+    ))
+    for other in ("prv-accountant", "opacus PRV", "opacus RDP", "dp-accounting RDP"):
+        m = dpsgd[other]
+        rows.append((
+            f"DP-SGD, same setting: {other} vs dp-accounting PLD",
+            "",
+            f"ε {m.value:.4f} in {_ms(m.seconds)}",
+            f"ε × {m.value / pld.value:.4f}, time × {m.seconds / pld.seconds:.2f}",
+        ))
+    c = results["composition"]
+    exact, grouped = c["exact"], c["grouped_pld"]
+    rows.append((
+        f"exact composition of 10⁶ heterogeneous Gaussians vs dp-accounting PLD on {c['groups']} σ-groups "
+        "(upper bound)",
+        f"ε {exact.value:.4f} in {_ms(exact.seconds)}",
+        f"ε {grouped.value:.4f} in {_ms(grouped.seconds)}",
+        f"{grouped.seconds / exact.seconds:,.0f}× faster; PLD ε × {grouped.value / exact.value:.4f}",
+    ))
+    rows.append((
+        "same 10⁶ events vs dp-accounting PLD on the distinct events (extrapolated, not run)",
+        f"{_ms(exact.seconds)}",
+        f"≈ {_ms(c['pld_extrapolated_seconds'])}",
+        f"≈ {c['pld_extrapolated_seconds'] / exact.seconds:,.0f}× faster",
+    ))
+    rdp_1k = next((r for r in c["curves"]["dp-accounting RDP"] if r["n"] == 1000), None)
+    exact_1k = next((r for r in c["curves"]["dpcl exact"] if r["n"] == 1000), None)
+    if rdp_1k is not None and exact_1k is not None:
+        rows.append((
+            "10³ heterogeneous Gaussians: dpcl exact vs dp-accounting RDP",
+            f"ε {exact_1k['epsilon']:.4f} in {_ms(exact_1k['seconds'])}",
+            f"ε {rdp_1k['epsilon']:.4f} in {_ms(rdp_1k['seconds'])}",
+            f"RDP ε × {rdp_1k['epsilon'] / exact_1k['epsilon']:.4f}, dpcl {rdp_1k['seconds'] / exact_1k['seconds']:,.0f}× faster",
+        ))
+    k = results["calibration"]
+    rows.append((
+        "10⁶ analytic Gaussian calibrations (per-token budgets) vs dp-accounting, one call per token (extrapolated)",
+        f"{_ms(k['ours'].seconds)}, max δ {k['max_achieved_delta']:.6g} ≤ {k['delta']:g}",
+        f"≈ {_ms(k['reference'].seconds)}",
+        f"{k['reference'].seconds / k['ours'].seconds:,.0f}× faster; σ × {k['ours_vs_reference_mean_ratio']:.6f}",
+    ))
+    a = bench_audit.summary(results["audit"])
+    rows.append((
+        "black-box auditor throughput (Gaussian, sampling included)",
+        f"{_rate(a['sampler_outputs_per_second'])} outputs/s",
+        "",
+        "",
+    ))
+    rows.append((
+        f"auditor power: ε lower bound / true ε, calibrated Gaussians, {a['gaussian_trials']:.0e} trials per input",
+        f"{a['gaussian_fraction_min']:.0%}–{a['gaussian_fraction_max']:.0%}",
+        "",
+        f"false alarms {a['calibrated_flagged']}/{a['calibrated_runs']}; "
+        f"violations caught {a['violating_flagged']}/{a['violating_runs']}",
+    ))
+    t = bench_training.summary(results["training"])
+    eps = t["examples_per_second"]
+    base = eps.get("cosine")
+    for method, value in eps.items():
+        rows.append((
+            f"training throughput, {method} ({t['datasets'][method]}, CPU)",
+            f"{_rate(value)} examples/s",
+            "",
+            "" if base is None or method == "cosine" else f"× {value / base:.3g} of cosine",
+        ))
+    for method, error in t["not_run"].items():
+        rows.append((f"training throughput, {method}", "not run", "", error.replace("|", "/")))
+    rows.append((
+        f"PeCL TDP overhead per training step (noise every epoch, scoring once per task, {t['tdp_epochs']} epochs)",
+        f"× {t['tdp_amortised_ratio']:.2f} of a clean step",
+        "",
+        f"noise alone × {t['tdp_noise_ratio']:.2f}; scoring + noise × {t['tdp_scoring_noise_ratio']:.2f}",
+    ))
+    return rows
+
+
 def render(results: dict[str, Any], info: dict[str, str]) -> str:
-    lines = ["# Accounting benchmarks", ""]
+    lines = ["# dpcl benchmarks", ""]
+    durations = results["durations"]
+    total = sum(durations.values())
     lines += [
         "Regenerate with `.venv/bin/python benchmarks/run_all.py` (see benchmarks/README.md). "
-        "All implementations run in one process on the same inputs; times are medians of repeated runs "
-        "after a warm-up unless marked otherwise.",
+        "Everything below comes from one run of that command, in one process, on the machine in this table; "
+        "every implementation runs on the same inputs; times are medians of repeated runs after a warm-up "
+        "unless marked otherwise.",
         "",
         "| machine | |",
         "| --- | --- |",
     ]
     lines += [f"| {k} | {v} |" for k, v in info.items()]
+    lines += [
+        f"| run time | {total / 60:.1f} min ("
+        + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in durations.items())
+        + ") |",
+    ]
+
+    lines += [
+        "",
+        "## Summary",
+        "",
+        "Headline ratios of this run; the sections below give the settings, every implementation and the notes. "
+        "“× r” is the ratio to the reference column (ε ratio > 1: the reference is looser; time ratio < 1: dpcl "
+        "is faster).",
+        "",
+        "| what | dpcl | reference | ratio |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [f"| {what} | {ours} | {ref} | {ratio} |" for what, ours, ref, ratio in summary_rows(results)]
 
     s = bench.DPSGD_SETTING
     rows = results["dpsgd"]
@@ -165,8 +294,34 @@ def render(results: dict[str, Any], info: dict[str, str]) -> str:
         f"{c['pld_extrapolated_seconds'] / exact.seconds:,.0f}× faster than PLD on the distinct events "
         "(target: 10⁶ Gaussians under 10 ms).",
         "",
-        "Same events, growing n (the first n σ's, scaled by √(n/10⁶) so every n has a similar total privacy loss); "
-        "ratios are ε / dpcl exact ε on the same n events:",
+        "Time per accountant at 10³, 10⁵ and 10⁶ events (the first n σ's, scaled by √(n/10⁶) so every n has a "
+        "similar total privacy loss). An accountant whose time grows linearly with the number of distinct events is "
+        "run only while that takes seconds to minutes; beyond, its time is extrapolated linearly from its largest "
+        "measured n and the cell says so (the cost per event of PLD and PRV grows with n, so their "
+        "extrapolated times are likely underestimates):",
+        "",
+        "| accountant | " + " | ".join(f"n = {n:,}" for n in bench.MILESTONES) + " |",
+        "| --- | " + " | ".join("---:" for _ in bench.MILESTONES) + " |",
+    ]
+    for name, milestone_rows in c["milestones"].items():
+        cells = [
+            _ms(row["seconds"]) if row["measured"] else f"not run (≈ {_ms(row['seconds'])})" for row in milestone_rows
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if any(not row["measured"] for rows_ in c["milestones"].values() for row in rows_):
+        lines += ["", "Not run, and why:", ""]
+        for name, milestone_rows in c["milestones"].items():
+            missing = [row for row in milestone_rows if not row["measured"]]
+            if missing:
+                sizes = ", ".join(f"{row['n']:,}" for row in missing)
+                lines.append(f"* {name} at n = {sizes}: {missing[0]['reason']}.")
+        lines.append(
+            f"* At n = {c['count']:,}, dp-accounting PLD does run on the events grouped into "
+            f"{c['groups']} σ-groups (table above; an upper bound on ε)."
+        )
+    lines += [
+        "",
+        "Every measured n, with ε; ratios are ε / dpcl exact ε on the same n events:",
         "",
         "| accountant | n | ε | ε / exact | time |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -198,6 +353,8 @@ def render(results: dict[str, Any], info: dict[str, str]) -> str:
         f"On the reference subsample, max relative σ difference {k['max_relative_difference']:.2e}, "
         f"mean σ ratio dpcl / dp-accounting {k['ours_vs_reference_mean_ratio']:.6f}.",
         "",
+        bench_audit.render(results["audit"], heading="##", standalone=False, number=4),
+        bench_training.render(results["training"], heading="##", standalone=False, number=5),
     ]
     return "\n".join(lines)
 
@@ -229,8 +386,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run; print the report, write nothing")
     args = parser.parse_args(argv)
+    info = machine_info()
+    info["load average (1 min) at start"] = load_average()
+    durations: dict[str, float] = {}
+    start = time.perf_counter()
     results = bench.run_benchmarks(quick=args.quick)
-    report = render(results, machine_info())
+    durations["accounting"] = time.perf_counter() - start
+    start = time.perf_counter()
+    results["audit"] = bench_audit.measure(quick=args.quick)
+    durations["audit"] = time.perf_counter() - start
+    start = time.perf_counter()
+    results["training"] = bench_training.measure(quick=args.quick)
+    durations["training"] = time.perf_counter() - start
+    results["durations"] = durations
+    info["load average (1 min) at end"] = load_average()
+    info["torch threads (training sections)"] = results["training"]["info"]["torch threads"]
+    report = render(results, info)
     if args.quick:
         print(report)
         return 0
