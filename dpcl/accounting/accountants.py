@@ -48,6 +48,8 @@ changes, difference up to 2C) only dp-accounting's PLD has a sound analysis
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -142,6 +144,7 @@ class _Mechanisms:
     sampled: list[tuple[float, float, int]] = field(default_factory=list)  # (z, q, count)
     eps_delta: list[tuple[float, float, int]] = field(default_factory=list)  # (eps, delta, count)
     rdp_cache: dict[float, float] = field(default_factory=dict)  # delta -> RDP epsilon
+    rdp_excluded_orders: int = 0  # RDP orders dp-accounting dropped (series did not converge)
 
     @property
     def only_gaussian(self) -> bool:
@@ -319,6 +322,40 @@ def _pld_size_guard(mech: _Mechanisms, delta: float, interval: float) -> None:
         )
 
 
+class _CountAndDropLibraryWarnings(logging.Filter):
+    """Drops records below ERROR from dp-accounting's absl logger, counting excluded-order warnings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.excluded_orders = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        if "Excluding this order" in record.getMessage():
+            self.excluded_orders += 1
+        return False
+
+
+@contextlib.contextmanager
+def _dp_accounting_warnings_dropped() -> Any:
+    """Silence dp-accounting's absl warnings (below ERROR) for the duration of one call into it.
+
+    Its RDP code logs one warning per order whose log-moment series does not converge (e.g.
+    sigma=0.3, q=0.5); the order is then excluded from the minimum over orders, so the bound stays
+    a sound upper bound. On extreme DP-SGD settings this floods stderr. The filter sits on the
+    ``absl`` logger only, is removed afterwards, and leaves dpcl's own warnings alone; the number
+    of excluded orders is returned on the filter so that it can be stated in the result's notes.
+    """
+    logger = logging.getLogger("absl")
+    dropper = _CountAndDropLibraryWarnings()
+    logger.addFilter(dropper)
+    try:
+        yield dropper
+    finally:
+        logger.removeFilter(dropper)
+
+
 def _rdp_accountant(mech: _Mechanisms) -> Any:
     from dp_accounting import dp_event
     from dp_accounting.rdp import rdp_privacy_accountant
@@ -337,13 +374,21 @@ def _rdp_accountant(mech: _Mechanisms) -> Any:
 
 def _rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
     if delta not in mech.rdp_cache:
-        mech.rdp_cache[delta] = float(_rdp_accountant(mech).get_epsilon(delta))
+        with _dp_accounting_warnings_dropped() as dropped:
+            mech.rdp_cache[delta] = float(_rdp_accountant(mech).get_epsilon(delta))
+        mech.rdp_excluded_orders = max(mech.rdp_excluded_orders, dropped.excluded_orders)
     return mech.rdp_cache[delta]
 
 
 def _rdp(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     eps = _rdp_epsilon(mech, delta)
-    return eps, ("rdp: dp-accounting RdpAccountant, default orders, its RDP-to-(epsilon, delta) conversion.",)
+    notes = ["rdp: dp-accounting RdpAccountant, default orders, its RDP-to-(epsilon, delta) conversion."]
+    if mech.rdp_excluded_orders:
+        notes.append(
+            f"rdp: dp-accounting excluded {mech.rdp_excluded_orders} order(s) whose RDP series did not converge; "
+            "the bound is the minimum over the remaining orders (still an upper bound)."
+        )
+    return eps, tuple(notes)
 
 
 def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:

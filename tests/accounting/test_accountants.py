@@ -299,3 +299,57 @@ def test_property_no_nan_for_valid_inputs(sigma: float, scale: float, delta: flo
         for name in ("exact", "basic", "advanced"):
             eps = compute_epsilon(ev, delta, name).epsilon
             assert math.isfinite(eps) and eps >= 0
+
+
+# -- dp-accounting's absl warnings -------------------------------------------------------------------
+
+_EXTREME_DPSGD = dict(noise_multiplier=0.3, sample_rate=0.5, steps=1000)  # RDP series fail to converge
+
+
+def test_rdp_excluded_order_warnings_do_not_reach_stderr(capfd):
+    """dpcl's call prints nothing; the same call straight into dp-accounting does (the control)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from dpcl.accounting.dpsgd import dpsgd_epsilon\n"
+        f"r = dpsgd_epsilon(**{_EXTREME_DPSGD!r}, delta=1e-5, accountant='rdp')\n"
+        "print(repr(r.epsilon)); sys.stderr.write('--control--\\n'); sys.stderr.flush()\n"
+        "from dp_accounting import dp_event\n"
+        "from dp_accounting.rdp import rdp_privacy_accountant\n"
+        "acc = rdp_privacy_accountant.RdpAccountant()\n"
+        "acc.compose(dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(0.3)), 1000)\n"
+        "print(repr(float(acc.get_epsilon(1e-5))))\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+    out, err = capfd.readouterr()
+    ours, control = err.split("--control--\n")
+    assert ours == ""
+    assert "Excluding this order" in control  # dp-accounting does warn on these settings
+    eps_dpcl, eps_direct = (float(x) for x in out.split())
+    assert eps_dpcl == eps_direct  # silencing changed no number
+
+
+def test_rdp_excluded_orders_are_stated_in_notes_not_logged(caplog, capfd):
+    from dpcl.accounting.dpsgd import dpsgd_epsilon
+
+    caplog.set_level("DEBUG")
+    result = dpsgd_epsilon(**_EXTREME_DPSGD, delta=1e-5, accountant="rdp")
+    assert not [r for r in caplog.records if r.name == "absl"]
+    assert capfd.readouterr().err == ""
+    assert any("excluded 3 order(s)" in n and "still an upper bound" in n for n in result.notes)
+    import logging
+
+    assert not logging.getLogger("absl").filters  # the filter is removed after the call
+    logging.getLogger("absl").warning("a later absl warning is not dropped")
+    assert [r.getMessage() for r in caplog.records if r.name == "absl"] == ["a later absl warning is not dropped"]
+
+
+def test_dpcl_warnings_still_shown_while_dp_accounting_is_quiet():
+    import warnings
+
+    from dpcl.accounting import accountants
+
+    with accountants._dp_accounting_warnings_dropped(), pytest.warns(UserWarning, match="dpcl's own"):
+        warnings.warn("dpcl's own warning", UserWarning)
