@@ -108,3 +108,13 @@ def test_audit_and_verify_as_a_user(tmp_path):
     assert violation.returncode == 3 and "Prop. 4.6" in violation.stdout
     missing = run("verify", str(tmp_path / "none.json"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_bundled_config_states_the_privacy_unit_correctly(path):
+    """The bundled datasets do not know who produced an example: the unit is one image or fortune (or a token),
+    never a person; a contributor of several examples is protected only through group privacy."""
+    text = " ".join(path.read_text().replace("\n#", " ").split())  # comments wrapped over lines read as one
+    assert "person's contribution" not in text and "one person" not in text
+    if "disjoint_units = true" in text:
+        assert "group privacy" in text and ("not one writer" in text or "not one author" in text)
