@@ -87,6 +87,9 @@ class MethodSetup:
     ``prior``); ``input_dim`` the feature dimension of the (public, frozen)
     encoder, or 0 when the stream gives raw texts (methods that can fine-tune an
     encoder read ``TrainingData.texts``; the others refuse). ``device`` is a torch device string ("cpu" or "cuda").
+    ``seed`` drives initialisation and shuffles; privacy noise and Poisson
+    sampling come from OS entropy unless ``reproducible_noise`` is set
+    (:mod:`dpcl.methods.noise_source`).
     """
 
     method: Mapping[str, Any]
@@ -95,12 +98,15 @@ class MethodSetup:
     input_dim: int
     seed: int
     device: str = "cpu"
+    reproducible_noise: bool = False
 
     def __post_init__(self) -> None:
         if not self.label_space:
             raise InvalidParameterError("label_space must list at least one public label.")
         if int(self.input_dim) < 0:
             raise InvalidParameterError(f"input_dim must be >= 0 (0: raw-text inputs), got {self.input_dim}.")
+        if not isinstance(self.reproducible_noise, bool):
+            raise InvalidParameterError(f"reproducible_noise must be true or false, got {self.reproducible_noise!r}.")
 
 
 class ContinualMethod(ABC):
@@ -136,6 +142,26 @@ class ContinualMethod(ABC):
                 "filter the task with its public prior labels first."
             )
         return positions
+
+    # -- privacy-relevant randomness ---------------------------------------
+    def noise_generator(self, task_index: int, stream: int = 0, device: Any = None) -> Any:
+        """A fresh ``torch.Generator`` for task ``task_index``'s noise / Poisson masks (never stored in a checkpoint).
+
+        Seeded from OS entropy unless the run opted in to ``reproducible_noise``
+        (:func:`dpcl.methods.noise_source.noise_torch_generator`).
+        """
+        from dpcl.methods.noise_source import noise_torch_generator
+
+        return noise_torch_generator(
+            int(self.setup.seed), self.setup.reproducible_noise, int(task_index), int(stream),
+            device=device if device is not None else self.setup.device,
+        )
+
+    def noise_rng(self, task_index: int, stream: int = 0) -> np.random.Generator:
+        """A fresh numpy generator for task ``task_index``'s noise (see :meth:`noise_generator`)."""
+        from dpcl.methods.noise_source import noise_rng
+
+        return noise_rng(int(self.setup.seed), self.setup.reproducible_noise, int(task_index), int(stream))
 
     def mark_released(self, output_labels: Sequence[int]) -> None:
         self.seen_labels[self.label_positions(output_labels)] = True

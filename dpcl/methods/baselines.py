@@ -44,6 +44,7 @@ class _SingleModelDPSGD(ContinualMethod):
         self.learning_rate = float(method_option(setup.method, "learning_rate", 1e-3))
         if self.adapter_dim < 0:
             raise InvalidParameterError(f"[method] adapter_dim must be >= 0, got {self.adapter_dim}.")
+        #: initialisation only; noise and Poisson masks come from :meth:`noise_generator`
         self.generator = torch.Generator(device=self.device).manual_seed(int(setup.seed))
         self.model = self._fresh_model()
 
@@ -76,7 +77,7 @@ class _SingleModelDPSGD(ContinualMethod):
             torch.as_tensor(self.label_positions(labels), dtype=torch.long, device=self.device),
             schedule,
             learning_rate=self.learning_rate,
-            generator=self.generator,
+            generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
             progress=progress,
         )
         self.mark_released(output_labels)

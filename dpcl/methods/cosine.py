@@ -15,6 +15,10 @@ largest cosine similarity to its noisy sum (eq. 9), over the labels released
 so far. An empty task still releases noise-only sums for its labels, so every
 release is a proper classifier (Prop. F.1).
 
+The noise of each task comes from a fresh privacy generator
+(:meth:`~dpcl.methods.base.ContinualMethod.noise_generator`: OS entropy unless
+the run opts in to reproducible noise); no generator state is checkpointed.
+
 The class sums, not the class means, are released: a mean would need the
 (private) class count.
 """
@@ -65,7 +69,6 @@ class CosineClassifier(ContinualMethod):
                 "use dataset = 'fortunes' (MiniLM features) instead of 'fortunes_texts'."
             )
         self.device = torch.device(setup.device)
-        self.generator = torch.Generator(device=self.device).manual_seed(int(setup.seed))
         self.class_sums = torch.zeros(len(self.label_space), int(setup.input_dim), dtype=torch.float64, device=self.device)
 
     def planned_work(self, plan: TaskPlan) -> int:
@@ -102,7 +105,8 @@ class CosineClassifier(ContinualMethod):
         release = torch.zeros(rows.numel(), self.class_sums.shape[1], dtype=torch.float64, device=self.device)
         release.index_add_(0, example_rows, features)
         if sigma is not None:
-            release += sigma * torch.randn(release.shape, generator=self.generator, dtype=torch.float64, device=self.device)
+            noise = self.noise_generator(task_index)
+            release += sigma * torch.randn(release.shape, generator=noise, dtype=torch.float64, device=self.device)
         self.class_sums[rows] += release
         self.mark_released(output_labels)
         self.tasks_fitted += 1
@@ -119,7 +123,6 @@ class CosineClassifier(ContinualMethod):
             **self._base_state(),
             "class_sums": self.class_sums.detach().cpu().clone(),
             "label_space": list(self.label_space),
-            "generator_state": self.generator.get_state(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -132,5 +135,3 @@ class CosineClassifier(ContinualMethod):
             raise InvalidParameterError(f"checkpoint class sums have shape {tuple(sums.shape)}, expected {tuple(self.class_sums.shape)}.")
         self._load_base_state(state)
         self.class_sums = sums.to(self.device)
-        if self.device.type == "cpu":
-            self.generator.set_state(state["generator_state"])

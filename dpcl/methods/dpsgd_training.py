@@ -152,7 +152,10 @@ def train_classifier(
     ``features`` is one tensor [n, ...] or a tuple of them (e.g. token ids and
     attention mask), indexed by example and passed to ``model`` positionally.
     Private schedules use opacus per-example gradients, clipping and Gaussian
-    noise (seeded by ``generator``); non-private ones plain Adam on the same batches.
+    noise; non-private ones plain Adam on the same batches. ``generator`` draws
+    both the Poisson masks and the noise: pass a privacy generator
+    (:meth:`~dpcl.methods.base.ContinualMethod.noise_generator`, OS entropy by
+    default), never one seeded from a published seed.
     """
     inputs = features if isinstance(features, tuple) else (features,)
     n = int(inputs[0].shape[0])

@@ -225,6 +225,7 @@ class L2DPMLMethod(ContinualMethod):
 
     # -- training ------------------------------------------------------
     def _rng(self, task_index: int, stream: int) -> np.random.Generator:
+        """Seeded generator for the public choices (descent order, memory batches); never for noise."""
         return np.random.default_rng([int(self.setup.seed), int(task_index), stream])
 
     def _descend(self, param, grad_now, grad_memory, n_memory, order, rng, step_size, retract) -> torch.Tensor:
@@ -325,7 +326,7 @@ self.memory, [_entry_digest(e) for e in self.memory])
             # Phase 1: one Laplace draw per batch on the reconstruction coefficients (epsilon1, Delta_R).
             scale_r = laplace_noise_scale(float(noise["epsilon1"]), self.delta_r)
             noisy = reconstruction_coefficients(x, batches) + _symmetric_laplace(
-                self._rng(task_index, 1), scale_r, nb, self.n_features)
+                self.noise_rng(task_index, 1), scale_r, nb, self.n_features)
             ae = noisy / sizes[:, None, None]  # post-processing: per-example normalisation
             ae_norm = torch.linalg.matrix_norm(ae, ord=2).clamp(min=1e-12)
             mem = [e["ae"] for e in self.memory if e["ae"] is not None]
@@ -346,7 +347,7 @@ self.memory, [_entry_digest(e) for e in self.memory])
         y = torch.zeros(len(data), self.n_classes, dtype=_DTYPE)
         y[torch.arange(len(data)), torch.as_tensor(self.label_positions(data.labels))] = 1.0
         b, q = output_coefficients(h, y, batches)
-        rng = self._rng(task_index, 3)
+        rng = self.noise_rng(task_index, 3)  # Laplace noise: OS entropy unless reproducible_noise
         scale_l = laplace_noise_scale(float(noise["epsilon2"]), self.delta_l)
         b = b + torch.as_tensor(rng.laplace(0.0, scale_l, size=tuple(b.shape)), dtype=_DTYPE)
         q = q + _symmetric_laplace(rng, scale_l, nb, self.n_head_features)
@@ -548,7 +549,7 @@ class DPSGDAGEMClassifier(AGEMClassifier):
         from opacus.optimizers import DPOptimizer
 
         rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
-        gen = torch.Generator().manual_seed(int(self.setup.seed) * 7919 + task_index)
+        gen = self.noise_generator(task_index, device="cpu")  # Poisson masks + DP-SGD noise
         x = torch.as_tensor(np.asarray(data.features, dtype=np.float64))
         y = torch.as_tensor(self.label_positions(data.labels), dtype=torch.long)
         n = len(data)

@@ -103,6 +103,7 @@ class PeftEnsemble(ContinualMethod):
             )
         if self.adapter_dim < 0:
             raise ConfigError(f"[method] adapter_dim must be >= 0, got {self.adapter_dim}.")
+        #: initialisation only (adapter seeds); noise and Poisson masks come from :meth:`noise_generator`
         self.generator = torch.Generator(device=self.device).manual_seed(int(setup.seed))
         self.models: list[AdapterClassifier] = []
         self.model_labels: list[tuple[int, ...]] = []
@@ -118,8 +119,8 @@ class PeftEnsemble(ContinualMethod):
             self._text_encoder = LoraTextEncoder(self.adapter_dim).to(self.device)
         return self._text_encoder
 
-    def _fit_text_member(self, data: TrainingData, targets: np.ndarray, n_outputs: int, schedule: Any,
-                         progress: ProgressCallback | None) -> None:
+    def _fit_text_member(self, task_index: int, data: TrainingData, targets: np.ndarray, n_outputs: int,
+                         schedule: Any, progress: ProgressCallback | None) -> None:
         from dpcl.methods.lora_text import TextMember, tokenize
 
         if data.texts is None:
@@ -133,7 +134,7 @@ class PeftEnsemble(ContinualMethod):
             torch.as_tensor(targets, dtype=torch.long, device=self.device),
             schedule,
             learning_rate=self.learning_rate,
-            generator=self.generator,
+            generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
             progress=progress,
         )
         self.text_members.append(
@@ -165,7 +166,7 @@ class PeftEnsemble(ContinualMethod):
         order = np.argsort(task_labels)
         targets = order[np.searchsorted(task_labels[order], labels)]
         if self.text_mode:
-            self._fit_text_member(data, targets, task_labels.size, schedule, progress)
+            self._fit_text_member(task_index, data, targets, task_labels.size, schedule, progress)
             self.model_labels.append(tuple(int(o) for o in task_labels))
             self.mark_released(output_labels)
             self.tasks_fitted += 1
@@ -177,7 +178,7 @@ class PeftEnsemble(ContinualMethod):
             torch.as_tensor(targets, dtype=torch.long, device=self.device),
             schedule,
             learning_rate=self.learning_rate,
-            generator=self.generator,
+            generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
             progress=progress,
         )
         self.models.append(model)

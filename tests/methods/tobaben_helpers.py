@@ -36,8 +36,11 @@ def task_data(features, labels, task_labels) -> TrainingData:
     return TrainingData(features[keep], labels[keep], keep.astype(np.int64))
 
 
-def setup_for(method: dict, *, seed: int = 0, label_space=tuple(range(10)), input_dim: int = 64) -> MethodSetup:
-    return MethodSetup(method=method, privacy={}, label_space=tuple(label_space), input_dim=input_dim, seed=seed)
+def setup_for(
+    method: dict, *, seed: int = 0, label_space=tuple(range(10)), input_dim: int = 64, reproducible_noise: bool = False
+) -> MethodSetup:
+    return MethodSetup(method=method, privacy={}, label_space=tuple(label_space), input_dim=input_dim, seed=seed,
+                       reproducible_noise=reproducible_noise)
 
 
 def gaussian_plan(sigma: float | None) -> TaskPlan:

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from dpcl.errors import InvalidParameterError
+from dpcl.methods.noise_source import noise_torch_generator
 from dpcl.methods.pecl.model import LMClassifier, ModelConfig, build_causal_lm, per_token_lm_loss
 from dpcl.methods.pecl.sculpting import (
     dynamic_lambda,
@@ -134,16 +135,24 @@ def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.
 class ContinualLM:
     """One continual learner (PeCL or a baseline) over a public label space of ``n_labels`` classes."""
 
-    def __init__(self, n_labels: int, config: LearnerConfig, seed: int, public_texts: Sequence[str]) -> None:
+    def __init__(
+        self, n_labels: int, config: LearnerConfig, seed: int, public_texts: Sequence[str],
+        reproducible_noise: bool = False,
+    ) -> None:
         if n_labels < 1:
             raise InvalidParameterError(f"n_labels must be >= 1, got {n_labels}.")
         self.config = config
         self.n_labels = int(n_labels)
         self.seed = int(seed)
+        #: False (default): token noise, DP-SGD noise and Poisson masks come from OS entropy
+        #: (dpcl.methods.noise_source); True: from ``seed`` (research reproducibility only).
+        self.reproducible_noise = bool(reproducible_noise)
         self.device = torch.device(config.device)
         self.tokenizer = ByteTokenizer()
         self.generator = torch.Generator().manual_seed(self.seed)
-        self.noise_generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
+        #: privacy generators, fresh for every task in :meth:`fit_task`; never checkpointed
+        self.noise_generator: torch.Generator | None = None
+        self.sampling_generator: torch.Generator | None = None
         lm = build_causal_lm(config.model, self.tokenizer, seed).to(self.device)
         key = (config.model, config.pretrain_steps, config.pretrain_learning_rate, seed, hash(tuple(public_texts)))
         if key in _PRETRAINED:  # same public corpus, same seed: the same pre-trained model, computed once
@@ -278,6 +287,9 @@ class ContinualLM:
             train_texts = train_texts + self.buffer_texts
             train_labels = np.concatenate([labels_np, np.asarray(self.buffer_labels, dtype=np.int64)])
         record: dict[str, Any] = {"task": task_index, "n_examples": own_n, "n_trained": len(train_texts)}
+        self.noise_generator = noise_torch_generator(
+            self.seed, self.reproducible_noise, int(task_index), 0, device=self.device)
+        self.sampling_generator = noise_torch_generator(self.seed, self.reproducible_noise, int(task_index), 1)
         if len(train_texts) == 0:
             self.tasks_fitted += 1
             self.task_records.append(record)
@@ -407,12 +419,12 @@ class ContinualLM:
             noise_multiplier=noise_multiplier,
             max_grad_norm=cfg.max_grad_norm,
             expected_batch_size=cfg.batch_size,
-            generator=self.noise_generator if self.device.type == "cpu" else None,
+            generator=self.noise_generator,
         )
         fisher = [torch.zeros_like(p) for p in params] if cfg.strategy == "ewc" else None
         gsm.train()
         for _ in range(steps):
-            take = torch.rand(n, generator=self.generator) < sample_rate  # Poisson sampling
+            take = torch.rand(n, generator=self.sampling_generator) < sample_rate  # Poisson sampling (secret)
             idx = torch.nonzero(take).flatten().to(self.device)
             opt.zero_grad()
             if idx.numel() == 0:

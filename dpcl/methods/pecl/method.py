@@ -70,7 +70,8 @@ class PeCLMethod(ContinualMethod):
             delta=float(setup.privacy["delta"]),
             device=setup.device,
         )
-        self.learner = ContinualLM(len(self.label_space), learner_config(**options), setup.seed, list(public.texts))
+        self.learner = ContinualLM(len(self.label_space), learner_config(**options), setup.seed, list(public.texts),
+                                   reproducible_noise=setup.reproducible_noise)
 
     def planned_work(self, plan: TaskPlan) -> int:
         return 1
