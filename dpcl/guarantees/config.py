@@ -22,13 +22,18 @@ Schema (every key is documented in ``docs/guarantees.md``)::
     epochs = 2
     batch_size = 64
     max_grad_norm = 1.0
+    [run]                      # optional, read by ``dpcl run`` (see RUN_KEYS)
+    private = true
+    reproducible_noise = false
 
 The guarantees layer validates the privacy section, the guarantee keys of
 ``[stream]`` and the ``[method]`` section (keys come from
 :func:`dpcl.guarantees.method_schema.get_method_spec`). The data keys of
 ``[stream]`` belong to the data layer; the caller passes their names
-(``data_stream_keys``) so that unknown keys are still refused by name. A
-``[run]`` section, read by ``dpcl run``, is accepted and left to it.
+(``data_stream_keys``) so that unknown keys are still refused by name. The
+``[run]`` section is read by ``dpcl run``; its keys (:data:`RUN_KEYS`) are
+validated here too, so ``dpcl audit`` refuses a misspelt key and sees
+``private = false`` (a run without any privacy guarantee).
 
 Every problem raises :class:`~dpcl.errors.ConfigError` naming the key and what
 is allowed. Privacy *violations* (``label_space = "data"``...) are not raised
@@ -52,6 +57,7 @@ __all__ = [
     "CONFIG_ACCOUNTANTS",
     "ACROSS_TASKS_CHOICES",
     "RUNNER_SECTIONS",
+    "RUN_KEYS",
     "TrainingConfig",
     "load_config",
     "parse_config",
@@ -60,8 +66,26 @@ __all__ = [
 CONFIG_ACCOUNTANTS = ("prv", "pld", "rdp", "auto")
 ACROSS_TASKS_CHOICES = ("auto", "parallel", "sequential")
 LABEL_SPACES = ("data", "prior", "prior_const")
-#: Sections read by other commands (``dpcl run``); accepted here, validated there.
+#: Sections read by ``dpcl run`` rather than by the audit; their keys are validated here all the same.
 RUNNER_SECTIONS = ("run",)
+
+#: ``[run]`` keys: name -> (type, default, help). ``dpcl run`` reads them; ``dpcl audit`` reports
+#: ``private = false`` as a run without any differential-privacy guarantee.
+RUN_KEYS: dict[str, tuple[type, Any, str]] = {
+    "private": (
+        bool,
+        True,
+        "false trains a non-private reference model (no noise, no clipping); its releases carry a "
+        "statement that they are NOT differentially private instead of a certificate",
+    ),
+    "reproducible_noise": (
+        bool,
+        False,
+        "true draws the privacy noise and Poisson sampling from the recorded seed (research reproducibility; every "
+        "certificate then says the release is private only against someone who does not know the seed); false "
+        "(default) draws them from OS entropy that is recorded nowhere",
+    ),
+}
 
 #: ``[privacy]`` keys: name -> (default, help).
 PRIVACY_KEYS: dict[str, tuple[Any, str]] = {
@@ -97,6 +121,12 @@ class TrainingConfig:
     spec: MethodSpec
     source: str = "<config>"
     raw: Mapping[str, Any] = field(default_factory=dict)
+    run: Mapping[str, Any] = field(default_factory=lambda: {k: v[1] for k, v in RUN_KEYS.items()})
+
+    @property
+    def private(self) -> bool:
+        """False for ``[run] private = false``: the run adds no noise and has no DP guarantee."""
+        return bool(self.run.get("private", True))
 
     @property
     def n_tasks(self) -> int:
@@ -270,6 +300,18 @@ def _parse_method(section: Mapping[str, Any]) -> tuple[dict[str, Any], MethodSpe
     return out, spec
 
 
+def _parse_run(section: Mapping[str, Any]) -> dict[str, Any]:
+    """``[run]`` with every key of :data:`RUN_KEYS` filled in; unknown keys and wrong types raise ConfigError."""
+    _unknown("run", section, RUN_KEYS)
+    out: dict[str, Any] = {}
+    for key, (kind, default, help_text) in RUN_KEYS.items():
+        value = section.get(key, default)
+        if not isinstance(value, kind):
+            raise ConfigError(f"[run] {key} must be {kind.__name__} ({help_text}); got {value!r}.")
+        out[key] = value
+    return out
+
+
 def parse_config(
     raw: Mapping[str, Any],
     *,
@@ -283,12 +325,15 @@ def parse_config(
     for name in RUNNER_SECTIONS:
         if name in raw and not isinstance(raw[name], Mapping):
             raise ConfigError(f"[{name}] must be a table, got {type(raw[name]).__name__}.")
+    run = _parse_run(raw.get("run", {}))
     privacy = _parse_privacy(_table(raw, "privacy"))
     stream = _parse_stream(_table(raw, "stream"), data_stream_keys)
     method, spec = _parse_method(_table(raw, "method"))
     if stream.get("tasks") is None and stream.get("task_sizes") is None and "n_tasks" not in stream:
         raise ConfigError("[stream] tasks is required (one list of labels per task), or give task_sizes.")
-    return TrainingConfig(privacy=privacy, stream=stream, method=method, spec=spec, source=source, raw=dict(raw))
+    return TrainingConfig(
+        privacy=privacy, stream=stream, method=method, spec=spec, source=source, raw=dict(raw), run=run
+    )
 
 
 def load_config(

@@ -127,3 +127,27 @@ def test_load_config_file_errors(tmp_path):
     cfg = load_config(good)
     assert cfg.n_tasks == 2 and cfg.stream["task_sizes"] == [5, 6]
     assert cfg.to_dict()["stream"]["task_sizes"] == [5, 6]
+
+
+def test_run_section_defaults_and_keys():
+    cfg = parse_config(BASE)
+    assert dict(cfg.run) == {"private": True, "reproducible_noise": False} and cfg.private is True
+    cfg = parse_config({**copy.deepcopy(BASE), "run": {"private": False, "reproducible_noise": True}})
+    assert cfg.private is False and cfg.run["reproducible_noise"] is True
+    assert cfg.to_dict()["run"] == {"private": False, "reproducible_noise": True}
+
+
+@pytest.mark.parametrize(
+    ("run", "message"),
+    [
+        ({"privat": True}, r"unknown \[run\] key\(s\) privat; allowed: private, reproducible_noise"),
+        ({"private": "no"}, r"\[run\] private must be bool"),
+        ({"private": 0}, r"\[run\] private must be bool"),
+        ({"reproducible_noise": 1}, r"\[run\] reproducible_noise must be bool"),
+    ],
+)
+def test_run_section_refuses_unknown_keys_and_wrong_types(run, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**copy.deepcopy(BASE), "run": run})
+    with pytest.raises(ConfigError, match=r"\[run\] must be a table"):
+        parse_config({**copy.deepcopy(BASE), "run": True})
