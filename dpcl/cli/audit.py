@@ -109,38 +109,49 @@ def stream_unit_ids(config: TrainingConfig) -> list[Any] | None:
     return list(lister(dict(config.raw["stream"])))
 
 
-def run_section_problems(config: TrainingConfig) -> list[str]:
-    """Check the ``[run]`` section against ``dpcl run``'s keys; return privacy violations it implies.
+NOT_PRIVATE_VIOLATION = (
+    "the run is NOT private: [run] private = false trains without clipping or noise, so its releases have no "
+    "differential-privacy guarantee at all (epsilon is infinite). Remove `private = false` from [run] (or set it "
+    "to true) to train with the privacy plan audited here and get a guarantee."
+)
 
-    Unknown keys or wrong types raise ConfigError. ``private = false`` trains without noise: the
-    run then has no privacy guarantee at all, which the audit reports as a violation.
+
+def non_private_report(report: AuditReport) -> AuditReport:
+    """The audit of a ``[run] private = false`` config: no epsilon anywhere, one violation saying why.
+
+    The method's plan is still checked (so a broken config is still refused), but no private epsilon
+    is reported: the run adds no noise, so none of the planned costs would hold.
     """
-    section = config.raw.get("run")
-    if section is None:
-        return []
-    try:
-        from dpcl.runner.run import RUN_KEYS
-    except ImportError:  # pragma: no cover - runner not in this build
-        return []
-    unknown = sorted(set(section) - set(RUN_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown [run] key(s) {', '.join(unknown)}; allowed: {', '.join(RUN_KEYS)}.")
-    for key, (kind, default, help_text) in RUN_KEYS.items():
-        value = section.get(key, default)
-        if not isinstance(value, kind):
-            raise ConfigError(f"[run] {key} must be {kind.__name__} ({help_text}); got {value!r}.")
-    if section.get("private", True) is False:
-        return [
-            "[run] private = false: the run trains without clipping or noise, so its releases have no "
-            "differential-privacy guarantee at all (the numbers above are what the private run would cost)."
-        ]
-    return []
+    per_task = tuple(
+        {
+            **{k: v for k, v in entry.items() if k not in ("epsilon", "release_epsilon", "cumulative_epsilon", "noise")},
+            "status": "not private: trained without noise",
+        }
+        for entry in report.per_task
+    )
+    return AuditReport(
+        **{
+            **report.__dict__,
+            "epsilon": None,
+            "accountant": "none (not private)",
+            "per_task": per_task,
+            "violations": (NOT_PRIVATE_VIOLATION,) + report.violations,
+            "notes": ("The method's privacy plan was checked (a broken config is still refused) but the run does not "
+                      "apply it: no noise is added, so no planned epsilon holds.",),
+            "filter": {},
+            "private": False,
+        }
+    )
 
 
 def _table_payload(report: AuditReport) -> dict[str, Any]:
+    if not report.private:
+        verdict, no_epsilon = "NOT PRIVATE", "none: not private (epsilon is infinite)"
+    else:
+        verdict, no_epsilon = ("sound" if report.sound else "PRIVACY VIOLATION"), "no sound bound"
     payload: dict[str, Any] = {
-        "verdict": "sound" if report.sound else "PRIVACY VIOLATION",
-        "epsilon": report.epsilon if report.epsilon is not None else "no sound bound",
+        "verdict": verdict,
+        "epsilon": report.epsilon if report.epsilon is not None else no_epsilon,
         "delta": report.delta,
         "across_tasks": report.across_tasks,
         "accountant": report.accountant,
@@ -169,31 +180,20 @@ def _table_payload(report: AuditReport) -> dict[str, Any]:
         payload["violations"] = "\n".join(f"- {v}" for v in report.violations)
     if report.notes:
         payload["notes"] = "\n".join(report.notes)
-    return payload
+    # the table is rendered by rich: "[run]", "[stream]"... are text, not markup
+    from rich.markup import escape
 
-
-def _quiet_library_logs() -> None:
-    """dp-accounting's RDP code logs one absl warning per excluded order (harmless: the order is simply not
-    used for the bound); keep stderr to dpcl's own one-line messages."""
-    import logging
-
-    logging.getLogger("absl").setLevel(logging.ERROR)
+    return {key: escape(value) if isinstance(value, str) else value for key, value in payload.items()}
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    _quiet_library_logs()
     config = load_config(args.config, data_stream_keys=_data_stream_keys())
     sizes, reports, size_notes = stream_task_sizes(config)
-    run_problems = run_section_problems(config)
     report = audit_config(config, sizes, filter_reports=reports, unit_ids=stream_unit_ids(config))
-    if size_notes or run_problems:
-        report = AuditReport(
-            **{
-                **report.__dict__,
-                "notes": tuple(size_notes) + report.notes,
-                "violations": tuple(run_problems) + report.violations,
-            }
-        )
+    if size_notes:
+        report = AuditReport(**{**report.__dict__, "notes": tuple(size_notes) + report.notes})
+    if not config.private:
+        report = non_private_report(report)
     if getattr(args, "json", False):
         emit(args, "dpcl audit", report.to_dict())
     else:
@@ -201,5 +201,6 @@ def run_audit(args: argparse.Namespace) -> int:
     if not report.sound:
         more = f" (and {len(report.violations) - 1} more, listed in the output)" if len(report.violations) > 1 else ""
         first = " ".join(report.violations[0].split())
-        sys.stderr.write(f"dpcl audit: privacy violation{more}: {first}\n")
+        kind = "" if not report.private else "privacy violation: "
+        sys.stderr.write(f"dpcl audit: {kind}{first}{more}\n")
     return report.exit_code

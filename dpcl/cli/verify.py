@@ -3,7 +3,9 @@
 Recomputes epsilon from the certificate's events (with the accountant it names,
 within the stated relative tolerance) and re-hashes the checkpoint (named in the
 certificate relative to itself; ``--checkpoint`` overrides). Exit 0 when every
-check passes, 3 when one fails (the failed checks are named), 2 when the
+check passes, 3 when one fails (the failed checks are named) or when the file
+is the statement of non-privacy a ``[run] private = false`` run writes
+(``taskNNN.nonprivate-cert.json``: the checkpoint is NOT private), 2 when the
 certificate is malformed.
 """
 
@@ -23,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="verify a privacy certificate against its events and checkpoint",
         description=(
             "Recompute epsilon from a certificate's events and check the checkpoint's SHA-256. "
-            "Exit 0: valid; 3: a check failed; 2: malformed certificate."
+            "Exit 0: valid; 3: a check failed, or the file states that its checkpoint is NOT private "
+            "([run] private = false); 2: malformed certificate."
         ),
     )
     parser.add_argument("certificate", metavar="CERT.json", help="certificate written by dpcl run")

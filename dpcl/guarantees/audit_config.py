@@ -67,6 +67,8 @@ class AuditReport:
     notes: tuple[str, ...] = ()
     total_epsilon: float | None = None
     filter: dict[str, Any] = field(default_factory=dict)
+    #: False for a ``[run] private = false`` config (no noise at all: ``epsilon`` is None, one violation says so).
+    private: bool = True
 
     @property
     def sound(self) -> bool:
@@ -79,6 +81,7 @@ class AuditReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "sound": self.sound,
+            "private": self.private,
             "epsilon": self.epsilon,
             "delta": self.delta,
             "across_tasks": self.across_tasks,

@@ -39,6 +39,8 @@ from dpcl.guarantees.ledger import ACROSS_TASKS, Charge, StreamGuarantee, TaskLe
 
 __all__ = [
     "CERTIFICATE_FORMAT",
+    "NON_PRIVATE_FORMAT",
+    "NonPrivateReleaseError",
     "RELATIVE_TOLERANCE",
     "DEFAULT_RELATIVE_TOLERANCE",
     "build_certificate",
@@ -51,6 +53,9 @@ __all__ = [
 ]
 
 CERTIFICATE_FORMAT = "dpcl-certificate"
+#: Format of the statement ``dpcl run`` writes for a release of a ``[run] private = false`` run
+#: (``taskNNN.nonprivate-cert.json``): it says the checkpoint is NOT private; it is not a certificate.
+NON_PRIVATE_FORMAT = "dpcl-non-private-release"
 CERTIFICATE_VERSION = 1
 
 #: Relative tolerance between stated and recomputed epsilon, per accountant.
@@ -200,6 +205,31 @@ def write_certificate(path: "str | os.PathLike[str]", certificate: Mapping[str, 
     return write_json_atomic(target, cert)
 
 
+class NonPrivateReleaseError(VerificationError):
+    """A statement of non-privacy was given where a certificate was expected: the checkpoint it names was
+    trained without differential privacy, so there is nothing to verify (exit code 3, like any failed check)."""
+
+
+def _non_private_message(path: Path, data: Mapping[str, Any]) -> str:
+    release = data.get("release") if isinstance(data.get("release"), Mapping) else {}
+    ckpt = data.get("checkpoint") if isinstance(data.get("checkpoint"), Mapping) else {}
+    what = ", ".join(
+        part
+        for part in (
+            f"task {release['task_index']}" if "task_index" in release else "",
+            f"method {release['method']!r}" if "method" in release else "",
+            f"checkpoint {ckpt['path']!r}" if "path" in ckpt else "",
+        )
+        if part
+    )
+    return (
+        f"{str(path)!r} is a statement that the checkpoint is NOT differentially private"
+        + (f" ({what})" if what else "")
+        + ": it was trained with [run] private = false (no noise, no clipping), so it has no privacy guarantee "
+        "(epsilon is infinite). It is not a certificate; train with private = true to get one."
+    )
+
+
 def read_certificate(path: "str | os.PathLike[str]") -> dict[str, Any]:
     """Read and structurally validate a certificate; malformed input raises MalformedCertificateError."""
     p = Path(path)
@@ -209,6 +239,8 @@ def read_certificate(path: "str | os.PathLike[str]") -> dict[str, Any]:
         raise MalformedCertificateError(f"certificate {str(p)!r} does not exist.") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedCertificateError(f"certificate {str(p)!r} is not valid JSON: {exc}.") from exc
+    if isinstance(data, dict) and data.get("format") == NON_PRIVATE_FORMAT:
+        raise NonPrivateReleaseError(_non_private_message(p, data))
     if not isinstance(data, dict) or data.get("format") != CERTIFICATE_FORMAT:
         raise MalformedCertificateError(f"{str(p)!r} is not a dpcl certificate (format must be {CERTIFICATE_FORMAT!r}).")
     if data.get("version") != CERTIFICATE_VERSION:

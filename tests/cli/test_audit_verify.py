@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -92,12 +93,85 @@ def test_audit_invalid_config_exit_2(tmp_path, capsys, old, new, message):
 
 
 def test_audit_run_section(tmp_path, capsys):
-    code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT + "\n[run]\nprivate = false\n"), "--json")
-    assert code == 3 and "no differential-privacy guarantee" in json.loads(out)["violations"][0]
     code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT + "\n[run]\nprivate = true\n"))
     assert code == 0
+    code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT + "\n[run]\nreproducible_noise = true\n"))
+    assert code == 0, err
     code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT + "\n[run]\nprivat = true\n"))
     assert code == 2 and "unknown [run] key(s) privat" in err and out == ""
+    code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT + "\n[run]\nprivate = 0\n"))
+    assert code == 2 and "[run] private must be bool" in err and out == ""
+
+
+def test_audit_non_private_run_reports_no_epsilon(tmp_path, capsys):
+    path = _write(tmp_path, COSINE_TEXT + "\n[run]\nprivate = false\n")
+    code, out, err = _run(capsys, "audit", path, "--json")
+    assert code == 3
+    payload = json.loads(out)
+    assert payload["private"] is False and payload["sound"] is False and payload["epsilon"] is None
+    assert "NOT private" in payload["violations"][0] and "remove `private = false`" in payload["violations"][0].lower()
+    assert len(payload["per_task"]) == 5
+    for entry in payload["per_task"]:
+        assert not {"epsilon", "cumulative_epsilon", "release_epsilon", "noise"} & set(entry)
+        assert entry["status"].startswith("not private")
+    assert payload["filter"] == {}
+    assert err.count("\n") == 1 and "the run is NOT private" in err and "Remove `private = false`" in err
+
+    code, out, err = _run(capsys, "audit", path)
+    assert code == 3 and "NOT PRIVATE" in out and "[run] private = false" in out
+    # the private run's epsilon appears nowhere in the table
+    private_eps = json.loads(_run(capsys, "audit", str(CONFIGS / "cosine.toml"), "--json")[1])["epsilon"]
+    assert f"epsilon={private_eps:.6g}" not in out and "cumulative_epsilon" not in out
+
+
+def test_audit_declared_disjoint_stream_with_shared_units_exit_3(tmp_path, capsys, monkeypatch):
+    """A writer contributes two consecutive digit images (unit id = row // 2): a class-incremental split by
+    label puts a writer's two images in different tasks, so the declared-disjoint stream shares units."""
+    import dpcl.data
+    from dpcl.data import registry
+
+    real = registry.dataset_labels
+
+    def by_writer(name, **options):
+        labels, _units, n_classes = real(name, **options)
+        return labels, np.arange(labels.size, dtype=np.int64) // 2, n_classes
+
+    monkeypatch.setattr(registry, "dataset_labels", by_writer)
+    section = {"dataset": "digits", "tasks": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]}
+    units = dpcl.data.task_train_unit_ids(section)
+    shared = np.intersect1d(units[0], np.concatenate(units[1:]))
+    assert shared.size > 0  # the premise: this stream really shares writers across tasks
+
+    code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT), "--json")
+    assert code == 3
+    payload = json.loads(out)
+    assert payload["across_tasks"] == "sequential"  # accounted without the disjointness it lacks
+    named = [v for v in payload["violations"] if "declared to hold disjoint privacy units but share unit" in v]
+    assert len(named) == 1
+    unit = int(re.search(r"share unit '(\d+)'", named[0]).group(1))
+    assert sum(unit in u for u in map(set, units)) >= 2  # the named unit really is in two tasks
+    assert f"share unit '{unit}'" in err and err.count("\n") == 1
+
+    monkeypatch.setattr(registry, "dataset_labels", real)
+    code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT), "--json")
+    assert code == 0, err
+
+
+def test_audit_blurry_stream_of_multi_image_units_is_caught(tmp_path, capsys, monkeypatch):
+    """Blurry hand-over is per example: with units of ten images some unit is split across tasks."""
+    from dpcl.data import registry
+
+    real = registry.dataset_labels
+    monkeypatch.setattr(
+        registry, "dataset_labels",
+        lambda name, **o: (lambda y, u, k: (y, np.arange(y.size, dtype=np.int64) // 10, k))(*real(name, **o)),
+    )
+    text = COSINE_TEXT.replace('dataset = "digits"', 'dataset = "digits"\nkind = "blurry"\nblurry_fraction = 0.3', 1)
+    text = text.replace("prior_labels = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]", "prior_labels = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]")
+    assert 'kind = "blurry"' in text and "prior_labels = [0, 1," in text
+    code, out, err = _run(capsys, "audit", _write(tmp_path, text), "--json")
+    assert code == 3, err
+    assert any("but share unit" in v for v in json.loads(out)["violations"])
 
 
 def test_audit_missing_file_exit_2(tmp_path, capsys):
@@ -202,3 +276,24 @@ def test_verify_malformed_exit_2(tmp_path, capsys):
     bad.write_text('{"format": "dpcl-certificate", "version": 1')
     code, out, err = _run(capsys, "verify", str(bad))
     assert code == 2 and out == "" and "not valid JSON" in err and err.count("\n") == 1
+
+
+def test_verify_non_private_statement_exit_3(tmp_path, capsys):
+    """The statement a `[run] private = false` release carries is not a certificate: verify says plainly that
+    the checkpoint is NOT private (exit 3), not that the file is malformed (exit 2)."""
+    from dpcl.guarantees.certificates import NON_PRIVATE_FORMAT
+    from dpcl.runner import run as runner
+
+    assert runner.NON_PRIVATE_FORMAT == NON_PRIVATE_FORMAT
+    ckpt = tmp_path / "checkpoints" / "task001.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"weights trained without noise")
+    statement = tmp_path / "certificates" / "task001.nonprivate-cert.json"
+    statement.parent.mkdir()
+    runner._non_private_statement(statement, task=0, method="cosine", checkpoint=ckpt, config={"run": {"private": False}})
+    assert json.loads(statement.read_text())["format"] == NON_PRIVATE_FORMAT
+    for extra in ((), ("--json",)):
+        code, out, err = _run(capsys, "verify", str(statement), *extra)
+        assert code == 3 and out == ""
+        assert err.count("\n") == 1 and "NOT differentially private" in err and "not a certificate" in err
+        assert "private = false" in err and "task 0" in err
