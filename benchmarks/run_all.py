@@ -146,7 +146,7 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     k = results["calibration"]
     rows.append((
         "10⁶ analytic Gaussian calibrations (per-token budgets) vs dp-accounting, one call per token (extrapolated)",
-        f"{_ms(k['ours'].seconds)}, max δ {k['max_achieved_delta']:.6g} ≤ {k['delta']:g}",
+        f"{_ms(k['ours'].seconds)}, max δ {k['max_achieved_delta']:.10g} ≤ {k['delta']:g}",
         f"≈ {_ms(k['reference'].seconds)}",
         f"{k['reference'].seconds / k['ours'].seconds:,.0f}× faster; σ × {k['ours_vs_reference_mean_ratio']:.6f}",
     ))
