@@ -26,7 +26,16 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("config", metavar="CONFIG.toml", help="training config ([privacy], [stream], [method], optional [run])")
     parser.add_argument("--out", required=True, metavar="DIR", help="run directory (created; reused to resume)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, sampling and noise (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0,
+        help="seed of initialisation, shuffles and the stream ([stream] seed unless the config sets it); default 0. "
+        "Privacy noise and Poisson sampling never come from it unless --reproducible-noise is given",
+    )
+    parser.add_argument(
+        "--reproducible-noise", action="store_true",
+        help="research only: draw the privacy noise and Poisson sampling from --seed (as [run] reproducible_noise = "
+        "true); the certificates then state that the release is private only against someone who does not know the seed",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="torch device (default: [method] device, else cpu); cuda must be available")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -88,7 +97,10 @@ def run_command(args: argparse.Namespace) -> int:
     from dpcl.runner import run_training
 
     quiet_accounting_logs()
-    result = run_training(args.config, args.out, seed=args.seed, device=args.device, quiet=args.quiet or args.json)
+    result = run_training(
+        args.config, args.out, seed=args.seed, device=args.device, quiet=args.quiet or args.json,
+        reproducible_noise=args.reproducible_noise,
+    )
     if args.json:
         print_json(
             {

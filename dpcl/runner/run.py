@@ -69,6 +69,13 @@ RUN_KEYS: dict[str, tuple[type, Any, str]] = {
         "false trains a non-private reference model (no noise, no clipping); its releases carry a "
         "statement that they are NOT differentially private instead of a certificate",
     ),
+    "reproducible_noise": (
+        bool,
+        False,
+        "true draws the privacy noise and Poisson sampling from the recorded seed (research reproducibility; every "
+        "certificate then says the release is private only against someone who does not know the seed); false "
+        "(default) draws them from OS entropy that is recorded nowhere",
+    ),
 }
 
 NON_PRIVATE_STATEMENT = (
@@ -182,14 +189,22 @@ class _PreparedTask:
     test_labels: np.ndarray
 
 
-def _prepare_tasks(stream: Any, label_sets: Sequence[tuple[int, ...]]) -> tuple[list[_PreparedTask], list[Any]]:
+def _prepare_tasks(
+    stream: Any, label_sets: Sequence[tuple[int, ...]], needs_texts: bool = False
+) -> tuple[list[_PreparedTask], list[Any]]:
+    """Label-filtered tasks. Raw-text streams, and methods that declare ``needs_texts`` (PeCL), get the texts
+    and are evaluated on the test texts (an object array) instead of encoder features."""
     from dpcl.guarantees.label_space import filter_task
 
     prepared, reports = [], []
     for task, output in zip(stream, label_sets):
         text_only = task.train.features is None
-        if text_only and (task.train.texts is None or task.test.texts is None):
-            raise ConfigError(f"[stream] dataset {stream.dataset_name!r} gives neither features nor texts.")
+        if (text_only or needs_texts) and (task.train.texts is None or task.test.texts is None):
+            raise ConfigError(
+                f"[stream] dataset {stream.dataset_name!r} gives no raw texts"
+                + (", and this method trains on text (use dataset = 'fortunes_texts')." if needs_texts
+                   else " and no features.")
+            )
         mask, report = filter_task(task.train.labels, output, task.index)
         reports.append(report)
         if len(task.test) == 0:
@@ -209,7 +224,7 @@ def _prepare_tasks(stream: Any, label_sets: Sequence[tuple[int, ...]]) -> tuple[
                 texts=None if task.train.texts is None else np.asarray(task.train.texts[mask], dtype=object),
                 test_features=(
                     np.asarray(task.test.texts, dtype=object)
-                    if text_only
+                    if text_only or needs_texts
                     else np.asarray(task.test.features, dtype=np.float32)
                 ),
                 test_labels=np.asarray(task.test.labels, dtype=np.int64),
@@ -264,24 +279,36 @@ def run_training(
     device: str | None = None,
     quiet: bool = False,
     stop_after_task: int | None = None,
+    reproducible_noise: bool = False,
 ) -> RunResult:
     """Train, certify and evaluate the run ``config_path`` describes, into ``out_dir`` (resuming if possible).
 
     ``stop_after_task`` (0-based) stops once that task is certified, as an
     interruption would; rerunning with the same ``out_dir`` resumes.
+
+    ``seed`` drives initialisation, shuffles and the stream's own randomness
+    (``[stream] seed`` unless the config sets it; ``split_seed`` stays as
+    configured). The privacy noise and Poisson sampling come from OS entropy
+    (:mod:`dpcl.methods.noise_source`) unless ``reproducible_noise`` (or
+    ``[run] reproducible_noise = true``) draws them from ``seed``; each
+    certificate states which, as an assumption.
     """
     from dpcl.data import STREAM_KEYS, build_stream
     from dpcl.guarantees.audit_config import audit_config, resolve_across_tasks
     from dpcl.guarantees.config import load_config
     from dpcl.guarantees.label_space import describe_filtering
     from dpcl.metrics import accuracy_rows, summarize
+    from dpcl.methods.noise_source import noise_assumptions
 
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InvalidParameterError(f"--seed must be an integer >= 0, got {seed!r}.")
+    if not isinstance(reproducible_noise, bool):
+        raise InvalidParameterError(f"--reproducible-noise is a switch (true/false), got {reproducible_noise!r}.")
     config_file = Path(config_path)
     config = load_config(config_file, data_stream_keys=STREAM_KEYS)
     run_options = _run_section(config)
     private = bool(run_options["private"])
+    reproducible = bool(reproducible_noise or run_options["reproducible_noise"])
     method_name = config.method["name"]
     device = resolve_device(device, config.method)
     try:
@@ -294,10 +321,12 @@ def run_training(
     cls = method_class(method_name)
 
     # -- stream, label filter, audit (before any training) -----------------------------------------
-    stream = build_stream(config.raw["stream"])
+    stream_options = dict(config.raw["stream"])
+    stream_options.setdefault("seed", seed)  # --seed drives the stream unless [stream] seed is set explicitly
+    stream = build_stream(stream_options)
     n_tasks = len(stream)
     label_sets = _label_sets(config, n_tasks)
-    prepared, filter_reports = _prepare_tasks(stream, label_sets)
+    prepared, filter_reports = _prepare_tasks(stream, label_sets, bool(getattr(cls, "needs_texts", False)))
     sizes = [len(p.labels) for p in prepared]
     declared = config.stream.get("task_sizes")
     if declared is not None and list(declared) != sizes:
@@ -329,13 +358,20 @@ def run_training(
         if state.get("format") != RUN_STATE_FORMAT:
             raise ConfigError(f"{state_path} is not a dpcl run state; use another --out directory.")
         mismatch = [
-            name for name, mine in (("config", digest), ("seed", seed), ("private", private), ("method", method_name))
-            if state.get(name if name != "config" else "config_sha256") != mine
+            name
+            for name, mine, recorded in (
+                ("config", digest, state.get("config_sha256")),
+                ("seed", seed, state.get("seed")),
+                ("private", private, state.get("private")),
+                ("method", method_name, state.get("method")),
+                ("noise source (reproducible_noise)", reproducible, state.get("reproducible_noise", False)),
+            )
+            if recorded != mine
         ]
         if mismatch:
             raise ConfigError(
                 f"--out {str(out)!r} holds a run with a different {', '.join(mismatch)}; resume it with the same "
-                "config file and --seed, or use a new --out directory."
+                "config file, --seed and --reproducible-noise setting, or use a new --out directory."
             )
         releases = [ReleaseSummary.from_dict(r) for r in state["releases"]]
     resumed_after = releases[-1].task_index if releases else None
@@ -348,6 +384,7 @@ def run_training(
         input_dim=int(prepared[0].features.shape[1]),
         seed=seed,
         device=device,
+        reproducible_noise=reproducible,
     )
     method = cls(setup)
 
@@ -364,7 +401,8 @@ def run_training(
             unit=report.unit,
             total_epsilon=config.privacy.get("total_epsilon"),
             total_delta=config.privacy.get("total_delta"),
-            metadata={"config": config.to_dict(), "method": method_name, "seed": seed},
+            metadata={"config": config.to_dict(), "method": method_name, "seed": seed,
+                      "reproducible_noise": reproducible},
         )
 
     if releases:
@@ -384,6 +422,7 @@ def run_training(
                 "config_sha256": digest,
                 "config_path": str(config_file),
                 "seed": seed,
+                "reproducible_noise": reproducible,
                 "private": private,
                 "method": method_name,
                 "n_tasks": n_tasks,
@@ -427,6 +466,15 @@ def run_training(
             certificate = out / "certificates" / f"task{t + 1:03d}.cert.json"
             assumptions = list(report.assumptions)
             assumptions += [a for a in plan.assumptions if a not in assumptions]
+            assumptions += [a for a in noise_assumptions(reproducible) if a not in assumptions]
+            extra: dict[str, Any] = {
+                "seed": seed,
+                "reproducible_noise": reproducible,
+                "plan_notes": list(plan.notes),
+                "device": device,
+            }
+            if hasattr(method, "certificate_extra"):  # e.g. L2DP-ML: Thm 2 terms and checked preconditions
+                extra.update(method.certificate_extra(t))
             cert = certificate_from_ledger(
                 ledger,
                 method=method_name,
@@ -435,7 +483,7 @@ def run_training(
                 checkpoint=checkpoint,
                 config=config.to_dict(),
                 label_filtering=describe_filtering(filter_reports[: t + 1]),
-                extra={"seed": seed, "plan_notes": list(plan.notes), "device": device},
+                extra=extra,
             )
             write_certificate(certificate, cert)
             verify_certificate(certificate).raise_if_invalid()
@@ -476,6 +524,8 @@ def run_training(
         "private": private,
         "complete": complete,
         "seed": seed,
+        "reproducible_noise": reproducible,
+        "stream_seed": int(stream.seed),
         "device": device,
         "config": str(config_file),
         "epsilon_per_task": config.privacy["epsilon"] if private else math.inf,

@@ -43,6 +43,22 @@ def test_run_json_reports_every_release_and_the_certificates_verify(tmp_path):
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+def test_reproducible_noise_flag_repeats_the_run_and_the_certificate_says_so(tmp_path):
+    from dpcl.guarantees.certificates import read_certificate
+    from dpcl.methods.noise_source import REPRODUCIBLE_NOISE_ASSUMPTION
+
+    config = write_config(tmp_path, "cosine", tasks="[[0, 1], [2, 3]]")
+    runs = [dpcl("run", str(config), "--out", str(tmp_path / name), "--json", "--reproducible-noise")
+            for name in ("a", "b")]
+    assert all(done.returncode == 0 for done in runs), runs[0].stderr
+    a, b = (json.loads(done.stdout) for done in runs)
+    assert a["average_accuracy"] == b["average_accuracy"]
+    assert (tmp_path / "a" / "checkpoints" / "task002.pt").read_bytes() == (
+        tmp_path / "b" / "checkpoints" / "task002.pt").read_bytes()
+    cert = read_certificate(tmp_path / "a" / a["releases"][-1]["certificate"])
+    assert REPRODUCIBLE_NOISE_ASSUMPTION in cert["assumptions"]
+
+
 def test_table_output_shows_progress_bars_unless_quiet(tmp_path):
     config = write_config(tmp_path, "cosine")
     loud = dpcl("run", str(config), "--out", str(tmp_path / "a"))
