@@ -13,7 +13,7 @@ and it chooses the number of steps from epochs. The plan fixes ``q`` and the
 number of steps ``T`` (those are what the ledger charged), so the loop below
 draws its own Poisson masks (one vectorised ``rand(n) < q`` per step) and runs
 exactly ``T`` steps. Empty Poisson samples are kept: the step still adds noise
-(opacus handles an empty batch), as the accounting assumes.
+(empty per-example gradients, then opacus' noise), as the accounting assumes.
 """
 
 from __future__ import annotations
@@ -185,7 +185,13 @@ def train_classifier(
         else:
             batch = torch.zeros(0, dtype=torch.long, device=device)
         optimizer.zero_grad(set_to_none=True)
-        if schedule.private or batch.numel():
+        if schedule.private and not batch.numel():
+            # An empty Poisson sample: no forward pass (a text encoder cannot run on zero sequences), the
+            # step releases noise alone, as the accounting assumes: empty per-example gradients, then noise.
+            for p in params:
+                p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+            optimizer.step()
+        elif batch.numel():
             logits = train_model(*(x[batch] for x in inputs))
             loss = loss_fn(logits, targets[batch])
             if not schedule.private:

@@ -124,6 +124,33 @@ def test_empty_data_still_takes_noise_only_steps():
     assert not torch.equal(model.head.weight, before)
 
 
+class _NoEmptyForward(torch.nn.Module):
+    """Like a text encoder: refuses a forward pass over zero examples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(5, 2)
+        self.forwards = 0
+
+    def forward(self, x):
+        if x.shape[0] == 0:
+            raise RuntimeError("cannot run on zero examples")
+        self.forwards += 1
+        return self.head(x)
+
+
+def test_empty_poisson_samples_take_a_noise_only_step_without_a_forward_pass():
+    """Rate 1e-12 on 20 examples: every Poisson sample is empty, every step still adds noise."""
+    model = _NoEmptyForward()
+    before = model.head.weight.clone()
+    train_classifier(
+        model, torch.randn(20, 5), torch.zeros(20, dtype=torch.long), SgdSchedule(1e-12, 3, 1.0, 1.0),
+        learning_rate=0.1, generator=torch.Generator().manual_seed(0),
+    )
+    assert model.forwards == 0
+    assert not torch.equal(model.head.weight, before)
+
+
 def test_seeded_adapter_does_not_touch_the_global_rng():
     torch.manual_seed(123)
     expected = torch.rand(3)

@@ -75,6 +75,27 @@ def test_baselines_train(strategy, privacy):
     assert 0.0 <= acc <= 1.0
 
 
+def test_dpsgd_baseline_takes_a_noise_step_for_every_poisson_sample_even_an_empty_one(monkeypatch):
+    """batch_size 1 on 16 texts: q = 1/16, 32 steps; with the reproducible opt-in the Poisson masks are
+    recomputed here from the documented noise source, some are empty, and every step still reaches opacus."""
+    from opacus.optimizers import DPOptimizer
+
+    from dpcl.methods.noise_source import noise_torch_generator
+
+    calls = []
+    original = DPOptimizer.pre_step
+    monkeypatch.setattr(DPOptimizer, "pre_step", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    config = learner_config(**{**TINY, "batch_size": 1}, strategy="seqft", privacy="dpsgd")
+    learner = ContinualLM(4, config, seed=3, public_texts=PUBLIC, reproducible_noise=True)
+    texts, labels = _tasks()[0]
+    record = learner.fit_task(0, texts, labels)
+    steps, q = record["dpsgd"]["steps"], record["dpsgd"]["sample_rate"]
+    assert (steps, q) == (32, 1 / 16)
+    sampling = noise_torch_generator(3, True, 0, 1)
+    empty = sum(int(not bool((torch.rand(16, generator=sampling) < q).any())) for _ in range(steps))
+    assert empty >= 1 and len(calls) == steps
+
+
 def test_learner_config_refuses_mismatched_privacy():
     with pytest.raises(InvalidParameterError, match="tdp"):
         learner_config(strategy="seqft", privacy="tdp")

@@ -428,17 +428,21 @@ class ContinualLM:
             idx = torch.nonzero(take).flatten().to(self.device)
             opt.zero_grad()
             if idx.numel() == 0:
-                continue  # an empty Poisson batch releases nothing
-            b_ids, b_mask, b_y = ids[idx], mask[idx], y[idx]
-            with torch.no_grad():
-                emb = self.embedding(b_ids)
-            cls_logits, lm_logits = gsm(emb, b_mask)
-            tok = per_token_lm_loss(lm_logits, b_ids, b_mask)
-            per_example = nn.functional.cross_entropy(cls_logits, b_y, reduction="none") + cfg.lm_weight * (
-                tok.sum(1) / b_mask[:, 1:].sum(1).clamp_min(1)
-            )
-            # opacus scales by the expected batch size; sum / expected = its "mean" reduction
-            (per_example.sum() / cfg.batch_size).backward()
+                # An empty Poisson sample still releases a noise-only step: skipping it would reveal that the
+                # sample was empty, which the subsampled-Gaussian accounting does not cover.
+                for p in params:
+                    p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+            else:
+                b_ids, b_mask, b_y = ids[idx], mask[idx], y[idx]
+                with torch.no_grad():
+                    emb = self.embedding(b_ids)
+                cls_logits, lm_logits = gsm(emb, b_mask)
+                tok = per_token_lm_loss(lm_logits, b_ids, b_mask)
+                per_example = nn.functional.cross_entropy(cls_logits, b_y, reduction="none") + cfg.lm_weight * (
+                    tok.sum(1) / b_mask[:, 1:].sum(1).clamp_min(1)
+                )
+                # opacus scales by the expected batch size; sum / expected = its "mean" reduction
+                (per_example.sum() / cfg.batch_size).backward()
             if opt.pre_step():  # clip per-example gradients, add noise: p.grad is the released gradient
                 if fisher is not None:
                     for f, p in zip(fisher, params):
