@@ -53,7 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="directory for the demo run (default: a new temporary directory)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the demo run's noise (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0,
+        help="seed of the demo run's stream order (default 0); the privacy noise comes from OS entropy",
+    )
     add_json_flag(parser)
     parser.set_defaults(handler=run_demo)
 
