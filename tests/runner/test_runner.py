@@ -14,11 +14,10 @@ from dpcl.errors import (  # noqa: E402
     ConfigError,
     InvalidParameterError,
     LabelSpaceViolationError,
-    MalformedCertificateError,
     PrivacyViolationError,
     VerificationError,
 )
-from dpcl.guarantees.certificates import read_certificate, verify_certificate  # noqa: E402
+from dpcl.guarantees.certificates import NonPrivateReleaseError, read_certificate, verify_certificate  # noqa: E402
 from dpcl.guarantees.ledger import TaskLedger  # noqa: E402
 from dpcl.runner import run_training  # noqa: E402
 from run_helpers import write_config  # noqa: E402
@@ -134,8 +133,10 @@ def test_non_private_run_says_it_is_not_private(tmp_path):
     statement = json.loads((tmp_path / "out" / result.releases[-1].certificate).read_text())
     assert statement["private"] is False and "WITHOUT differential privacy" in statement["statement"]
     assert "cert" in result.releases[-1].certificate
-    with pytest.raises(MalformedCertificateError):
+    # dpcl verify never accepts it: it is refused as a statement of non-privacy (exit 3)
+    with pytest.raises(NonPrivateReleaseError, match="NOT differentially private") as refused:
         verify_certificate(tmp_path / "out" / result.releases[-1].certificate)
+    assert refused.value.exit_code == 3
     assert result.metrics["average_accuracy"] > 0.8
 
 
