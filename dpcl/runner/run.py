@@ -56,27 +56,11 @@ import numpy as np
 from dpcl import __version__
 from dpcl.errors import ConfigError, InvalidParameterError, MissingDependencyError, PrivacyViolationError
 from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
+from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
 
 RUN_STATE_FORMAT = "dpcl-run"
 RUN_STATE_VERSION = 1
 NON_PRIVATE_FORMAT = "dpcl-non-private-release"
-
-#: Keys of the ``[run]`` config section read by ``dpcl run``: name -> (type, default, help).
-RUN_KEYS: dict[str, tuple[type, Any, str]] = {
-    "private": (
-        bool,
-        True,
-        "false trains a non-private reference model (no noise, no clipping); its releases carry a "
-        "statement that they are NOT differentially private instead of a certificate",
-    ),
-    "reproducible_noise": (
-        bool,
-        False,
-        "true draws the privacy noise and Poisson sampling from the recorded seed (research reproducibility; every "
-        "certificate then says the release is private only against someone who does not know the seed); false "
-        "(default) draws them from OS entropy that is recorded nowhere",
-    ),
-}
 
 NON_PRIVATE_STATEMENT = (
     "This checkpoint was trained WITHOUT differential privacy ([run] private = false): no noise was added and "
@@ -140,17 +124,8 @@ class RunResult:
 
 
 def _run_section(config: Any) -> dict[str, Any]:
-    section = config.raw.get("run", {}) or {}
-    unknown = sorted(set(section) - set(RUN_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown [run] key(s) {', '.join(unknown)}; allowed: {', '.join(RUN_KEYS)}.")
-    out: dict[str, Any] = {}
-    for key, (kind, default, help_text) in RUN_KEYS.items():
-        value = section.get(key, default)
-        if not isinstance(value, kind):
-            raise ConfigError(f"[run] {key} must be {kind.__name__} ({help_text}); got {value!r}.")
-        out[key] = value
-    return out
+    """The validated ``[run]`` options (:data:`RUN_KEYS`, checked by :func:`dpcl.guarantees.config.load_config`)."""
+    return {key: config.run.get(key, default) for key, (_kind, default, _help) in RUN_KEYS.items()}
 
 
 def resolve_device(requested: str | None, method_section: Mapping[str, Any]) -> str:
