@@ -52,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of the LoRA adapters")
     parser.add_argument("--head-lr", type=float, default=1e-2, help="learning rate of the classification head")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--reproducible-noise", action="store_true",
+                        help="draw the privacy noise from --seed (research reproducibility; default: OS entropy)")
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)
     unknown = [v for v in args.variants if v not in VARIANTS]
@@ -68,8 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for label in args.variants:
         results.append(run_method(label, VARIANTS[label], tasks, public, len(class_names), seed=args.seed,
-                                  canaries=canaries, base=base))
-        _write_json(out / "results.json", {"settings": {**base, "tasks": args.tasks, "seed": args.seed},
+                                  canaries=canaries, base=base, reproducible_noise=args.reproducible_noise))
+        _write_json(out / "results.json", {"settings": {**base, "tasks": args.tasks, "seed": args.seed,
+                                                        "reproducible_noise": args.reproducible_noise},
                                            "results": results})
         write_text_atomic(out / "table.md", markdown_table(results))
         print(markdown_table(results[-1:]).splitlines()[-1], flush=True)

@@ -127,8 +127,13 @@ def run_method(
     canary_repeats: int = 4,
     n_candidates: int = 200,
     base: dict[str, Any] | None = None,
+    reproducible_noise: bool = False,
 ) -> dict[str, Any]:
-    """Train one method over the stream; accuracy matrix, BWT/Last/Avg, canary exposure, privacy."""
+    """Train one method over the stream; accuracy matrix, BWT/Last/Avg, canary exposure, privacy.
+
+    The privacy noise comes from OS entropy unless ``reproducible_noise`` derives it from ``seed``
+    (:mod:`dpcl.methods.noise_source`); ``seed`` drives everything else.
+    """
     from dpcl.metrics import summarize
 
     config: LearnerConfig = learner_config(**{**(base or {}), **options})
@@ -139,7 +144,7 @@ def run_method(
             "secret is trained on and scored."
         )
     start = time.perf_counter()
-    learner = ContinualLM(n_labels, config, seed, public)
+    learner = ContinualLM(n_labels, config, seed, public, reproducible_noise=reproducible_noise)
     n = len(tasks)
     first_train_texts, first_train_labels = list(tasks[0].train_texts), tasks[0].train_labels
     if canaries:
@@ -240,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of the LoRA adapters")
     parser.add_argument("--head-lr", type=float, default=1e-2, help="learning rate of the classification head")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--reproducible-noise", action="store_true",
+                        help="draw the privacy noise from --seed (research reproducibility; default: OS entropy)")
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)  # dp-accounting's RDP order warnings; the bounds are unaffected
     unknown = [m for m in args.methods if m not in METHODS]
@@ -265,10 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for label in args.methods:
         results.append(
-            run_method(label, METHODS[label], tasks, public, len(class_names), seed=args.seed, canaries=canaries, base=base)
+            run_method(label, METHODS[label], tasks, public, len(class_names), seed=args.seed, canaries=canaries, base=base,
+                       reproducible_noise=args.reproducible_noise)
         )
         _write_json(out / "results.json", {"settings": {**base, "tasks": args.tasks, "max_per_class": args.max_per_class,
-                                                        "seed": args.seed, "classes": list(class_names)},
+                                                        "seed": args.seed, "classes": list(class_names),
+                                                        "reproducible_noise": args.reproducible_noise},
                                            "results": results})
         write_text_atomic(out / "table.md", markdown_table(results))
         print(markdown_table(results[-1:]).splitlines()[-1], flush=True)
