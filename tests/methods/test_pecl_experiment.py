@@ -79,10 +79,21 @@ def test_experiment_records_its_noise_source_and_repeats_only_under_the_opt_in(t
     args = ["--methods", "PeCL (analytic sigma)", "--tasks", "2", "--max-per-class", "6", "--epochs", "1", "--pretrain-steps", "2",
             "--n-layer", "1", "--n-embd", "16", "--n-head", "1", "--batch-size", "8"]
     runs = []
+    from dpcl.methods.pecl import learner as learner_module
+
     for name in ("a", "b"):
+        # a fresh process would not share the pre-training cache (whose hit skips global-RNG draws)
+        learner_module._PRETRAINED.clear()
         assert experiment(["--out", str(tmp_path / name), *args, "--reproducible-noise"]) == 0
         runs.append(json.loads((tmp_path / name / "results.json").read_text()))
     assert runs[0]["settings"]["reproducible_noise"] is True
     # losses after the noisy training steps and canary exposures repeat exactly (wall time aside)
     first, second = ({k: v for k, v in run["results"][0].items() if k != "seconds"} for run in runs)
     assert first == second
+    # without the opt-in the token noise is fresh: the same seed gives other losses
+    for name in ("c", "d"):
+        learner_module._PRETRAINED.clear()
+        assert experiment(["--out", str(tmp_path / name), *args]) == 0
+    fresh = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("c", "d")]
+    assert fresh[0]["settings"]["reproducible_noise"] is False
+    assert fresh[0]["results"][0]["tasks"] != fresh[1]["results"][0]["tasks"]
