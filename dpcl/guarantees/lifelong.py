@@ -77,7 +77,16 @@ import numpy as np
 from dpcl.accounting.events import Adjacency, ComposedEvent, LaplaceEvent, PoissonSampledGaussianEvent, RepeatedEvent
 from dpcl.accounting.validation import check_count, check_positive
 from dpcl.errors import ConfigError, InvalidParameterError
-from dpcl.guarantees.method_schema import REQUIRED, MethodKey, TaskPlan
+from dpcl.guarantees.method_schema import (
+    MethodKey,
+    TaskPlan,
+    method_value,
+    nonnegative,
+    one_of,
+    open_unit_interval,
+    positive,
+    positive_int,
+)
 
 __all__ = [
     "INPUT_RANGES",
@@ -477,81 +486,57 @@ def dpsgd_agem_epsilons(
 # ---------------------------------------------------------------------------
 # the method spec of [method] name = "l2dpml"
 # ---------------------------------------------------------------------------
-def _open_unit(value: Any) -> str | None:
-    return None if 0 < value < 1 else "must lie in (0, 1)"
 
 
-def _positive(value: Any) -> str | None:
-    return None if value > 0 and math.isfinite(value) else "must be > 0 and finite"
 
 
-def _nonnegative(value: Any) -> str | None:
-    return None if value >= 0 and math.isfinite(value) else "must be >= 0 and finite"
 
 
-def _positive_int(value: Any) -> str | None:
-    return None if value >= 1 else "must be an integer >= 1"
 
 
 def _hidden_sizes(value: Any) -> str | None:
     ok = isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
                                                     for v in value)
-    return None if ok else "must be a non-empty list of integers >= 1 ([|h1|, ..., |h_pi|])"
+    return None if ok else "a non-empty list of integers >= 1 ([|h1|, ..., |h_pi|])"
 
 
 REFERENCE_GRADIENTS = ("memory_mean", "random_batch")
 AUTOENCODER_TRAINING = ("every_task", "first_task")
 
 
-def _choice(options: tuple[str, ...]):
-    def check(value: Any) -> str | None:
-        return None if value in options else f"must be one of {', '.join(repr(o) for o in options)}"
-
-    return check
 
 
-def _input_range(value: Any) -> str | None:
-    return None if value in INPUT_RANGES else f"must be one of {', '.join(repr(k) for k in INPUT_RANGES)}"
 
 
 L2DPML_KEYS: tuple[MethodKey, ...] = (
     MethodKey("epsilon1_fraction", float, 0.5,
               "share of [privacy] epsilon given to the auto-encoder objective (epsilon1); the rest is epsilon2 "
-              "for the output-layer objective", _open_unit),
+              "for the output-layer objective", open_unit_interval),
     MethodKey("hidden_sizes", list, [16, 16],
               "[|h1|, ..., |h_pi|]: auto-encoder width |h1| then the widths of the fixed random hidden layers of "
               "the stacked network; the last is |h_pi|", _hidden_sizes),
     MethodKey("input_range", str, "unit",
               "declared box of every input feature: 'unit' = [0, 1], 'symmetric' = [-1, 1]; inputs outside it "
-              "are refused, never clamped", _input_range),
-    MethodKey("batch_size", int, 512, "lambda: size of the fixed disjoint batches (Alg. 2 line 4)", _positive_int),
+              "are refused, never clamped", one_of(*INPUT_RANGES)),
+    MethodKey("batch_size", int, 512, "lambda: size of the fixed disjoint batches (Alg. 2 line 4)", positive_int),
     MethodKey("memory_batches_per_task", int, 1,
-              "fixed batches of each finished task kept in the episodic memory (Alg. 2 line 17)", _positive_int),
-    MethodKey("epochs", int, 20, "passes over the fixed batches per task and phase (post-processing)", _positive_int),
-    MethodKey("learning_rate", float, 0.5, "step size of the projected gradient descent", _positive),
+              "fixed batches of each finished task kept in the episodic memory (Alg. 2 line 17)", positive_int),
+    MethodKey("epochs", int, 20, "passes over the fixed batches per task and phase (post-processing)", positive_int),
+    MethodKey("learning_rate", float, 0.5, "step size of the projected gradient descent", positive),
     MethodKey("reference_gradient", str, "memory_mean",
               "A-GEM reference gradient: 'memory_mean' = mean over all memory batches (A-GEM's gradient on the whole "
               "episodic memory), 'random_batch' = one random memory batch per step (Alg. 2 line 11)",
-              _choice(REFERENCE_GRADIENTS)),
+              one_of(*REFERENCE_GRADIENTS)),
     MethodKey("autoencoder_training", str, "every_task",
               "'every_task' (Alg. 2): the auto-encoder is re-trained on every task (epsilon1 charged per task); "
               "'first_task': trained on task 0 only and frozen, so the output layer's memory coefficients stay "
-              "valid (later tasks are charged epsilon2 only)", _choice(AUTOENCODER_TRAINING)),
+              "valid (later tasks are charged epsilon2 only)", one_of(*AUTOENCODER_TRAINING)),
     MethodKey("ridge", float, 0.05,
               "ridge added to the (PSD-projected) noisy quadratic coefficients of the output objective, per "
-              "example of the batch (post-processing)", _nonnegative),
+              "example of the batch (post-processing)", nonnegative),
 )
 
 
-def _method_value(method: Mapping[str, Any], key: str) -> Any:
-    if key in method:
-        return method[key]
-    for k in L2DPML_KEYS:
-        if k.name == key:
-            if k.default is REQUIRED:  # pragma: no cover - no required keys today
-                raise ConfigError(f"[method] {key} is required for l2dpml.")
-            return k.default
-    raise ConfigError(f"[method] {key} is not an l2dpml key.")  # pragma: no cover - programming error
 
 
 def _privacy_epsilon(privacy: Mapping[str, Any]) -> float:
@@ -611,7 +596,7 @@ class L2DPMLSpec:
         epsilon = _privacy_epsilon(privacy)
         adjacency = _privacy_adjacency(privacy)
         unit = str(privacy.get("unit", "example"))
-        v = {k.name: _method_value(method, k.name) for k in L2DPML_KEYS}
+        v = {k.name: method_value(method, L2DPML_KEYS, k.name, "l2dpml") for k in L2DPML_KEYS}
         for key in L2DPML_KEYS:
             if key.check is not None and (msg := key.check(v[key.name])) is not None:
                 raise ConfigError(f"[method] {key.name} {msg}; got {v[key.name]!r}.")

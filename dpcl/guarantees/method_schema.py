@@ -14,6 +14,7 @@ define them are imported only when needed.
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
@@ -94,3 +95,59 @@ def get_method_spec(name: str) -> MethodSpec:
         raise ConfigError(f"[method] name must be one of {', '.join(METHOD_SPECS)}; got {name!r}.")
     module_name, attribute = METHOD_SPECS[name].split(":")
     return getattr(importlib.import_module(module_name), attribute)
+
+
+# -- reusable MethodKey checks ------------------------------------------------------------------------
+# Each returns None for a good value, else what is allowed, phrased to follow "must be" in the
+# config error ("[method] epochs must be an integer >= 1 for method 'naive'; got 0.").
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def positive(value: Any) -> str | None:
+    return None if _is_number(value) and value > 0 else "a finite number > 0"
+
+
+def nonnegative(value: Any) -> str | None:
+    return None if _is_number(value) and value >= 0 else "a finite number >= 0"
+
+
+def positive_int(value: Any) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else "an integer >= 1"
+
+
+def nonnegative_int(value: Any) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else "an integer >= 0"
+
+
+def open_unit_interval(value: Any) -> str | None:
+    return None if _is_number(value) and 0 < value < 1 else "a number in (0, 1)"
+
+
+def unit_interval(*, closed_right: bool = True) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        ok = _is_number(value) and (0 <= value <= 1 if closed_right else 0 <= value < 1)
+        return None if ok else f"a number in [0, 1{']' if closed_right else ')'}"
+
+    return check
+
+
+def one_of(*allowed: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in allowed else "one of " + ", ".join(repr(a) for a in allowed)
+
+    return check
+
+
+def method_value(method: Mapping[str, Any], keys: tuple[MethodKey, ...], name: str, method_name: str) -> Any:
+    """``method[name]``, or the key's default; a required key that is missing raises ConfigError."""
+    if name in method:
+        return method[name]
+    for key in keys:
+        if key.name == name:
+            if key.default is REQUIRED:
+                raise ConfigError(f"[method] {name} is required for {method_name}: {key.help}.")
+            return key.default
+    raise ConfigError(f"[method] {name} is not a {method_name} key.")

@@ -58,7 +58,17 @@ from dpcl.accounting.events import Adjacency, GaussianEvent, RepeatedEvent
 from dpcl.accounting.gaussian import gaussian_delta, gaussian_epsilon, gaussian_sigma, gdp_epsilon
 from dpcl.accounting.validation import check_count, check_delta, check_positive
 from dpcl.errors import ConfigError, InvalidParameterError
-from dpcl.guarantees.method_schema import MethodKey, TaskPlan
+from dpcl.guarantees.method_schema import (
+    MethodKey,
+    TaskPlan,
+    method_value,
+    nonnegative,
+    one_of,
+    open_unit_interval,
+    positive,
+    positive_int,
+    unit_interval,
+)
 
 #: Sentence copied into every PeCL certificate.
 DATA_DEPENDENCE_ASSUMPTION = (
@@ -446,66 +456,48 @@ def per_token_guarantee(calibration: TokenCalibration, max_sequence_length: int 
     return out
 
 
-def _in_unit_interval(closed_right: bool = True):
-    def check(value: Any) -> str | None:
-        ok = 0 <= value <= 1 if closed_right else 0 <= value < 1
-        return None if ok else f"must lie in [0, 1{']' if closed_right else ')'}"
-
-    return check
 
 
-def _positive(value: Any) -> str | None:
-    return None if value > 0 and math.isfinite(value) else "must be > 0 and finite"
 
 
-def _nonnegative(value: Any) -> str | None:
-    return None if value >= 0 and math.isfinite(value) else "must be >= 0 and finite"
 
 
-def _positive_int(value: Any) -> str | None:
-    return None if value >= 1 else "must be an integer >= 1"
 
 
-def _open_unit(value: Any) -> str | None:
-    return None if 0 < value < 1 else "must lie in (0, 1)"
 
 
-def _calibration(value: Any) -> str | None:
-    return None if value in CALIBRATIONS else f"must be one of {', '.join(repr(c) for c in CALIBRATIONS)}"
 
 
-def _device(value: Any) -> str | None:
-    return None if value in ("cpu", "cuda") else "must be 'cpu' or 'cuda'"
 
 
 PECL_KEYS: tuple[MethodKey, ...] = (
     MethodKey("calibration", str, "analytic",
               "'analytic': sigma_i from the exact Gaussian profile at sensitivity 2C (sound); 'paper': the paper's "
-              "sigma_i = C sqrt(2 log(1.25/delta))/eps_i, certified at its true (larger) epsilon", _calibration),
-    MethodKey("epsilon_lower", float, 1.0, "eps_lower of eq. 4: budget of a token with score 1", _positive),
-    MethodKey("epsilon_upper", float, 10.0, "eps_upper of eq. 4: budget of a token with score 0", _positive),
-    MethodKey("clip_norm", float, 1.0, "C: l2 clipping norm of token embeddings (sensitivity 2C)", _positive),
+              "sigma_i = C sqrt(2 log(1.25/delta))/eps_i, certified at its true (larger) epsilon", one_of(*CALIBRATIONS)),
+    MethodKey("epsilon_lower", float, 1.0, "eps_lower of eq. 4: budget of a token with score 1", positive),
+    MethodKey("epsilon_upper", float, 10.0, "eps_upper of eq. 4: budget of a token with score 0", positive),
+    MethodKey("clip_norm", float, 1.0, "C: l2 clipping norm of token embeddings (sensitivity 2C)", positive),
     MethodKey("alpha", float, 0.5, "alpha of eq. 1: weight of model uncertainty vs contextual discriminativeness",
-              _in_unit_interval()),
-    MethodKey("tau", float, 0.2, "tau of the task-support count d(t) (eq. 5 of 002)", _open_unit),
+              unit_interval(closed_right=True)),
+    MethodKey("tau", float, 0.2, "tau of the task-support count d(t) (eq. 5 of 002)", open_unit_interval),
     MethodKey("theta", float, 0.6, "theta of the unlearning loss: tokens with Score > theta are suppressed",
-              _in_unit_interval(closed_right=False)),
-    MethodKey("lambda_unlearn", float, 1.0, "weight of the privacy-aware unlearning loss (eq. 13)", _nonnegative),
-    MethodKey("lambda_min", float, 1.0, "lambda_min of lambda_dyn (eq. 11)", _nonnegative),
-    MethodKey("lambda_max", float, 10.0, "lambda_max of lambda_dyn (eq. 11)", _nonnegative),
+              unit_interval(closed_right=False)),
+    MethodKey("lambda_unlearn", float, 1.0, "weight of the privacy-aware unlearning loss (eq. 13)", nonnegative),
+    MethodKey("lambda_min", float, 1.0, "lambda_min of lambda_dyn (eq. 11)", nonnegative),
+    MethodKey("lambda_max", float, 10.0, "lambda_max of lambda_dyn (eq. 11)", nonnegative),
     MethodKey("dynamic_lambda", bool, True,
               "use lambda_dyn from the task's mean score; false: constant (lambda_min + lambda_max)/2 (ablation)"),
     MethodKey("unlearning", bool, True, "add the privacy-aware unlearning loss (false: ablation)"),
-    MethodKey("epochs", int, 1, "passes over each task; every pass perturbs each token afresh", _positive_int),
-    MethodKey("batch_size", int, 16, "sequences per optimiser step", _positive_int),
-    MethodKey("learning_rate", float, 5e-4, "AdamW learning rate (cosine schedule)", _positive),
-    MethodKey("max_seq_len", int, 128, "longest token sequence (bytes) fed to the model", _positive_int),
-    MethodKey("lora_rank", int, 8, "rank of the per-task LoRA adapters", _positive_int),
-    MethodKey("n_layer", int, 2, "transformer layers of the GPT-2-architecture model", _positive_int),
-    MethodKey("n_embd", int, 64, "hidden size of the model", _positive_int),
-    MethodKey("n_head", int, 2, "attention heads", _positive_int),
-    MethodKey("pretrain_steps", int, 200, "steps of pre-training on the public part of the corpus", _positive_int),
-    MethodKey("device", str, "cpu", "'cpu' or 'cuda'", _device),
+    MethodKey("epochs", int, 1, "passes over each task; every pass perturbs each token afresh", positive_int),
+    MethodKey("batch_size", int, 16, "sequences per optimiser step", positive_int),
+    MethodKey("learning_rate", float, 5e-4, "AdamW learning rate (cosine schedule)", positive),
+    MethodKey("max_seq_len", int, 128, "longest token sequence (bytes) fed to the model", positive_int),
+    MethodKey("lora_rank", int, 8, "rank of the per-task LoRA adapters", positive_int),
+    MethodKey("n_layer", int, 2, "transformer layers of the GPT-2-architecture model", positive_int),
+    MethodKey("n_embd", int, 64, "hidden size of the model", positive_int),
+    MethodKey("n_head", int, 2, "attention heads", positive_int),
+    MethodKey("pretrain_steps", int, 200, "steps of pre-training on the public part of the corpus", positive_int),
+    MethodKey("device", str, "cpu", "'cpu' or 'cuda'", one_of("cpu", "cuda")),
 )
 
 
@@ -518,13 +510,6 @@ def _privacy_delta(privacy: Mapping[str, Any]) -> float:
         raise ConfigError(str(exc)) from None
 
 
-def _method_value(method: Mapping[str, Any], key: str) -> Any:
-    if key in method:
-        return method[key]
-    for k in PECL_KEYS:
-        if k.name == key:
-            return k.default
-    raise ConfigError(f"[method] {key} is not a pecl key.")  # pragma: no cover - programming error
 
 
 @dataclass(frozen=True)
@@ -548,7 +533,7 @@ class PeCLSpec:
     ) -> TaskPlan:
         check_count("n_examples", n_examples)
         delta = _privacy_delta(privacy)
-        v = {k.name: _method_value(method, k.name) for k in PECL_KEYS}
+        v = {k.name: method_value(method, PECL_KEYS, k.name, "pecl") for k in PECL_KEYS}
         try:
             lower, upper = _check_budget_range(v["epsilon_lower"], v["epsilon_upper"])
             worst = calibrate_tokens(

@@ -52,7 +52,16 @@ from typing import Any, Mapping
 from dpcl.accounting.events import Adjacency, GaussianEvent
 from dpcl.errors import ConfigError, InvalidParameterError, UnsupportedEventError
 from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
-from dpcl.guarantees.method_schema import REQUIRED, MethodKey, TaskPlan
+from dpcl.guarantees.method_schema import (
+    REQUIRED,
+    MethodKey,
+    TaskPlan,
+    method_value,
+    nonnegative_int,
+    one_of,
+    positive,
+    positive_int,
+)
 
 __all__ = [
     "COSINE",
@@ -93,44 +102,32 @@ NON_CL_ASSUMPTION = (
 
 
 # -- key checks -------------------------------------------------------------------------------------------
-def _positive_int(value: Any) -> str | None:
-    return None if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else "an integer >= 1"
 
 
-def _nonnegative_int(value: Any) -> str | None:
-    return None if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else "an integer >= 0"
 
 
-def _positive_float(value: Any) -> str | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    return None if ok else "a finite number > 0"
 
 
-def _one_of(*allowed: str):
-    def check(value: Any) -> str | None:
-        return None if value in allowed else "one of " + ", ".join(repr(a) for a in allowed)
-
-    return check
 
 
-DEVICE_KEY = MethodKey("device", str, "cpu", "torch device for training: 'cpu' or 'cuda'", _one_of("cpu", "cuda"))
+DEVICE_KEY = MethodKey("device", str, "cpu", "torch device for training: 'cpu' or 'cuda'", one_of("cpu", "cuda"))
 
 DPSGD_KEYS: tuple[MethodKey, ...] = (
     MethodKey("epochs", int, REQUIRED, "passes over each task's data; steps = epochs * ceil(n / batch_size)",
-              _positive_int),
+              positive_int),
     MethodKey("batch_size", int, REQUIRED, "expected batch size; Poisson sampling rate q = batch_size / n",
-              _positive_int),
+              positive_int),
     MethodKey("max_grad_norm", float, REQUIRED, "per-example gradient clipping norm C of DP-SGD",
-              _positive_float),
+              positive),
     MethodKey("adapter_dim", int, 64, "bottleneck width of the residual adapter (0: train the head only)",
-              _nonnegative_int),
-    MethodKey("learning_rate", float, 1e-3, "optimiser learning rate", _positive_float),
+              nonnegative_int),
+    MethodKey("learning_rate", float, 1e-3, "optimiser learning rate", positive),
     DEVICE_KEY,
 )
 
 PEFT_KEYS: tuple[MethodKey, ...] = DPSGD_KEYS + (
     MethodKey("aggregation", str, "argmax", "ensemble prediction rule: 'argmax' (eq. 10), 'median' (eq. A41) "
-              "or 'entropy'", _one_of("argmax", "median", "entropy")),
+              "or 'entropy'", one_of("argmax", "median", "entropy")),
 )
 
 #: DP-SGD keys a cosine config may carry (e.g. when switching methods); the cosine classifier does not
@@ -140,10 +137,10 @@ COSINE_UNUSED_KEYS = ("epochs", "batch_size", "max_grad_norm")
 COSINE_KEYS: tuple[MethodKey, ...] = (
     DEVICE_KEY,
     MethodKey("epochs", int, None, "accepted but unused: the cosine classifier makes one noisy sum per task",
-              _positive_int),
-    MethodKey("batch_size", int, None, "accepted but unused by the cosine classifier", _positive_int),
+              positive_int),
+    MethodKey("batch_size", int, None, "accepted but unused by the cosine classifier", positive_int),
     MethodKey("max_grad_norm", float, None, "accepted but unused: features are l2-normalised instead",
-              _positive_float),
+              positive),
 )
 
 
@@ -165,15 +162,6 @@ def _privacy(privacy: Mapping[str, Any]) -> tuple[float, float, Adjacency, str]:
     return eps, delta, adjacency, str(privacy.get("accountant", "auto"))
 
 
-def _value(method: Mapping[str, Any], keys: tuple[MethodKey, ...], name: str) -> Any:
-    if name in method:
-        return method[name]
-    for key in keys:
-        if key.name == name:
-            if key.default is REQUIRED:
-                raise ConfigError(f"[method] {name} is required ({key.help}).")
-            return key.default
-    raise ConfigError(f"[method] {name} is not a key of this method.")  # pragma: no cover - programming error
 
 
 def _check_size(n_examples: Any) -> int:
@@ -264,9 +252,9 @@ class DpSgdSpec:
     ) -> TaskPlan:
         n = _check_size(n_examples)
         eps, delta, adjacency, accountant = _privacy(privacy)
-        epochs = int(_value(method, self.keys, "epochs"))
-        batch_size = int(_value(method, self.keys, "batch_size"))
-        max_grad_norm = float(_value(method, self.keys, "max_grad_norm"))
+        epochs = int(method_value(method, self.keys, "epochs", self.name))
+        batch_size = int(method_value(method, self.keys, "batch_size", self.name))
+        max_grad_norm = float(method_value(method, self.keys, "max_grad_norm", self.name))
         assumptions = (PUBLIC_ENCODER_ASSUMPTION, DPSGD_ASSUMPTION, TASK_SIZE_ASSUMPTION, self.assumption)
         if n == 0:
             return TaskPlan(
