@@ -89,3 +89,11 @@ def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
     if count < minimum:
         raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {count}.")
     return count
+
+
+def check_positive_scalar(name: str, value: Any) -> float:
+    """One finite number > 0 (an array is refused)."""
+    array, scalar = _as_float_array(name, value)
+    if not scalar:
+        raise InvalidParameterError(f"{name} must be a single number > 0, got an array.")
+    return float(check_positive(name, array))

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpcl.accounting.validation import check_positive_scalar
 from dpcl.audit.blackbox import AuditResult, audit_scores, check_confidence
 from dpcl.errors import InvalidParameterError
 
@@ -90,17 +91,6 @@ class CanaryAuditResult:
         out["ratio"] = self.ratio
         return out
 
-
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise InvalidParameterError(f"{name} must be a finite number > 0, got {value!r}.")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(f"{name} must be a finite number > 0, got {value!r}.") from None
-    if not math.isfinite(v) or v <= 0:
-        raise InvalidParameterError(f"{name} must be a finite number > 0, got {value!r}.")
-    return v
 
 
 def _integer(name: str, value: Any, minimum: int) -> int:
@@ -237,17 +227,17 @@ def audit_dpsgd_canary(
     auditor = ``shadow_runs // 2`` per input. With a few hundred runs the bound
     is limited by the sample size (roughly ``log(shadow_runs)``), not by DP-SGD.
     """
-    z = _positive("noise_multiplier", noise_multiplier)
-    q = _positive("sample_rate", sample_rate)
+    z = check_positive_scalar("noise_multiplier", noise_multiplier)
+    q = check_positive_scalar("sample_rate", sample_rate)
     if q > 1:
         raise InvalidParameterError(f"sample_rate must lie in (0, 1], got {sample_rate!r}.")
     t = _integer("steps", steps, 1)
     runs = _integer("shadow_runs", shadow_runs, 16)
-    c = _positive("clip_norm", clip_norm)
-    lr = _positive("learning_rate", learning_rate)
+    c = check_positive_scalar("clip_norm", clip_norm)
+    lr = check_positive_scalar("learning_rate", learning_rate)
     n = _integer("n_examples", n_examples, 2)
     d = _integer("dim", dim, 1)
-    b = _positive("canary_norm", canary_norm)
+    b = check_positive_scalar("canary_norm", canary_norm)
     conf = check_confidence(confidence)
     seed_ = _integer("seed", seed, 0)
     try:

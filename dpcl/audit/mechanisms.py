@@ -23,20 +23,9 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+from dpcl.accounting.validation import check_positive_scalar
 from dpcl.audit.blackbox import AuditResult, ScoreFunction, audit_sampler, check_trials
 from dpcl.errors import InvalidParameterError
-
-
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise InvalidParameterError(f"{name} must be a finite number > 0, got {value!r}.")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(f"{name} must be a finite number > 0, got {value!r}.") from None
-    if not math.isfinite(v) or v <= 0:
-        raise InvalidParameterError(f"{name} must be a finite number > 0, got {value!r}.")
-    return v
 
 
 def _nonneg_delta(value: Any) -> float:
@@ -66,8 +55,8 @@ class GaussianMechanism:
     sensitivity: float = 1.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sigma", _positive("sigma", self.sigma))
-        object.__setattr__(self, "sensitivity", _positive("sensitivity", self.sensitivity))
+        object.__setattr__(self, "sigma", check_positive_scalar("sigma", self.sigma))
+        object.__setattr__(self, "sensitivity", check_positive_scalar("sensitivity", self.sensitivity))
 
     @classmethod
     def calibrated(cls, epsilon: float, delta: float, sensitivity: float = 1.0) -> "GaussianMechanism":
@@ -99,8 +88,8 @@ class LaplaceMechanism:
     sensitivity: float = 1.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "scale", _positive("scale", self.scale))
-        object.__setattr__(self, "sensitivity", _positive("sensitivity", self.sensitivity))
+        object.__setattr__(self, "scale", check_positive_scalar("scale", self.scale))
+        object.__setattr__(self, "sensitivity", check_positive_scalar("sensitivity", self.sensitivity))
 
     @classmethod
     def calibrated(cls, epsilon: float, sensitivity: float = 1.0) -> "LaplaceMechanism":
@@ -212,7 +201,7 @@ def assert_not_leaking(
     A passing audit is evidence, not proof: it only says no leak above the
     claim was found with these trials.
     """
-    claim = _positive("claimed_epsilon", claimed_epsilon)
+    claim = check_positive_scalar("claimed_epsilon", claimed_epsilon)
     result = audit_mechanism(
         mechanism, delta, neighbours=neighbours, score=score, trials=trials, confidence=confidence, seed=seed
     )
