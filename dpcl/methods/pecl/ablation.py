@@ -20,7 +20,13 @@ import torch
 
 from dpcl.guarantees.atomic_io import write_text_atomic
 from dpcl.methods.pecl.canary import make_canaries
-from dpcl.methods.pecl.experiment import _write_json, fortunes_text_stream, markdown_table, run_method
+from dpcl.methods.pecl.experiment import (
+    _write_json,
+    add_stream_and_model_arguments,
+    fortunes_text_stream,
+    markdown_table,
+    run_method,
+)
 
 PECL = {"strategy": "pecl", "privacy": "tdp", "calibration": "analytic"}
 
@@ -40,20 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output directory (results.json, table.md)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
-    parser.add_argument("--tasks", type=int, default=5)
-    parser.add_argument("--max-per-class", type=int, default=60)
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--pretrain-steps", type=int, default=150)
-    parser.add_argument("--max-seq-len", type=int, default=64)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--n-layer", type=int, default=2)
-    parser.add_argument("--n-embd", type=int, default=64)
-    parser.add_argument("--n-head", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of the LoRA adapters")
-    parser.add_argument("--head-lr", type=float, default=1e-2, help="learning rate of the classification head")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--reproducible-noise", action="store_true",
-                        help="draw the privacy noise from --seed (research reproducibility; default: OS entropy)")
+    add_stream_and_model_arguments(parser)
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)
     unknown = [v for v in args.variants if v not in VARIANTS]

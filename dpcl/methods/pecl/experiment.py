@@ -228,11 +228,8 @@ def _write_json(path: Path, payload: Any) -> None:
     write_json_atomic(path, json.loads(json.dumps(payload, default=str).replace("Infinity", '"inf"')))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output directory (results.json, table.md)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--methods", nargs="*", default=list(METHODS), help="method labels to run")
+def add_stream_and_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Stream, model and training options shared by the experiment and the ablation scripts."""
     parser.add_argument("--tasks", type=int, default=5)
     parser.add_argument("--max-per-class", type=int, default=60)
     parser.add_argument("--epochs", type=int, default=4)
@@ -247,6 +244,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--reproducible-noise", action="store_true",
                         help="draw the privacy noise from --seed (research reproducibility; default: OS entropy)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output directory (results.json, table.md)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), help="method labels to run")
+    add_stream_and_model_arguments(parser)
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)  # dp-accounting's RDP order warnings; the bounds are unaffected
     unknown = [m for m in args.methods if m not in METHODS]
