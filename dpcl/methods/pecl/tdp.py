@@ -21,6 +21,18 @@ import torch
 
 from dpcl.accounting.gaussian import gdp_epsilon
 from dpcl.guarantees.per_token import calibrate_tokens, embedding_sensitivity
+from dpcl.methods.pecl import tdp_triton
+
+
+def torch_perturb_with_sigmas(
+    embeddings: torch.Tensor, sigmas: torch.Tensor, clip_norm: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """``clip(e, C) + N(0, sigma^2 I)`` in plain torch ops (any device): the path off CUDA/triton."""
+    sigma = sigmas.to(embeddings.dtype).unsqueeze(-1)
+    scale = torch.clamp(clip_norm / torch.linalg.vector_norm(embeddings, dim=-1, keepdim=True).clamp_min(1e-12),
+                        max=1.0)
+    out = torch.randn(embeddings.shape, generator=generator, device=embeddings.device, dtype=embeddings.dtype)
+    return out.mul_(sigma).addcmul_(embeddings, scale)  # N(0, sigma^2) + clip(e, C), in place
 
 
 class TokenDP:
@@ -89,13 +101,28 @@ class TokenDP:
         """The noise step alone, with per-token ``sigmas [B, L]`` looked up beforehand (:meth:`sigmas`).
 
         Scores are fixed for a task, so training looks the sigmas up once per
-        task and records the releases with :meth:`record_epoch`.
+        task and records the releases with :meth:`record_epoch`. On CUDA with
+        triton installed the step runs as one fused kernel
+        (:func:`dpcl.methods.pecl.tdp_triton.perturb_rows`, same mechanism,
+        noise keyed from ``generator``); elsewhere it is the torch code below.
         """
-        sigma = sigmas.to(embeddings.dtype).unsqueeze(-1)
-        scale = torch.clamp(self.clip_norm / torch.linalg.vector_norm(embeddings, dim=-1, keepdim=True).clamp_min(1e-12),
-                            max=1.0)
-        out = torch.randn(embeddings.shape, generator=generator, device=embeddings.device, dtype=embeddings.dtype)
-        return out.mul_(sigma).addcmul_(embeddings, scale)  # N(0, sigma^2) + clip(e, C), in place
+        if tdp_triton.supports(embeddings):
+            return tdp_triton.perturb_rows(embeddings, sigmas, self.clip_norm, generator)
+        return torch_perturb_with_sigmas(embeddings, sigmas, self.clip_norm, generator)
+
+    def embed_and_perturb(
+        self, weight: torch.Tensor, token_ids: torch.Tensor, sigmas: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Embedding lookup ``weight[token_ids]`` followed by :meth:`perturb_with_sigmas`.
+
+        On CUDA with triton the gather is fused into the TDP kernel
+        (:func:`dpcl.methods.pecl.tdp_triton.embed_and_perturb`); elsewhere it is
+        ``torch.nn.functional.embedding`` and the torch step.
+        """
+        if tdp_triton.supports(weight) and token_ids.device == weight.device:
+            return tdp_triton.embed_and_perturb(weight, token_ids, sigmas, self.clip_norm, generator)
+        return self.perturb_with_sigmas(torch.nn.functional.embedding(token_ids, weight), sigmas, generator)
 
     @torch.no_grad()
     def record_epoch(self, scores: torch.Tensor, mask: torch.Tensor) -> None:

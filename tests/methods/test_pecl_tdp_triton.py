@@ -1,0 +1,180 @@
+"""The fused Triton TDP kernel: CPU dispatch keeps the torch path; GPU checks run where CUDA + triton exist."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dpcl.errors import InvalidParameterError
+from dpcl.methods.pecl import tdp_triton
+from dpcl.methods.pecl.tdp import TokenDP, torch_perturb_with_sigmas
+
+GPU = tdp_triton.available()
+needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA device and triton (CI has neither)")
+
+
+def _tdp(device="cpu") -> TokenDP:
+    return TokenDP(epsilon_lower=1.0, epsilon_upper=10.0, delta=1e-6, clip_norm=1.0, calibration="analytic",
+                   releases=1, grid=64, device=device)
+
+
+def _reference(embeddings, sigmas, clip, generator):
+    """eq. 5 written out: e * min(1, C/||e||) + sigma * N(0, I), noise drawn first from the generator."""
+    noise = torch.randn(embeddings.shape, generator=generator, dtype=embeddings.dtype)
+    norms = torch.sqrt((embeddings.double() ** 2).sum(-1, keepdim=True))
+    scale = torch.where(norms > clip, clip / torch.where(norms > 0, norms, 1.0), torch.ones_like(norms))
+    return (embeddings.double() * scale + sigmas.double().unsqueeze(-1) * noise.double()).to(embeddings.dtype)
+
+
+def test_import_without_triton_keeps_torch_path(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ImportError
+    monkeypatch.setitem(sys.modules, "triton.language", None)
+    module = importlib.reload(tdp_triton)
+    try:
+        assert module.triton is None
+        assert not module.available()
+        assert not module.supports(torch.zeros(2, 3))
+        tdp = _tdp()
+        emb = torch.randn(2, 3, 5)
+        sig = tdp.sigmas(torch.rand(2, 3))
+        got = tdp.perturb_with_sigmas(emb, sig, torch.Generator().manual_seed(0))
+        want = _reference(emb, sig, 1.0, torch.Generator().manual_seed(0))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(tdp_triton)
+
+
+def test_package_imports_in_a_fresh_interpreter_without_triton():
+    import subprocess
+
+    code = ("import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None; "
+            "import dpcl.methods.pecl as p, dpcl.methods.pecl.tdp_triton as t; "
+            "assert t.triton is None and not t.available(); print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_cpu_tensors_never_reach_the_kernel(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("kernel called for a CPU tensor")
+
+    monkeypatch.setattr(tdp_triton, "perturb_rows", boom)
+    monkeypatch.setattr(tdp_triton, "embed_and_perturb", boom)
+    tdp = _tdp()
+    assert not tdp_triton.supports(torch.zeros(4, 8))
+    emb = torch.randn(3, 4, 8)
+    sig = tdp.sigmas(torch.rand(3, 4))
+    tdp.perturb_with_sigmas(emb, sig, torch.Generator().manual_seed(1))
+    tdp.embed_and_perturb(torch.randn(10, 8), torch.randint(0, 10, (3, 4)), sig, torch.Generator().manual_seed(1))
+
+
+@given(
+    batch=st.integers(1, 4), length=st.integers(1, 6), dim=st.integers(1, 17),
+    spread=st.floats(0.0, 5.0), seed=st.integers(0, 2**31 - 1),
+)
+def test_cpu_dispatch_is_the_torch_mechanism(batch, length, dim, spread, seed):
+    """On CPU, perturb_with_sigmas is bit-for-bit the torch path and matches eq. 5 written out."""
+    tdp = _tdp()
+    gen = torch.Generator().manual_seed(seed)
+    emb = torch.randn(batch, length, dim, generator=gen) * spread
+    emb[0, 0] = 0.0  # zero row: scale 1
+    sig = tdp.sigmas(torch.rand(batch, length, generator=gen))
+    got = tdp.perturb_with_sigmas(emb, sig, torch.Generator().manual_seed(seed))
+    same = torch_perturb_with_sigmas(emb, sig, 1.0, torch.Generator().manual_seed(seed))
+    assert torch.equal(got, same)
+    torch.testing.assert_close(got, _reference(emb, sig, 1.0, torch.Generator().manual_seed(seed)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_embed_and_perturb_is_lookup_then_step():
+    tdp = _tdp()
+    weight = torch.randn(50, 12)
+    ids = torch.randint(0, 50, (3, 7))
+    sig = tdp.sigmas(torch.rand(3, 7))
+    got = tdp.embed_and_perturb(weight, ids, sig, torch.Generator().manual_seed(5))
+    want = _reference(weight[ids], sig, 1.0, torch.Generator().manual_seed(5))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_direct_kernel_calls_refuse_what_they_cannot_run():
+    with pytest.raises(InvalidParameterError, match="embeddings must be a CUDA tensor"):
+        tdp_triton.perturb_rows(torch.zeros(2, 3), torch.zeros(2), 1.0)
+    with pytest.raises(InvalidParameterError, match="weight must be a CUDA tensor"):
+        tdp_triton.embed_and_perturb(torch.zeros(5, 3), torch.zeros(2, dtype=torch.long), torch.zeros(2), 1.0)
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(InvalidParameterError, match="clip_norm"):
+            tdp_triton._check_clip(bad)
+
+
+def test_stated_tail_bound_is_the_box_muller_radius_of_the_smallest_uniform():
+    smallest_u1 = 0.5 * 2.0**-64  # words a = 0, b = 0: u1 = (0 + (0 + 1/2) 2^-32) 2^-32
+    assert tdp_triton.MAX_NOISE_STDS == pytest.approx(math.sqrt(-2.0 * math.log(smallest_u1)), rel=1e-12)
+
+
+# ---- GPU (skipped without CUDA + triton) -------------------------------------------------------
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2**-7), (torch.float16, 2**-10)])
+def test_gpu_clip_matches_torch_with_zero_noise(dtype, tol):
+    emb = (torch.randn(16, 33, 101, device="cuda") * torch.rand(16, 33, 1, device="cuda") * 0.3).to(dtype)
+    emb[0, 0] = 0
+    out = tdp_triton.perturb_rows(emb, torch.zeros(16, 33, device="cuda"), 1.0, torch.Generator("cuda").manual_seed(0))
+    e = emb.float()
+    want = e * torch.clamp(1.0 / torch.linalg.vector_norm(e, dim=-1, keepdim=True).clamp_min(1e-12), max=1.0)
+    assert out.dtype == dtype
+    assert (out.float() - want).abs().max().item() <= tol
+
+
+@needs_gpu
+def test_gpu_fused_gather_matches_lookup_and_checks_ids():
+    weight = torch.randn(300, 64, device="cuda")
+    ids = torch.randint(0, 300, (8, 9), device="cuda")
+    zero = torch.zeros(8, 9, device="cuda")
+    out = tdp_triton.embed_and_perturb(weight, ids, zero, 2.0, torch.Generator("cuda").manual_seed(0))
+    e = weight[ids]
+    want = e * torch.clamp(2.0 / torch.linalg.vector_norm(e, dim=-1, keepdim=True), max=1.0)
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(InvalidParameterError, match="token_ids must lie in"):
+        tdp_triton.embed_and_perturb(weight, ids + 300, zero, 2.0)
+    with pytest.raises(InvalidParameterError, match="sigmas must have the shape"):
+        tdp_triton.embed_and_perturb(weight, ids, zero[:, :3], 2.0)
+
+
+@needs_gpu
+def test_gpu_noise_is_gaussian_per_token_fresh_and_seeded():
+    from scipy import stats
+
+    tdp = _tdp("cuda")
+    emb = torch.randn(32, 64, 512, device="cuda")
+    sig = tdp.sigmas(torch.rand(32, 64, device="cuda"))
+    gen = torch.Generator("cuda").manual_seed(3)
+    clipped = tdp_triton.perturb_rows(emb, torch.zeros_like(sig), 1.0, gen)
+    out = tdp.perturb_with_sigmas(emb, sig, gen)
+    z = ((out - clipped) / sig.unsqueeze(-1)).double()
+    n = z.numel()  # 1,048,576
+    assert abs(z.mean().item()) * math.sqrt(n) < 5
+    assert abs(((z * z).sum().item() - n) / math.sqrt(2 * n)) < 5
+    assert stats.kstest(z.flatten().cpu().numpy(), "norm").pvalue > 1e-4
+    assert z.abs().max().item() <= tdp_triton.MAX_NOISE_STDS
+    again = ((tdp.perturb_with_sigmas(emb, sig, gen) - clipped) / sig.unsqueeze(-1)).double()
+    assert abs(np.corrcoef(z.flatten().cpu(), again.flatten().cpu())[0, 1]) < 5 / math.sqrt(n)
+    first = tdp.perturb_with_sigmas(emb, sig, torch.Generator("cuda").manual_seed(9))
+    assert torch.equal(first, tdp.perturb_with_sigmas(emb, sig, torch.Generator("cuda").manual_seed(9)))
+
+
+@needs_gpu
+def test_gpu_grad_mode_falls_back_to_torch():
+    weight = torch.randn(20, 8, device="cuda", requires_grad=True)
+    assert not tdp_triton.supports(weight)
+    with torch.no_grad():
+        assert tdp_triton.supports(weight)
