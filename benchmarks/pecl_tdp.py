@@ -2,7 +2,10 @@
 
 ``python benchmarks/pecl_tdp.py [--device cuda]`` times, for a batch of 64 x 128
 tokens, (a) the token-embedding lookup alone and (b) lookup + TDP (sigma lookup
-from the calibrated table, clipping, per-token Gaussian noise). Scores are
+from the calibrated table, clipping, per-token Gaussian noise) as torch ops;
+on CUDA with triton also (c) lookup + the fused Triton TDP kernel (what
+``TokenDP.perturb_with_sigmas`` dispatches to there) and (d) the "Triton
+fused" step, gather and TDP in one kernel (``TokenDP.embed_and_perturb``). Scores are
 given and their sigmas looked up once, as training does once per task
 (computing scores needs a forward pass of the LM, which is not part of the
 noise step). Prints one JSON line.
@@ -16,7 +19,8 @@ import time
 
 import torch
 
-from dpcl.methods.pecl.tdp import TokenDP
+from dpcl.methods.pecl import tdp_triton
+from dpcl.methods.pecl.tdp import TokenDP, torch_perturb_with_sigmas
 
 
 def _time(fn, device: str, repeats: int) -> float:
@@ -56,12 +60,20 @@ def main() -> None:
 
     @torch.no_grad()
     def private() -> torch.Tensor:
-        return tdp.perturb_with_sigmas(embedding(ids), token_sigmas, generator)
+        return torch_perturb_with_sigmas(embedding(ids), token_sigmas, tdp.clip_norm, generator)
 
     plain = _time(forward, device, args.repeats)
     noisy = _time(private, device, args.repeats)
     result = {"device": device, "batch": [64, 128], "dim": args.dim, "embedding_forward_s": plain,
               "embedding_plus_tdp_s": noisy, "ratio": noisy / plain}
+    if tdp_triton.supports(embedding.weight.detach()):
+        with torch.no_grad():
+            kernel = _time(lambda: tdp.perturb_with_sigmas(embedding(ids), token_sigmas, generator), device,
+                           args.repeats)
+            fused = _time(lambda: tdp.embed_and_perturb(embedding.weight, ids, token_sigmas, generator), device,
+                          args.repeats)
+        result.update({"embedding_plus_tdp_triton_s": kernel, "ratio_triton": kernel / plain,
+                       "triton_fused_gather_tdp_s": fused, "ratio_triton_fused": fused / plain})
     if args.compile:
         # The same arithmetic fused by torch.compile (global RNG: inductor does not take a Generator argument).
         table, grid, clip = tdp.sigma_table, tdp.grid, tdp.clip_norm
