@@ -366,6 +366,12 @@ class ContinualLM:
         n = ids.shape[0]
         last = {}
         token_sigmas = tdp.sigmas(scores) if tdp is not None else None  # scores are fixed for the task
+        if tdp is not None and ids.numel():  # checked once here, so the fused CUDA gather needs no per-batch sync
+            low, high = (int(v) for v in torch.aminmax(ids))
+            if low < 0 or high >= self.embedding.num_embeddings:
+                raise InvalidParameterError(
+                    f"token ids must lie in [0, {self.embedding.num_embeddings}), got values in [{low}, {high}]"
+                )
         self.model.train()
         for _ in range(cfg.epochs):
             if tdp is not None:
@@ -374,9 +380,11 @@ class ContinualLM:
                 idx = idx.to(self.device)
                 b_ids, b_mask, b_y = ids[idx], mask[idx], y[idx]
                 with torch.no_grad():
-                    emb = self.embedding(b_ids)
-                    if tdp is not None:
-                        emb = tdp.perturb_with_sigmas(emb, token_sigmas[idx], self.noise_generator)
+                    if tdp is not None:  # lookup + clip + per-token noise (one fused kernel on CUDA)
+                        emb = tdp.embed_and_perturb(self.embedding.weight, b_ids, token_sigmas[idx],
+                                                    self.noise_generator, ids_checked=True)
+                    else:
+                        emb = self.embedding(b_ids)
                 loss, tok_loss = self._task_loss(b_ids, b_mask, b_y, emb)
                 terms = {"task": float(loss)}
                 if cfg.strategy == "pecl":

@@ -112,7 +112,7 @@ class TokenDP:
 
     def embed_and_perturb(
         self, weight: torch.Tensor, token_ids: torch.Tensor, sigmas: torch.Tensor,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | None = None, *, ids_checked: bool = False,
     ) -> torch.Tensor:
         """Embedding lookup ``weight[token_ids]`` followed by :meth:`perturb_with_sigmas`.
 
@@ -121,7 +121,8 @@ class TokenDP:
         ``torch.nn.functional.embedding`` and the torch step.
         """
         if tdp_triton.supports(weight) and token_ids.device == weight.device:
-            return tdp_triton.embed_and_perturb(weight, token_ids, sigmas, self.clip_norm, generator)
+            return tdp_triton.embed_and_perturb(weight, token_ids, sigmas, self.clip_norm, generator,
+                                                ids_checked=ids_checked)
         return self.perturb_with_sigmas(torch.nn.functional.embedding(token_ids, weight), sigmas, generator)
 
     @torch.no_grad()

@@ -220,11 +220,13 @@ def perturb_rows(embeddings: torch.Tensor, sigmas: torch.Tensor, clip_norm: floa
 
 
 def embed_and_perturb(weight: torch.Tensor, token_ids: torch.Tensor, sigmas: torch.Tensor, clip_norm: float,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+                      generator: torch.Generator | None = None, *, ids_checked: bool = False) -> torch.Tensor:
     """``clip(weight[token_ids], C) + N(0, sigma^2 I)``: the embedding gather fused with the TDP step.
 
-    ``weight [V, d]``, ``token_ids [...]`` (integers in ``[0, V)``, checked: one
-    host sync), ``sigmas`` of the shape of ``token_ids``; returns ``[..., d]``.
+    ``weight [V, d]``, ``token_ids [...]`` (integers in ``[0, V)``, checked here
+    with one host sync unless the caller already checked them and says so with
+    ``ids_checked=True``, e.g. once per task), ``sigmas`` of the shape of
+    ``token_ids``; returns ``[..., d]``.
     """
     _require(weight, "weight")
     clip = _check_clip(clip_norm)
@@ -240,7 +242,7 @@ def embed_and_perturb(weight: torch.Tensor, token_ids: torch.Tensor, sigmas: tor
         )
     ids = token_ids.reshape(-1).contiguous()
     vocab, dim = weight.shape
-    if ids.numel():
+    if ids.numel() and not ids_checked:
         low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0 or high >= vocab:
             raise InvalidParameterError(f"token_ids must lie in [0, {vocab}), got values in [{low}, {high}]")
