@@ -20,10 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def demo_json() -> dict:
-    """``dpcl demo --json`` run as a user runs it, in a fresh interpreter."""
+def demo_json(tmp_path_factory) -> dict:
+    """``dpcl demo --json`` run as a user runs it, in a fresh interpreter (its run kept in a pytest temp dir)."""
+    out_dir = tmp_path_factory.mktemp("demo") / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "dpcl", "demo", "--json"], capture_output=True, text=True, cwd=REPO, timeout=600
+        [sys.executable, "-m", "dpcl", "demo", "--json", "--out", str(out_dir)],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -71,8 +73,8 @@ def test_demo_json_token_calibration_is_sound(demo_json):
     assert 0 < part["sigma_min"] < part["sigma_max"]
 
 
-def test_demo_table_output_tells_the_story(capsys):
-    code = main(["demo"])
+def test_demo_table_output_tells_the_story(capsys, tmp_path):
+    code = main(["demo", "--out", str(tmp_path / "run")])
     out, err = capsys.readouterr()
     assert code == 0 and err == ""
     for text in ("Calibrating a Gaussian", "analytic σ", "classic σ", "> target", "DP-SGD", "rdp", "pld", "prv", "auto", "Per-token"):
