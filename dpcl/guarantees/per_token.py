@@ -498,6 +498,10 @@ PECL_KEYS: tuple[MethodKey, ...] = (
     MethodKey("n_head", int, 2, "attention heads", positive_int),
     MethodKey("pretrain_steps", int, 200, "steps of pre-training on the public part of the corpus", positive_int),
     MethodKey("device", str, "cpu", "'cpu' or 'cuda'", one_of("cpu", "cuda")),
+    MethodKey("pretrained_path", str, "",
+              "local directory of a pre-trained causal LM + tokenizer (save_pretrained layout, loaded with "
+              "local_files_only, never downloaded); its weights are taken as public and the public pre-training "
+              "step is skipped (n_layer, n_embd, n_head, pretrain_steps unused); \"\" builds the small GPT-2 model"),
 )
 
 

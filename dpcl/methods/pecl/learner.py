@@ -26,6 +26,15 @@ projections and the classification head are trained on the private tasks.
 The task loss is the classification cross-entropy plus the language-modelling
 loss of the task text (weight ``lm_weight``), as in the paper's generative
 formulation; the latter is what canary exposure measures.
+
+With ``pretrained_path`` set, the language model and its tokenizer are loaded
+from that local directory (:func:`.model.load_pretrained_causal_lm`, nothing
+downloaded) instead of being built and pre-trained here: the public
+pre-training step is skipped (the loaded weights are taken as the public
+pre-trained model; ``n_layer``/``n_embd``/``n_head``/``pretrain_*`` are then
+unused). LoRA targets peft's default attention projections for the model's
+architecture (``c_attn`` for GPT-2); TDP clips and perturbs the model's input
+embeddings whatever their width.
 """
 
 from __future__ import annotations
@@ -41,7 +50,14 @@ from torch import nn
 
 from dpcl.errors import InvalidParameterError
 from dpcl.methods.noise_source import noise_torch_generator
-from dpcl.methods.pecl.model import LMClassifier, ModelConfig, build_causal_lm, per_token_lm_loss
+from dpcl.methods.pecl.model import (
+    LMClassifier,
+    ModelConfig,
+    build_causal_lm,
+    hidden_size,
+    load_pretrained_causal_lm,
+    per_token_lm_loss,
+)
 from dpcl.methods.pecl.sculpting import (
     dynamic_lambda,
     lora_increment_norm,
@@ -51,7 +67,7 @@ from dpcl.methods.pecl.sculpting import (
 )
 from dpcl.methods.pecl.sensitivity import TaskTokenStatistics, sensitivity_scores
 from dpcl.methods.pecl.tdp import TokenDP
-from dpcl.methods.pecl.tokenizer import ByteTokenizer
+from dpcl.methods.pecl.tokenizer import ByteTokenizer, load_pretrained_tokenizer
 
 STRATEGIES = ("pecl", "seqft", "er", "ewc", "mtl")
 PRIVACY_MODES = ("tdp", "dpsgd", "none")
@@ -75,6 +91,8 @@ class LearnerConfig:
     pretrain_steps: int = 200
     pretrain_learning_rate: float = 3e-3
     device: str = "cpu"
+    #: "" builds the small GPT-2-architecture model; a local directory loads a pre-trained causal LM from it
+    pretrained_path: str = ""
     # PeCL (defaults: Zhan et al., implementation details)
     alpha: float = 0.5
     tau: float = 0.2
@@ -107,6 +125,10 @@ class LearnerConfig:
             )
         if self.device not in ("cpu", "cuda"):
             raise InvalidParameterError(f"device must be 'cpu' or 'cuda', got {self.device!r}.")
+        if not isinstance(self.pretrained_path, str):
+            raise InvalidParameterError(
+                f"pretrained_path must be a string (a local directory, or \"\"), got {self.pretrained_path!r}."
+            )
         if self.device == "cuda" and not torch.cuda.is_available():
             raise InvalidParameterError("device='cuda' was requested but torch sees no CUDA device; use 'cpu'.")
 
@@ -148,41 +170,51 @@ class ContinualLM:
         #: (dpcl.methods.noise_source); True: from ``seed`` (research reproducibility only).
         self.reproducible_noise = bool(reproducible_noise)
         self.device = torch.device(config.device)
-        self.tokenizer = ByteTokenizer()
         self.generator = torch.Generator().manual_seed(self.seed)
         #: privacy generators, fresh for every task in :meth:`fit_task`; never checkpointed
         self.noise_generator: torch.Generator | None = None
         self.sampling_generator: torch.Generator | None = None
-        lm = build_causal_lm(config.model, self.tokenizer, seed).to(self.device)
-        key = (config.model, config.pretrain_steps, config.pretrain_learning_rate, seed, hash(tuple(public_texts)))
-        if key in _PRETRAINED:  # same public corpus, same seed: the same pre-trained model, computed once
-            state, self.pretrain_loss = _PRETRAINED[key]
-            lm.load_state_dict(state)
+        if config.pretrained_path:
+            self.tokenizer = load_pretrained_tokenizer(config.pretrained_path)
+            lm = load_pretrained_causal_lm(config.pretrained_path, self.tokenizer, config.max_seq_len).to(self.device)
+            self.pretrain_loss = float("nan")  # no public pre-training step here: the loaded model is the public one
         else:
-            self.pretrain_loss = self._pretrain(lm, public_texts)
-            _PRETRAINED[key] = ({k: v.detach().clone() for k, v in lm.state_dict().items()}, self.pretrain_loss)
+            self.tokenizer = ByteTokenizer()
+            lm = build_causal_lm(config.model, self.tokenizer, seed).to(self.device)
+            key = (config.model, config.pretrain_steps, config.pretrain_learning_rate, seed, hash(tuple(public_texts)))
+            if key in _PRETRAINED:  # same public corpus, same seed: the same pre-trained model, computed once
+                state, self.pretrain_loss = _PRETRAINED[key]
+                lm.load_state_dict(state)
+            else:
+                self.pretrain_loss = self._pretrain(lm, public_texts)
+                _PRETRAINED[key] = ({k: v.detach().clone() for k, v in lm.state_dict().items()}, self.pretrain_loss)
         for p in lm.parameters():
             p.requires_grad_(False)
         from peft import LoraConfig, get_peft_model
 
+        gpt2_like = not config.pretrained_path or getattr(lm.config, "model_type", "") == "gpt2"
         self.lora_config = LoraConfig(
             r=config.lora_rank,
             lora_alpha=2 * config.lora_rank,
-            target_modules=["c_attn"],
-            fan_in_fan_out=True,
+            # GPT-2's fused attention projection (a Conv1D, hence fan_in_fan_out); other architectures: peft's
+            # default attention targets for their model type
+            target_modules=["c_attn"] if gpt2_like else None,
+            fan_in_fan_out=gpt2_like,
             lora_dropout=0.0,
         )
         self.adapter = "task_0"
         peft_lm = get_peft_model(lm, self.lora_config, adapter_name=self.adapter)
         rng_state = torch.random.get_rng_state()  # seed the head without touching the caller's global RNG
         torch.manual_seed(self.seed + 2)
-        self.model = LMClassifier(peft_lm, config.n_embd, self.n_labels).to(self.device)
+        self.model = LMClassifier(peft_lm, hidden_size(lm), self.n_labels).to(self.device)
         torch.random.set_rng_state(rng_state)
         self.embedding = lm.get_input_embeddings()
         self.seen = np.zeros(self.n_labels, dtype=bool)
         self.tasks_fitted = 0
         # PeCL state
-        self.token_stats = TaskTokenStatistics(self.tokenizer.vocab_size, (256, 257, 258), config.tau)
+        self.token_stats = TaskTokenStatistics(
+            max(self.tokenizer.vocab_size, self.embedding.num_embeddings), self.tokenizer.special_ids, config.tau
+        )
         self.omegas: list[float] = []
         self.task_records: list[dict[str, Any]] = []
         # baseline state
@@ -487,7 +519,7 @@ class ContinualLM:
 
         handles = []
         for name, module in self.model.lm.named_modules():
-            if name.endswith("c_attn") and hasattr(module, "lora_A"):
+            if hasattr(module, "lora_A") and self.adapter in getattr(module, "lora_A", {}):
                 handles.append(module.register_forward_hook(hook))
         self.model.eval()
         try:

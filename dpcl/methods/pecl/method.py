@@ -14,6 +14,10 @@ message. The public pre-training corpus is a disjoint set of fortune
 categories (:data:`dpcl.methods.pecl.experiment.PUBLIC_CATEGORIES`); a training
 example whose unit id is in that corpus is refused (it would be both public
 and private).
+
+``[method] pretrained_path`` loads a pre-trained causal LM and its tokenizer
+from a local directory instead of building the small model (see
+:mod:`dpcl.methods.pecl.learner`); the plan, TDP and certificates are the same.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dpcl.methods.pecl.learner import ContinualLM, learner_config
 _LEARNER_KEYS = (
     "alpha", "tau", "theta", "lambda_unlearn", "lambda_min", "lambda_max", "dynamic_lambda", "unlearning",
     "epochs", "batch_size", "learning_rate", "max_seq_len", "lora_rank", "n_layer", "n_embd", "n_head",
-    "pretrain_steps",
+    "pretrain_steps", "pretrained_path",
 )
 
 

@@ -5,6 +5,11 @@ layers and a byte vocabulary run on 2 CPU cores; the same code runs on CUDA
 (``device="cuda"``). The classifier reads the mean of the last hidden states
 over the non-padding tokens; the language-model head gives the predictive
 distribution of eq. 2 (Score_1) and the per-token losses of eq. 12.
+
+:func:`load_pretrained_causal_lm` loads a pre-trained causal LM from a local
+directory instead (``[method] pretrained_path``; ``local_files_only=True``, so
+nothing is downloaded); the rest of the path (LoRA, TDP on the input
+embeddings, sculpting) is the same.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from dpcl.methods.pecl.tokenizer import ByteTokenizer
+from dpcl.errors import ConfigError
+from dpcl.methods.pecl.tokenizer import ByteTokenizer, PretrainedTokenizer, check_pretrained_directory
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,41 @@ def build_causal_lm(config: ModelConfig, tokenizer: ByteTokenizer, seed: int) ->
     model = GPT2LMHeadModel(gpt_config)
     torch.random.set_rng_state(generator_state)
     return model
+
+
+def load_pretrained_causal_lm(path: str, tokenizer: PretrainedTokenizer, max_seq_len: int) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path, local_files_only=True)`` in float32, checked against PeCL's needs.
+
+    Refused with a ConfigError naming ``[method] pretrained_path``: a path that
+    is not a local directory or holds no loadable model; a tokenizer that can
+    emit ids beyond the model's embedding table; ``max_seq_len`` beyond the
+    model's position range (when its config states one).
+    """
+    check_pretrained_directory(path)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"[method] pretrained_path = {path!r}: no causal LM could be loaded from it ({exc}).") from None
+    rows = lm.get_input_embeddings().num_embeddings
+    if tokenizer.vocab_size > rows:
+        raise ConfigError(
+            f"[method] pretrained_path = {path!r}: the tokenizer has {tokenizer.vocab_size} ids but the model's "
+            f"embedding table only {rows} rows; save the matching tokenizer with the model."
+        )
+    positions = getattr(lm.config, "max_position_embeddings", None) or getattr(lm.config, "n_positions", None)
+    if positions is not None and max_seq_len > int(positions):
+        raise ConfigError(
+            f"[method] max_seq_len = {max_seq_len} exceeds the {int(positions)} positions of the model at "
+            f"pretrained_path = {path!r}; use max_seq_len <= {int(positions)}."
+        )
+    return lm
+
+
+def hidden_size(lm: nn.Module) -> int:
+    """Width of the last hidden states (what the classification head reads)."""
+    return int(lm.config.hidden_size)
 
 
 class LMClassifier(nn.Module):
