@@ -70,6 +70,13 @@ from dpcl.guarantees.method_schema import (
     unit_interval,
 )
 
+#: Stated by every PeCL certificate whose frozen language model was loaded from ``pretrained_path``.
+PRETRAINED_PUBLIC_ASSUMPTION = (
+    "The pre-trained language model loaded from pretrained_path (weights and tokenizer) was trained on public "
+    "data only, never on the private tasks; it stays frozen, so only the LoRA adapters and the head see private "
+    "data through the mechanisms this certificate accounts."
+)
+
 #: Sentence copied into every PeCL certificate.
 DATA_DEPENDENCE_ASSUMPTION = (
     "Per-token noise scales sigma_i are derived from sensitivity scores; the per-token and sequence-level "
@@ -592,7 +599,8 @@ class PeCLSpec:
                 "sigma_max": float(worst.sigmas[1]),
                 "per_token": {k: val for k, val in summary.items() if k not in ("assumptions",)},
             },
-            assumptions=(DATA_DEPENDENCE_ASSUMPTION, SCOPE_ASSUMPTION),
+            assumptions=(DATA_DEPENDENCE_ASSUMPTION, SCOPE_ASSUMPTION)
+            + ((PRETRAINED_PUBLIC_ASSUMPTION,) if v["pretrained_path"] else ()),
             notes=tuple(notes),
         )
 

@@ -207,6 +207,9 @@ def test_dpcl_run_with_pretrained_path_writes_verified_per_token_certificates(mo
     g = cert["guarantee"]
     assert cert["release"]["method"] == "pecl" and g["adjacency"] == "replace_one" and g["unit"] == "token"
     assert cert["config"]["method"]["pretrained_path"] == model_dir
+    from dpcl.guarantees.per_token import PRETRAINED_PUBLIC_ASSUMPTION
+
+    assert PRETRAINED_PUBLIC_ASSUMPTION in cert["assumptions"]
     assert any(n.startswith("per-token guarantee") for n in cert["extra"]["plan_notes"])
     event = cert["events"][-1]["events"][0]["event"]
     assert event["kind"] == "gaussian" and event["sensitivity"] == 2.0
