@@ -18,54 +18,11 @@ from __future__ import annotations
 import argparse
 import math
 
+from dpcl.cli.numbers import parse_count, parse_delta, parse_positive
 from dpcl.cli.output import add_json_flag, emit
-from dpcl.errors import InvalidParameterError
 
 #: Default number of outputs drawn per neighbouring input.
 DEFAULT_TRIALS = 1_000_000
-
-
-def _number(option: str, text: str, allowed: str) -> float:
-    try:
-        value = float(str(text).strip())
-    except ValueError:
-        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r} (not a number).") from None
-    if not math.isfinite(value):
-        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
-    return value
-
-
-def _positive(option: str, text: str) -> float:
-    value = _number(option, text, "a finite number > 0")
-    if value <= 0:
-        raise InvalidParameterError(f"{option} must be a finite number > 0, got {text!r}.")
-    return value
-
-
-def _unit_interval(option: str, text: str, *, closed_left: bool) -> float:
-    allowed = "a number in [0, 1)" if closed_left else "a number in the open interval (0, 1)"
-    value = _number(option, text, allowed)
-    if not (0.0 <= value < 1.0 if closed_left else 0.0 < value < 1.0):
-        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
-    return value
-
-
-def _integer(option: str, text: str, minimum: int, maximum: int | None = None) -> int:
-    allowed = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
-    stripped = str(text).strip()
-    try:
-        value = int(stripped)
-    except ValueError:
-        try:
-            as_float = float(stripped)
-        except ValueError:
-            raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.") from None
-        if not math.isfinite(as_float) or as_float != int(as_float):
-            raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.") from None
-        value = int(as_float)  # accept 1e6
-    if value < minimum or (maximum is not None and value > maximum):
-        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
-    return value
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -116,22 +73,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_audit_mechanism(args: argparse.Namespace) -> int:
     from dpcl.audit.blackbox import MAX_TRIALS
-    from dpcl.audit.mechanisms import GaussianMechanism, LaplaceMechanism, audit_mechanism
+    from dpcl.audit.mechanisms import (
+        GaussianMechanism,
+        LaplaceMechanism,
+        audit_mechanism,
+    )
 
-    sensitivity = _positive("--sensitivity", args.sensitivity)
-    claimed = _positive("--claimed-epsilon", args.claimed_epsilon)
-    delta = _unit_interval("--delta", args.delta, closed_left=True)
-    trials = _integer("--trials", args.trials, 4, MAX_TRIALS)
-    seed = _integer("--seed", args.seed, 0)
-    confidence = _unit_interval("--confidence", args.confidence, closed_left=False)
+    sensitivity = parse_positive("--sensitivity", args.sensitivity)
+    claimed = parse_positive("--claimed-epsilon", args.claimed_epsilon)
+    delta = parse_delta("--delta", args.delta, allow_zero=True)
+    trials = parse_count("--trials", args.trials, 4, MAX_TRIALS)
+    seed = parse_count("--seed", args.seed, 0)
+    confidence = parse_delta("--confidence", args.confidence)
     payload: dict = {"mechanism": args.mechanism}
     if args.mechanism == "gaussian":
-        mechanism = GaussianMechanism(_positive("--sigma", args.sigma), sensitivity)
+        mechanism = GaussianMechanism(parse_positive("--sigma", args.sigma), sensitivity)
         payload["sigma"] = mechanism.sigma
         exact = mechanism.epsilon(delta) if delta > 0 else math.inf
         exact_note = "exact epsilon of this sigma at delta (Balle & Wang 2018, Thm 8)"
     else:
-        mechanism = LaplaceMechanism(_positive("--scale", args.scale), sensitivity)
+        mechanism = LaplaceMechanism(parse_positive("--scale", args.scale), sensitivity)
         payload["scale"] = mechanism.scale
         exact = mechanism.epsilon()
         exact_note = "pure epsilon sensitivity / scale of this mechanism"

@@ -43,11 +43,11 @@ def parse_positive(option: str, text: str) -> float:
     return value
 
 
-def parse_delta(option: str, text: str) -> float:
-    """delta strictly inside (0, 1)."""
-    allowed = "a number in the open interval (0, 1)"
+def parse_delta(option: str, text: str, *, allow_zero: bool = False) -> float:
+    """delta strictly inside (0, 1), or in [0, 1) with ``allow_zero`` (a pure-DP claim)."""
+    allowed = "a number in [0, 1)" if allow_zero else "a number in the open interval (0, 1)"
     value = _finite_float(option, text, allowed)
-    if not 0.0 < value < 1.0:
+    if not (0.0 <= value < 1.0 if allow_zero else 0.0 < value < 1.0):
         raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
     return value
 
@@ -61,9 +61,9 @@ def parse_sample_rate(option: str, text: str) -> float:
     return value
 
 
-def parse_count(option: str, text: str, minimum: int = 1) -> int:
-    """An integer >= ``minimum``; ``10000`` and ``1e4`` are accepted, ``2.5`` is not."""
-    allowed = f"an integer >= {minimum}"
+def parse_count(option: str, text: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer >= ``minimum`` (and <= ``maximum``); ``10000`` and ``1e4`` are accepted, ``2.5`` is not."""
+    allowed = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
     stripped = str(text).strip()
     try:
         value = int(stripped)
@@ -72,7 +72,7 @@ def parse_count(option: str, text: str, minimum: int = 1) -> int:
         if as_float != math.floor(as_float):
             raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.") from None
         value = int(as_float)
-    if value < minimum:
+    if value < minimum or (maximum is not None and value > maximum):
         raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
     return value
 
