@@ -212,3 +212,24 @@ def test_tdp_epoch_recording_composes_every_epoch():
     assert g["sequence"]["longest_sequence_tokens"] == 3
     noisy = tdp.perturb_with_sigmas(torch.zeros(2, 3, 4), tdp.sigmas(scores), torch.Generator().manual_seed(0))
     assert noisy.shape == (2, 3, 4)
+
+
+def test_tdp_float32_sigma_table_never_rounds_below_the_calibrated_sigma():
+    """Half of a float64 table rounds *down* to float32; the applied table must not (less noise than certified)."""
+    tdp = TokenDP(epsilon_lower=1.0, epsilon_upper=10.0, delta=1e-6, clip_norm=1.0, calibration="analytic",
+                  releases=4, grid=1024)
+    calibrated = tdp.calibration.sigmas
+    nearest = calibrated.astype(np.float32).astype(np.float64)
+    assert np.any(nearest < calibrated)  # the case that matters does occur in this table
+    applied = tdp.sigma_table.double().numpy()
+    assert np.all(applied >= calibrated)
+    assert np.all(applied - calibrated <= np.spacing(calibrated.astype(np.float32)).astype(np.float64))
+    # the recorded guarantee is that of the float32 sigma actually multiplied in, and still within the budget
+    low = int(np.flatnonzero(nearest < calibrated)[0])
+    scores = torch.tensor([[0.0, low / 1024]])
+    tdp.record_epoch(torch.tensor([[low / 1024, low / 1024]]), torch.ones(1, 2))
+    g = tdp.released_guarantee()
+    assert g["sigma_min_used"] == float(applied[low])
+    assert g["epsilon"] == pytest.approx(pt.true_token_epsilons(float(applied[low]), 1e-6, 1.0, releases=4), rel=1e-12)
+    assert g["epsilon"] <= float(tdp.calibration.true_epsilons[low])
+    assert tdp.sigmas(scores)[0, 1].item() == float(applied[low])

@@ -132,7 +132,7 @@ class PeCLMethod(ContinualMethod):
             clip_norm=cfg.clip_norm,
             calibration=cfg.calibration,
             releases=cfg.epochs,
-        ).calibration.sigmas
+        ).applied_sigmas
         if float(table.min()) < float(noise["sigma_min"]) * (1 - 1e-9):
             raise PrivacyViolationError(
                 f"TDP would use sigma {float(table.min()):.6g} below the certified sigma_min {noise['sigma_min']:.6g}."

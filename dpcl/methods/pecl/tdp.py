@@ -8,7 +8,8 @@ every token of every batch would dominate the step, so sigma is tabulated once
 on a score grid of ``grid`` steps and a token's score is rounded **up** to the
 grid: a higher score means a smaller budget and more noise, so every token gets
 at least the noise its own eps_i asks for (its true epsilon is at most the
-grid's, which the certificate reports).
+grid's, which the certificate reports). The table is stored in float32 with
+every entry rounded up, never down, from the calibrated float64 sigma.
 
 Every token is perturbed, including score-0 tokens (which the paper leaves
 noise-free: that would be epsilon = infinity for them).
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from dpcl.accounting.gaussian import gdp_epsilon
-from dpcl.guarantees.per_token import calibrate_tokens, embedding_sensitivity
+from dpcl.guarantees.per_token import calibrate_tokens, embedding_sensitivity, true_token_epsilons
 from dpcl.methods.pecl import tdp_triton
 
 
@@ -33,6 +34,20 @@ def torch_perturb_with_sigmas(
                         max=1.0)
     out = torch.randn(embeddings.shape, generator=generator, device=embeddings.device, dtype=embeddings.dtype)
     return out.mul_(sigma).addcmul_(embeddings, scale)  # N(0, sigma^2) + clip(e, C), in place
+
+
+def float32_at_least(values: np.ndarray) -> np.ndarray:
+    """``values`` as float32 numbers that are each ``>=`` the float64 input (returned as float64).
+
+    Plain float32 conversion rounds to nearest, i.e. below the input for about
+    half of the entries; a noise scale below the calibrated one would give a
+    (slightly) larger epsilon than the certificate states.
+    """
+    exact = np.asarray(values, dtype=np.float64)
+    single = exact.astype(np.float32)
+    low = single.astype(np.float64) < exact
+    single[low] = np.nextafter(single[low], np.float32(np.inf))
+    return single.astype(np.float64)
 
 
 class TokenDP:
@@ -63,9 +78,13 @@ class TokenDP:
             calibration=calibration,
             releases=releases,
         )
-        self.sigma_table = torch.as_tensor(self.calibration.sigmas, dtype=torch.float32, device=device)
+        #: the sigmas the noise step really uses: the float32 table, each entry rounded *up* to the next
+        #: float32 where plain rounding would go below the calibrated float64 sigma (never less noise than
+        #: calibrated); the recorded releases and their guarantee use these values.
+        self.applied_sigmas = float32_at_least(self.calibration.sigmas)
+        self.sigma_table = torch.as_tensor(self.applied_sigmas, dtype=torch.float32, device=device)
         self._mu_sq_table = torch.as_tensor(
-            (embedding_sensitivity(clip_norm) / self.calibration.sigmas) ** 2, dtype=torch.float64, device=device
+            (embedding_sensitivity(clip_norm) / self.applied_sigmas) ** 2, dtype=torch.float64, device=device
         )
         #: smallest grid index any released token used (worst token) and worst sequence mu^2 so far.
         self.min_index_used: int | None = None
@@ -148,12 +167,14 @@ class TokenDP:
         """What this task's releases guarantee: worst token and worst (longest, least noised) sequence.
 
         The token guarantee is the true epsilon (exact Gaussian profile at 2C,
-        over ``releases`` perturbations) of the smallest sigma actually used; the
+        over ``releases`` perturbations) of the smallest sigma actually used (the
+        float32 value the noise step multiplies by); the
         sequence guarantee composes exactly every perturbation of the worst
         sequence's tokens over all epochs (GDP, mu^2 summed).
         """
         cal = self.calibration
         idx = 0 if self.min_index_used is None else self.min_index_used
+        sigma_used = float(self.applied_sigmas[idx])
         out = {
             "unit": "token",
             "adjacency": "replace_one",
@@ -161,9 +182,9 @@ class TokenDP:
             "sensitivity": cal.sensitivity,
             "delta": self.delta,
             "releases_per_token": self.releases,
-            "sigma_min_used": float(cal.sigmas[idx]),
+            "sigma_min_used": sigma_used,
             "claimed_epsilon_of_worst_token": float(cal.claimed_epsilons[idx]),
-            "epsilon": float(cal.true_epsilons[idx]),
+            "epsilon": float(true_token_epsilons(sigma_used, self.delta, self.clip_norm, self.releases)),
         }
         if self.sequence_mu_sq is not None:
             worst_mu = float(torch.sqrt(self.sequence_mu_sq.max()))
