@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-from scipy.special import log_ndtr, ndtri
+from scipy.special import erfinv, log_ndtr, ndtri
 
-from dpcl.accounting.validation import check_delta, check_nonnegative, check_positive
+from dpcl.accounting.validation import broadcast_together, check_delta, check_nonnegative, check_positive
 from dpcl.errors import InvalidParameterError
 
 __all__ = [
@@ -93,18 +93,16 @@ def _log_delta(epsilon: np.ndarray, mu: np.ndarray) -> tuple[np.ndarray, np.ndar
         t = mu / 2.0 + ratio
         float_error = 8.0 * _UNIT_ROUNDOFF * (np.abs(a) + np.abs(b) + epsilon + 2.0 * t * (t + 1.0))
         diff = (b - a) - float_error
-        # exact b <= a (delta >= 0); if even the lowered difference is >= 0, delta is 0 to float precision
-        log_delta = np.where(diff < 0, a + np.log1p(-np.exp(np.minimum(diff, 0.0))), -np.inf)
+        # exact b < a (delta > 0). Should the lowered difference still be >= 0 (the error bound
+        # failed), fall back to a itself: delta <= Phi(mu/2 - epsilon/mu) always, so that stays an
+        # upper bound (reporting delta = 0 would not be).
+        log_delta = np.where(diff < 0, a + np.log1p(-np.exp(np.minimum(diff, 0.0))), a)
     return log_delta, b
 
 
 def _scalar_or_array(value: np.ndarray, scalar: bool) -> float | np.ndarray:
     return float(value) if scalar else value
 
-
-def _broadcast(*arrays: Any) -> tuple[list[np.ndarray], bool]:
-    scalar = all(np.ndim(a) == 0 for a in arrays)
-    return [np.array(a, dtype=np.float64) for a in np.broadcast_arrays(*arrays)], scalar
 
 
 # ---------------------------------------------------------------------------
@@ -166,8 +164,8 @@ def _solve_safe_root(
         narrow = np.isfinite(u_a) & (hi - lo <= _RTOL * np.maximum(np.abs(s_a), tiny))
         # bisect geometrically across decades (all roots here are of positive
         # quantities), arithmetically otherwise; double while the bracket is open.
-        with np.errstate(invalid="ignore", divide="ignore"):
-            geometric = np.sqrt(lo * hi)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            geometric = np.sqrt(lo) * np.sqrt(hi)  # not sqrt(lo * hi): that overflows for roots ~1e300
         wide = (lo > 0) & (hi > 4.0 * lo)
         bisect = np.where(wide, geometric, 0.5 * (s_a + u_a))
         fallback = np.where(np.isfinite(u_a), bisect, 2.0 * np.abs(s_a) + tiny)
@@ -232,7 +230,8 @@ def _epsilon_from_mu(mu: np.ndarray, delta: np.ndarray) -> np.ndarray:
     # Tail bound: delta(eps) <= P[L > eps] with L ~ N(mu^2/2, mu^2), which equals
     # `delta` at eps0 = mu z + mu^2/2, z = Phi^{-1}(1 - delta). So eps0 is safe.
     z = -ndtri(delta[need])
-    eps0 = np.maximum(m * z + 0.5 * m * m, 0.0)
+    with np.errstate(over="ignore"):  # mu > ~1e154: eps0 = inf, the answer is inf (no finite epsilon)
+        eps0 = np.maximum(m * z + 0.5 * m * m, 0.0)
 
     def fun(eps: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mu_i = m[idx]
@@ -292,7 +291,16 @@ def _mu_from_epsilon(
     log_target = np.log(delta)
     z = -ndtri(delta)
     # Same tail bound: at mu0 = -z + sqrt(z^2 + 2 eps), P[L > eps] = delta, so mu0 is safe.
-    mu0 = -z + np.sqrt(z * z + 2.0 * epsilon)
+    # For z > 0 that difference cancels (to 0 once 2 eps < ulp(z^2), e.g. eps = 1e-20), so
+    # it is evaluated there as 2 eps / (z + sqrt(z^2 + 2 eps)), which has no cancellation.
+    root = np.sqrt(z * z + 2.0 * epsilon)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mu_tail = np.where(z > 0, 2.0 * epsilon / (z + root), root - z)
+    # Second safe point, from delta(epsilon) <= delta(0) = 2 Phi(mu/2) - 1 = erf(mu / (2 sqrt 2)):
+    # mu_tv = 2 sqrt(2) erfinv(delta), lowered by 1e-12 relative for erfinv's rounding. It is the
+    # root itself as epsilon -> 0, where mu_tail -> 0 (the bracket could not grow from 0 in time).
+    mu_tv = 2.0 * np.sqrt(2.0) * erfinv(delta) * (1.0 - 1e-12)
+    mu0 = np.maximum(mu_tail, mu_tv)
 
     def fun(mu: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         e = epsilon.ravel()[idx]
@@ -300,8 +308,8 @@ def _mu_from_epsilon(
         # d delta / d mu = phi(mu/2 - eps/mu) (the two phi terms of the derivative merge
         # because exp(eps) phi(-mu/2 - eps/mu) = phi(mu/2 - eps/mu)).
         # delta''(mu) = -x1 (1/2 + eps/mu^2) phi(x1). Derivatives of log delta:
-        x1 = mu / 2.0 - e / mu
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            x1 = mu / 2.0 - e / mu
             d1 = np.exp(-0.5 * x1 * x1 - _LOG_SQRT_2PI - log_d)
             d2 = -x1 * (0.5 + e / (mu * mu)) * d1 - d1 * d1
         return log_d - log_target.ravel()[idx], d1, d2
@@ -325,7 +333,7 @@ def gaussian_delta(epsilon: Any, sigma: Any, sensitivity: Any = 1.0) -> float | 
     eps = check_nonnegative("epsilon", epsilon)
     sig = check_positive("sigma", sigma)
     sens = check_positive("sensitivity", sensitivity)
-    (eps, sig, sens), scalar = _broadcast(eps, sig, sens)
+    (eps, sig, sens), scalar = broadcast_together(("epsilon", "sigma", "sensitivity"), eps, sig, sens)
     log_d, _ = _log_delta(eps, sens / sig)
     return _scalar_or_array(np.exp(log_d), scalar)
 
@@ -334,7 +342,7 @@ def gdp_delta(epsilon: Any, mu: Any) -> float | np.ndarray:
     """delta(epsilon) of mu-Gaussian DP (Dong, Roth & Su 2022, Cor. 2.13; same curve as Thm 8 above)."""
     eps = check_nonnegative("epsilon", epsilon)
     m = check_positive("mu", mu)
-    (eps, m), scalar = _broadcast(eps, m)
+    (eps, m), scalar = broadcast_together(("epsilon", "mu"), eps, m)
     log_d, _ = _log_delta(eps, m)
     return _scalar_or_array(np.exp(log_d), scalar)
 
@@ -343,13 +351,16 @@ def gaussian_epsilon(sigma: Any, delta: Any, sensitivity: Any = 1.0) -> float | 
     """Smallest epsilon >= 0 with ``gaussian_delta(epsilon, sigma, sensitivity) <= delta``.
 
     Root of the Balle & Wang (2018) Thm 8 profile; the value returned is verified
-    to satisfy the inequality (it is an upper bound, exact to ~1e-13 relative).
+    to satisfy the inequality (it is an upper bound). It is exact to ~1e-13 relative
+    when mu = sensitivity / sigma is not tiny; for tiny mu with tiny delta the
+    two Thm 8 terms cancel and the float error bound makes it conservative
+    (measured: ~1e-7 relative at mu = 1e-6, delta = 1e-200; see docs/accounting.md).
     ``delta`` in (0, 1).
     """
     sig = check_positive("sigma", sigma)
     dlt = check_delta("delta", delta)
     sens = check_positive("sensitivity", sensitivity)
-    (sig, dlt, sens), scalar = _broadcast(sig, dlt, sens)
+    (sig, dlt, sens), scalar = broadcast_together(("sigma", "delta", "sensitivity"), sig, dlt, sens)
     return _scalar_or_array(_epsilon_from_mu(sens / sig, dlt), scalar)
 
 
@@ -357,7 +368,7 @@ def gdp_epsilon(mu: Any, delta: Any) -> float | np.ndarray:
     """Smallest epsilon with mu-GDP implying (epsilon, delta)-DP (Dong, Roth & Su 2022, Cor. 2.13)."""
     m = check_positive("mu", mu)
     dlt = check_delta("delta", delta)
-    (m, dlt), scalar = _broadcast(m, dlt)
+    (m, dlt), scalar = broadcast_together(("mu", "delta"), m, dlt)
     return _scalar_or_array(_epsilon_from_mu(m, dlt), scalar)
 
 
@@ -370,7 +381,7 @@ def gdp_mu(epsilon: Any, delta: Any) -> float | np.ndarray:
     """
     eps = check_positive("epsilon", epsilon)
     dlt = check_delta("delta", delta)
-    (eps, dlt), scalar = _broadcast(eps, dlt)
+    (eps, dlt), scalar = broadcast_together(("epsilon", "delta"), eps, dlt)
     return _scalar_or_array(_mu_from_epsilon(_calibration_target(eps, dlt), dlt), scalar)
 
 
@@ -388,7 +399,7 @@ def gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> float | 
     eps = check_positive("epsilon", epsilon)
     dlt = check_delta("delta", delta)
     sens = check_positive("sensitivity", sensitivity)
-    (eps, dlt, sens), scalar = _broadcast(eps, dlt, sens)
+    (eps, dlt, sens), scalar = broadcast_together(("epsilon", "delta", "sensitivity"), eps, dlt, sens)
     eps_flat, sens_flat, dlt_flat = (np.ravel(a) for a in (eps, sens, dlt))
 
     def verify(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -434,7 +445,7 @@ def classic_gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> 
     eps = check_positive("epsilon", epsilon)
     dlt = check_delta("delta", delta)
     sens = check_positive("sensitivity", sensitivity)
-    (eps, dlt, sens), scalar = _broadcast(eps, dlt, sens)
+    (eps, dlt, sens), scalar = broadcast_together(("epsilon", "delta", "sensitivity"), eps, dlt, sens)
     sigma = sens * np.sqrt(2.0 * np.log(1.25 / dlt)) / eps
     valid = eps < 1.0
     if scalar:

@@ -24,14 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from dpcl.accounting.validation import check_delta, check_nonnegative, check_positive
+from dpcl.accounting.validation import broadcast_together, check_delta, check_nonnegative, check_positive
 
 __all__ = ["laplace_delta", "laplace_epsilon", "laplace_epsilon_for_delta", "laplace_scale"]
 
-
-def _broadcast(*arrays: Any) -> tuple[list[np.ndarray], bool]:
-    scalar = all(np.ndim(a) == 0 for a in arrays)
-    return [np.array(a, dtype=np.float64) for a in np.broadcast_arrays(*arrays)], scalar
 
 
 def _out(value: np.ndarray, scalar: bool) -> float | np.ndarray:
@@ -42,7 +38,7 @@ def laplace_scale(epsilon: Any, sensitivity: Any = 1.0) -> float | np.ndarray:
     """Scale b = Delta / epsilon giving epsilon-DP (Dwork & Roth 2014, Thm 3.6). Vectorised."""
     eps = check_positive("epsilon", epsilon)
     sens = check_positive("sensitivity", sensitivity)
-    (eps, sens), scalar = _broadcast(eps, sens)
+    (eps, sens), scalar = broadcast_together(("epsilon", "sensitivity"), eps, sens)
     return _out(sens / eps, scalar)
 
 
@@ -50,7 +46,7 @@ def laplace_epsilon(scale: Any, sensitivity: Any = 1.0) -> float | np.ndarray:
     """Pure epsilon = Delta / b of Lap(b) noise on an l1-sensitivity-Delta query. Vectorised."""
     b = check_positive("scale", scale)
     sens = check_positive("sensitivity", sensitivity)
-    (b, sens), scalar = _broadcast(b, sens)
+    (b, sens), scalar = broadcast_together(("scale", "sensitivity"), b, sens)
     return _out(sens / b, scalar)
 
 
@@ -63,7 +59,7 @@ def laplace_delta(epsilon: Any, scale: Any, sensitivity: Any = 1.0) -> float | n
     eps = check_nonnegative("epsilon", epsilon)
     b = check_positive("scale", scale)
     sens = check_positive("sensitivity", sensitivity)
-    (eps, b, sens), scalar = _broadcast(eps, b, sens)
+    (eps, b, sens), scalar = broadcast_together(("epsilon", "scale", "sensitivity"), eps, b, sens)
     eps0 = sens / b
     delta = np.where(eps < eps0, -np.expm1(np.minimum(eps - eps0, 0.0) / 2.0), 0.0)
     return _out(delta, scalar)
@@ -78,7 +74,7 @@ def laplace_epsilon_for_delta(scale: Any, delta: Any, sensitivity: Any = 1.0) ->
     b = check_positive("scale", scale)
     dlt = check_delta("delta", delta)
     sens = check_positive("sensitivity", sensitivity)
-    (b, dlt, sens), scalar = _broadcast(b, dlt, sens)
+    (b, dlt, sens), scalar = broadcast_together(("scale", "delta", "sensitivity"), b, dlt, sens)
     eps0 = sens / b
     eps = np.maximum(eps0 + 2.0 * np.log1p(-dlt), 0.0)
     for _ in range(8):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -26,8 +26,9 @@ def _as_float_array(name: str, value: Any) -> tuple[np.ndarray, bool]:
     if array.size == 0:
         raise InvalidParameterError(f"{name} is empty; give at least one value.")
     if not np.all(np.isfinite(array)):
-        bad = array[~np.isfinite(array)].ravel()[0]
-        raise InvalidParameterError(f"{name} must be finite, got {bad!r}.")
+        bad = float(array[~np.isfinite(array)].ravel()[0])
+        where = "" if array.ndim == 0 else f" (element {int(np.flatnonzero(~np.isfinite(array))[0])} of the flattened array)"
+        raise InvalidParameterError(f"{name} must be finite, got {bad!r}{where}.")
     return array, array.ndim == 0
 
 
@@ -36,7 +37,28 @@ def _ret(array: np.ndarray, scalar: bool) -> float | np.ndarray:
 
 
 def _describe(array: np.ndarray, mask: np.ndarray) -> str:
-    return repr(float(array[mask].ravel()[0]))
+    value = repr(float(array[mask].ravel()[0]))
+    if array.ndim == 0:
+        return value
+    return f"{value} (element {int(np.flatnonzero(mask)[0])} of the flattened array)"
+
+
+def broadcast_together(names: Sequence[str], *arrays: Any) -> tuple[list[np.ndarray], bool]:
+    """Broadcast already-checked parameters against each other (numpy rules).
+
+    Returns float64 arrays of the common shape and whether every input was a
+    scalar; shapes that do not broadcast raise :class:`InvalidParameterError`
+    naming the parameters and their shapes.
+    """
+    scalar = all(np.ndim(a) == 0 for a in arrays)
+    try:
+        out = np.broadcast_arrays(*arrays)
+    except ValueError:
+        shapes = ", ".join(f"{n} {np.shape(a)}" for n, a in zip(names, arrays))
+        raise InvalidParameterError(
+            f"{', '.join(names)} must have shapes that broadcast against each other; got {shapes}."
+        ) from None
+    return [np.array(a, dtype=np.float64) for a in out], scalar
 
 
 def check_positive(name: str, value: Any) -> float | np.ndarray:
@@ -97,3 +119,20 @@ def check_positive_scalar(name: str, value: Any) -> float:
     if not scalar:
         raise InvalidParameterError(f"{name} must be a single number > 0, got an array.")
     return float(check_positive(name, array))
+
+
+def check_nonnegative_scalar(name: str, value: Any) -> float:
+    """One finite number >= 0 (an array is refused)."""
+    array, scalar = _as_float_array(name, value)
+    if not scalar:
+        raise InvalidParameterError(f"{name} must be a single number >= 0, got an array.")
+    return float(check_nonnegative(name, array))
+
+
+def check_delta_scalar(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    """One delta in (0, 1) (or [0, 1) with ``allow_zero``); an array is refused."""
+    array, scalar = _as_float_array(name, value)
+    if not scalar:
+        allowed = "[0, 1)" if allow_zero else "(0, 1)"
+        raise InvalidParameterError(f"{name} must be a single number in {allowed}, got an array.")
+    return float(check_delta(name, array, allow_zero=allow_zero))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate
 from scipy.optimize import brentq
@@ -304,3 +304,106 @@ def test_property_invalid_delta_always_raises(eps: float, bad: float) -> None:
         gaussian_sigma(eps, bad)
     with pytest.raises(InvalidParameterError, match="delta"):
         gdp_epsilon(eps, bad)
+
+
+# ---------------------------------------------------------------------------
+# extreme inputs, against an mpmath reference written here
+# ---------------------------------------------------------------------------
+def mp_delta(eps, mu):  # type: ignore[no-untyped-def]
+    """Balle & Wang (2018) Thm 8 in 60-digit arithmetic."""
+    import mpmath
+
+    mpmath.mp.dps = 60
+    e, m = mpmath.mpf(eps), mpmath.mpf(mu)
+    return mpmath.ncdf(m / 2 - e / m) - mpmath.exp(e) * mpmath.ncdf(-m / 2 - e / m)
+
+
+def mp_mu_root(eps: float, delta: float) -> float:
+    """Largest mu with delta(eps; mu) <= delta, by 200 geometric bisection steps in mpmath."""
+    import mpmath
+
+    lo, hi = mpmath.mpf("1e-320"), mpmath.mpf(1e4)
+    for _ in range(200):
+        mid = mpmath.sqrt(lo * hi)
+        if mp_delta(eps, mid) <= delta:
+            lo = mid
+        else:
+            hi = mid
+    return float(lo)
+
+
+@pytest.mark.parametrize("eps", [5e-324, 1e-300, 1e-20, 1e-16, 1e-14])
+@pytest.mark.parametrize("delta", [1e-5, 0.3])
+def test_sigma_for_vanishing_epsilon_is_the_total_variation_calibration(eps: float, delta: float) -> None:
+    # As epsilon -> 0 the profile is the total variation 2 Phi(mu/2) - 1, so sigma -> 1 / (2 Phi^-1((1 + delta)/2)).
+    # The tail-bound start mu0 = -z + sqrt(z^2 + 2 eps) cancels to 0 here; sigma was ~7e277 for eps = 1e-20.
+    pytest.importorskip("mpmath")
+    sigma = gaussian_sigma(eps, delta)
+    ref = 1.0 / mp_mu_root(eps, delta)
+    assert sigma >= ref * (1 - 1e-12)  # safe side
+    assert sigma == pytest.approx(ref, rel=1e-6)
+    assert sigma == pytest.approx(1.0 / (2.0 * norm.ppf((1.0 + delta) / 2.0)), rel=1e-6)
+    assert gdp_mu(eps, delta) == pytest.approx(1.0 / ref, rel=1e-6)
+
+
+def test_extreme_sigmas_give_finite_or_infinite_epsilon_without_float_warnings() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow / divide-by-zero RuntimeWarning leaks out
+        # mu = 1e150: epsilon ~ mu^2 / 2, still a float
+        assert gaussian_epsilon(1e-150, 1e-5) == pytest.approx(0.5e300 + 1e150 * -norm.ppf(1e-5), rel=1e-12)
+        # mu = 1e200: no finite float bounds epsilon; inf is the honest upper bound
+        assert gdp_epsilon(np.array([1e200, 1.0]), 1e-5)[0] == math.inf
+        assert gaussian_epsilon(1e200, 1e-5) == 0.0
+        assert gaussian_sigma(5e-324, 1e-5) > 0
+
+
+log_mu_st = st.floats(min_value=-6.0, max_value=3.0)
+wide_delta_st = st.one_of(
+    st.floats(min_value=-300.0, max_value=-1.0).map(lambda x: 10.0**x),
+    st.floats(min_value=-12.0, max_value=-0.5).map(lambda x: 1.0 - 10.0**x),  # delta near 1
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(log_mu=log_mu_st, delta=wide_delta_st)
+def test_property_epsilon_is_safe_and_tight_over_extreme_ranges(log_mu: float, delta: float) -> None:
+    pytest.importorskip("mpmath")
+    mu = 10.0**log_mu
+    eps = gdp_epsilon(mu, delta)
+    assert math.isfinite(eps) and eps >= 0
+    assert mp_delta(eps, mu) <= delta  # an upper bound on the true epsilon
+    if eps > 0:  # and not a loose one (measured worst case over this range ~1e-7)
+        assert mp_delta(eps * (1 - 1e-5), mu) > delta
+
+
+@settings(max_examples=60, deadline=None)
+@given(log_eps=st.floats(min_value=-4.0, max_value=2.7), delta=wide_delta_st, sens=st.floats(1e-3, 1e3))
+def test_property_sigma_is_safe_over_extreme_ranges(log_eps: float, delta: float, sens: float) -> None:
+    pytest.importorskip("mpmath")
+    eps = 10.0**log_eps
+    sigma = gaussian_sigma(eps, delta, sens)
+    mu = sens / sigma
+    assert mp_delta(eps, mu) <= delta * (1 + 1e-12)  # float mu = sens/sigma carries one rounding
+    assert mp_delta(eps, mu * (1 + 1e-5)) > delta
+
+
+def test_mismatched_shapes_raise_a_typed_error_naming_the_parameters() -> None:
+    with pytest.raises(InvalidParameterError, match=r"sigma, delta, sensitivity .*sigma \(3,\), delta \(2,\)"):
+        gaussian_epsilon(np.ones(3), np.full(2, 1e-5))
+    with pytest.raises(InvalidParameterError, match="epsilon, delta, sensitivity"):
+        gaussian_sigma(np.ones(3), np.full(2, 1e-5))
+    with pytest.raises(InvalidParameterError, match="epsilon, mu"):
+        gdp_delta(np.ones((2, 3)), np.ones(2))
+    # shapes that do broadcast are fine: (2, 1) x (3,) -> (2, 3)
+    assert gaussian_sigma(np.array([[0.5], [1.0]]), np.array([1e-6, 1e-5, 1e-4])).shape == (2, 3)
+
+
+def test_bad_array_element_is_named_with_its_position() -> None:
+    with pytest.raises(InvalidParameterError, match=r"epsilon must be finite, got nan \(element 1"):
+        gaussian_sigma([1.0, float("nan")], 1e-5)
+    with pytest.raises(InvalidParameterError, match=r"delta must lie in \(0, 1\), got 2.0 \(element 2"):
+        gaussian_sigma(1.0, [1e-5, 1e-6, 2.0])
+    with pytest.raises(InvalidParameterError, match=r"sigma must be finite, got inf\.$"):
+        gaussian_epsilon(float("inf"), 1e-5)

@@ -75,3 +75,12 @@ def test_invalid_inputs(bad: float) -> None:
         laplace_delta(0.5, 1.0, bad)
     with pytest.raises(InvalidParameterError, match="delta"):
         laplace_epsilon_for_delta(1.0, bad if bad != 0.0 else 1.0)
+
+
+def test_mismatched_shapes_raise_a_typed_error_naming_the_parameters() -> None:
+    with pytest.raises(InvalidParameterError, match=r"epsilon, scale, sensitivity .*epsilon \(3,\), scale \(2,\)"):
+        laplace_delta(np.ones(3), np.ones(2))
+    with pytest.raises(InvalidParameterError, match="scale, delta, sensitivity"):
+        laplace_epsilon_for_delta(np.ones(3), np.full(2, 1e-5))
+    with pytest.raises(InvalidParameterError, match=r"scale must be > 0 and finite, got -1.0 \(element 1"):
+        laplace_epsilon([1.0, -1.0])
