@@ -163,3 +163,70 @@ def test_pecl_method_refuses_plan_mismatch_and_missing_texts():
     with pytest.raises(ConfigError, match="texts"):
         method.fit_task(0, _data(texts, labels, texts_given=False), (0, 1), plan)
     assert math.isfinite(plan.noise["sigma_min"])
+
+
+def test_task_importance_reads_only_non_padding_tokens_also_for_tasks_over_64_sequences():
+    """Omega_k (eq. 8) averages the adapted layers' input norms over real tokens: trailing padding columns
+    (which the causal, masked model never lets real tokens see) must not change it, whatever the task size."""
+    learner = ContinualLM(4, learner_config(**TINY), seed=0, public_texts=PUBLIC)
+    texts, labels = _tasks()[0]
+    learner.fit_task(0, texts, labels)
+    for n in (16, 70):
+        many = [f"{texts[i % 16]} {i}" for i in range(n)]
+        ids, mask = learner._encode(many)
+        used = int(mask.sum(dim=1).max())
+        assert used < TINY["max_seq_len"]  # there are padding columns to drop
+        full = learner._task_importance(ids, mask)
+        trimmed = learner._task_importance(ids[:, :used], mask[:, :used])
+        assert full > 0
+        assert full == pytest.approx(trimmed, rel=1e-5)
+
+
+def test_ewc_fisher_is_that_of_the_task_loss_not_of_the_earlier_penalty(monkeypatch):
+    """EWC's diagonal Fisher of task k comes from the gradients of task k's loss. Frozen weights (learning rate
+    0) make two runs see the same batches; an EWC penalty with a large constant gradient in the second must not
+    change the Fisher it stores for task 2."""
+    from dpcl.methods.pecl import learner as learner_module
+    from dpcl.methods.pecl.learner import ContinualLM as CLM
+
+    config = learner_config(**TINY, strategy="ewc", privacy="none", learning_rate=0.0, head_learning_rate=0.0)
+    fishers = []
+    for steep in (False, True):
+        learner_module._PRETRAINED.clear()  # a cache hit would skip the pre-training draws and change the batches
+        torch.manual_seed(0)  # peft initialises LoRA from the global RNG
+        learner = CLM(4, config, seed=0, public_texts=PUBLIC)
+        if steep:
+            monkeypatch.setattr(learner, "_ewc_penalty",
+                                lambda: 1e3 * torch.stack([p.sum() for p in learner._trainable()]).sum())
+        for k, (texts, labels) in enumerate(_tasks()):
+            learner.fit_task(k, texts, labels)
+        fishers.append([f.clone() for f in learner.ewc_terms[1][0]])
+    assert any(float(f.abs().max()) > 0 for f in fishers[0])
+    for a, b in zip(*fishers):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-12)
+
+
+def test_dpsgd_clips_each_examples_own_gradient(monkeypatch):
+    """What opacus clips must be each example's gradient, whatever the Poisson batch size: for the head's bias
+    that is softmax(logits_i) - onehot(y_i) (the language-model loss does not reach the head)."""
+    from opacus.optimizers import DPOptimizer
+
+    config = learner_config(**TINY, strategy="seqft", privacy="dpsgd")
+    learner = ContinualLM(4, config, seed=1, public_texts=PUBLIC, reproducible_noise=True)
+    logits, checked = [], []
+    learner.model.head.register_forward_hook(lambda _m, _i, out: logits.append(out.detach().clone()))
+    original = DPOptimizer.pre_step
+
+    def spy(self, *args, **kwargs):
+        sample = learner.model.head.bias.grad_sample
+        if sample is not None and sample.shape[0] > 0:
+            probs = torch.softmax(logits[-1], dim=1)
+            onehot = torch.nn.functional.one_hot(sample.argmin(dim=1), probs.shape[1]).to(probs.dtype)
+            checked.append((sample.shape[0], float((sample - (probs - onehot)).abs().max())))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DPOptimizer, "pre_step", spy)
+    texts, labels = _tasks()[0]
+    learner.fit_task(0, texts, labels)
+    assert any(n != TINY["batch_size"] for n, _ in checked)  # Poisson batches of other sizes than expected occur
+    assert max(err for _, err in checked) < 1e-5

@@ -10,7 +10,9 @@ Strategies (Zhan et al., Sec. "Baselines"):
 * ``er`` -- experience replay (Rolnick et al. 2019): a buffer of
   ``replay_per_task`` examples of every past task is mixed into each new task;
 * ``ewc`` -- elastic weight consolidation (Kirkpatrick et al. 2017) with a
-  diagonal Fisher of the adapter + head;
+  diagonal Fisher of the adapter + head: the squared mini-batch gradients of the
+  task's own loss (not of the EWC penalty of earlier tasks), averaged over the
+  task's training steps;
 * ``mtl`` -- multi-task learning on the union of all tasks (upper reference).
 
 Baselines run without DP (``privacy="none"``) or with DP-SGD (``"dpsgd"``,
@@ -418,23 +420,25 @@ class ContinualLM:
                     else:
                         emb = self.embedding(b_ids)
                 loss, tok_loss = self._task_loss(b_ids, b_mask, b_y, emb)
-                terms = {"task": float(loss)}
+                terms = {"task": float(loss.detach())}
                 if cfg.strategy == "pecl":
                     if previous is not None and omega_bar > 0:
                         reg = memory_regularisation(self._lora_parameters(self.adapter), previous, lam, omega_bar)
                         loss = loss + reg
-                        terms["reg"] = float(reg)
+                        terms["reg"] = float(reg.detach())
                     if cfg.unlearning and cfg.lambda_unlearn > 0:
                         unl = unlearning_loss(scores[idx], tok_loss, b_mask, cfg.theta)
                         loss = loss + cfg.lambda_unlearn * unl
-                        terms["unlearn"] = float(unl)
-                if cfg.strategy == "ewc" and self.ewc_terms:
-                    loss = loss + self._ewc_penalty()
+                        terms["unlearn"] = float(unl.detach())
                 opt.zero_grad()
                 loss.backward()
-                if fisher is not None:
+                if fisher is not None:  # Fisher of this task's loss: taken before the EWC penalty's gradient is added
                     for f, p in zip(fisher, params):
                         f += p.grad.detach() ** 2 / batches_per_epoch / cfg.epochs
+                if cfg.strategy == "ewc" and self.ewc_terms:
+                    penalty = self._ewc_penalty()
+                    penalty.backward()
+                    terms["ewc"] = float(penalty.detach())
                 opt.step()
                 sched.step()
                 last = terms
@@ -481,8 +485,10 @@ class ContinualLM:
                 per_example = nn.functional.cross_entropy(cls_logits, b_y, reduction="none") + cfg.lm_weight * (
                     tok.sum(1) / b_mask[:, 1:].sum(1).clamp_min(1)
                 )
-                # opacus scales by the expected batch size; sum / expected = its "mean" reduction
-                (per_example.sum() / cfg.batch_size).backward()
+                # GradSampleModule (loss_reduction="mean") multiplies by the actual batch size, so the mean over
+                # the batch gives grad_sample = each example's own gradient, which is what gets clipped; the
+                # DPOptimizer then divides the noisy sum by the expected batch size
+                per_example.mean().backward()
             if opt.pre_step():  # clip per-example gradients, add noise: p.grad is the released gradient
                 if fisher is not None:
                     for f, p in zip(fisher, params):
@@ -510,12 +516,16 @@ class ContinualLM:
 
     @torch.no_grad()
     def _task_importance(self, ids: torch.Tensor, mask: torch.Tensor) -> float:
-        """Omega_k (eq. 8): ||Delta W^(k)||_F x mean l2 norm of the adapted layers' inputs on the task."""
+        """Omega_k (eq. 8): ||Delta W^(k)||_F x mean l2 norm of the adapted layers' inputs on the task.
+
+        The mean runs over the non-padding tokens of (up to) the first 64 sequences of the task.
+        """
         norms: list[torch.Tensor] = []
+        sample = slice(0, min(64, ids.shape[0]))
+        valid = mask[sample].bool()
 
         def hook(_module, inputs, _output):
-            x = inputs[0]
-            norms.append(x.norm(dim=-1)[mask[: x.shape[0]].bool()] if x.shape[0] == mask.shape[0] else x.norm(dim=-1).flatten())
+            norms.append(inputs[0].norm(dim=-1)[valid])
 
         handles = []
         for name, module in self.model.lm.named_modules():
@@ -523,7 +533,6 @@ class ContinualLM:
                 handles.append(module.register_forward_hook(hook))
         self.model.eval()
         try:
-            sample = slice(0, min(64, ids.shape[0]))
             self.model(self.embedding(ids[sample]), mask[sample])
         finally:
             for h in handles:
