@@ -10,8 +10,16 @@ the dpcl version and the training config.
 
 :func:`verify_certificate` recomputes epsilon from the events with the
 accountant named for each composition group and compares it with the stated
-value within :data:`RELATIVE_TOLERANCE` (per accountant), and re-hashes the
-checkpoint. An edited epsilon, an edited event or a swapped checkpoint fails.
+value within :data:`RELATIVE_TOLERANCE` (per accountant of the recomputation),
+checks that the stated accountants are the ones that produced the recomputed
+values, that the guarantee agrees with the privacy settings of the recorded
+config, re-hashes the checkpoint, and checks the SHA-256 of the certificate's
+own content (written by :func:`write_certificate`). An edited epsilon, an edited
+event, a swapped checkpoint, or an edit of any other field (an assumption, the
+config, the version, the checkpoint hash) fails. The content hash detects edits
+and damage; it is not a signature: someone who rewrites the file can recompute
+it, so certificates must be stored where they cannot be edited if that threat
+matters.
 
 Typical use by a training run (one certificate per release)::
 
@@ -26,6 +34,8 @@ Typical use by a training run (one certificate per release)::
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -46,6 +56,7 @@ __all__ = [
     "build_certificate",
     "certificate_from_ledger",
     "write_certificate",
+    "content_sha256",
     "read_certificate",
     "verify_certificate",
     "VerificationCheck",
@@ -87,6 +98,14 @@ COMPOSITION_TEXT = {
 def _tolerance(accountant: str) -> float:
     parts = accountant.split("+")
     return max(RELATIVE_TOLERANCE.get(p, DEFAULT_RELATIVE_TOLERANCE) for p in parts)
+
+
+def content_sha256(certificate: Mapping[str, Any]) -> str:
+    """SHA-256 of a certificate's canonical JSON (sorted keys, no whitespace), its ``sha256`` field excluded."""
+    body = {k: v for k, v in certificate.items() if k != "sha256"}
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    ).hexdigest()
 
 
 def _now() -> str:
@@ -194,14 +213,20 @@ def certificate_from_ledger(
 
 
 def write_certificate(path: "str | os.PathLike[str]", certificate: Mapping[str, Any]) -> Path:
-    """Write ``certificate`` atomically to ``path``, storing the checkpoint path relative to it."""
+    """Write ``certificate`` atomically to ``path``, storing the checkpoint path relative to it and the
+    SHA-256 of the certificate's content (:func:`content_sha256`) in its ``sha256`` field."""
     target = Path(path)
-    cert = dict(certificate)
+    cert = {k: v for k, v in certificate.items() if k != "sha256"}
     ckpt = cert.get("checkpoint")
     if ckpt and ckpt.get("path"):
         absolute = Path(ckpt["path"]).resolve()
         rel = os.path.relpath(absolute, target.resolve().parent)
         cert["checkpoint"] = {**ckpt, "path": Path(rel).as_posix()}
+    try:  # hash exactly what is written (tuples become lists ...)
+        cert = json.loads(json.dumps(cert, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameterError(f"certificate is not strict JSON (finite numbers, plain values): {exc}.") from exc
+    cert["sha256"] = content_sha256(cert)
     return write_json_atomic(target, cert)
 
 
@@ -329,10 +354,48 @@ def _parse_charges(data: Mapping[str, Any]) -> list[Charge]:
         raise MalformedCertificateError(f"certificate events cannot be parsed: {exc}") from exc
 
 
+def _config_checks(config: Any, g: Mapping[str, Any], group_accountants: Sequence[str]) -> list[str]:
+    """Disagreements between the stated guarantee and the privacy settings of the recorded config.
+
+    Only keys the config states are compared; a config without ``[privacy]`` / ``[stream]`` (e.g. a
+    certificate built from Python without one) has nothing to disagree with.
+    """
+    if not isinstance(config, Mapping):
+        return [f"config must be an object, got {type(config).__name__}"]
+    privacy = config.get("privacy") if isinstance(config.get("privacy"), Mapping) else {}
+    stream = config.get("stream") if isinstance(config.get("stream"), Mapping) else {}
+    problems: list[str] = []
+    if "delta" in privacy and privacy["delta"] != g["delta"]:
+        problems.append(f"config [privacy] delta = {privacy['delta']!r} but the guarantee states delta {g['delta']!r}")
+    if g["across_tasks"] == "parallel":
+        if stream.get("disjoint_units") is False:
+            problems.append(
+                "the guarantee states parallel composition (Thm 4.4) but the config says disjoint_units = false"
+            )
+        if privacy.get("across_tasks") == "sequential":
+            problems.append(
+                "the guarantee states parallel composition but the config asks across_tasks = 'sequential'"
+            )
+    if privacy:
+        asked = privacy.get("accountant", "auto")
+        other = sorted({a for a in group_accountants if a != asked})
+        if other:
+            problems.append(f"config [privacy] accountant = {asked!r} but the groups were accounted with {other}")
+    return problems
+
+
 def verify_certificate(
     path: "str | os.PathLike[str]", checkpoint: "str | os.PathLike[str] | None" = None
 ) -> VerificationReport:
-    """Check a certificate: recompute epsilon from its events and re-hash its checkpoint.
+    """Check a certificate: recompute epsilon from its events, re-hash its checkpoint and its own content.
+
+    Checks (each a :class:`VerificationCheck`): ``relation`` (the events' adjacency and unit are the
+    stated ones), ``epsilon`` (recomputed with each group's accountant, within :data:`RELATIVE_TOLERANCE`
+    of the accountant that produced it), ``composition_groups`` (tasks, charges, epsilon and accountant of
+    every group), ``accountant`` (the stated accountant is the one that produced the recomputed epsilon),
+    ``config`` (delta, composition and accountant agree with the recorded config's privacy settings),
+    ``checkpoint`` (SHA-256 of the checkpoint file) and ``integrity`` (SHA-256 of the certificate's own
+    content, :func:`content_sha256`, so an edit of any field is noticed).
 
     ``checkpoint`` overrides the checkpoint path named in the certificate (which is
     relative to the certificate's directory). Returns a :class:`VerificationReport`;
@@ -352,9 +415,15 @@ def verify_certificate(
         # recompute with the accountant that was asked for: ``auto`` re-runs its own comparison, so the
         # winner and its settings (e.g. auto's PLD discretisation) are reproduced exactly.
         group_accountants = [str(x.get("requested_accountant", x["accountant"])) for x in g["groups"]]
-        stated_groups = [(tuple(int(t) for t in x["tasks"]), float(x["epsilon"])) for x in g["groups"]]
+        stated_groups = [
+            (tuple(int(t) for t in x["tasks"]), float(x["epsilon"]), str(x["accountant"]),
+             tuple(int(i) for i in x.get("charges", ())))
+            for x in g["groups"]
+        ]
     except (KeyError, TypeError, ValueError) as exc:
         raise MalformedCertificateError(f"certificate guarantee is malformed: {exc}") from exc
+    # The tolerance belongs to the accountant that really produced the recomputed value (set below); the
+    # stated name is only a fallback when nothing can be recomputed, so editing it cannot loosen the check.
     tolerance = _tolerance(str(g["accountant"]))
 
     # 1. events agree with the stated neighbouring relation and unit.
@@ -375,6 +444,7 @@ def verify_certificate(
     try:
         again = compose_stream(charges, str(g["across_tasks"]), delta, group_accountants=group_accountants)
         recomputed = again.epsilon
+        tolerance = _tolerance(again.accountant)
         close = abs(recomputed - stated) <= tolerance * max(abs(recomputed), 1e-300)
         checks.append(
             VerificationCheck(
@@ -384,25 +454,47 @@ def verify_certificate(
                 f"(relative tolerance {tolerance:g})",
             )
         )
-        got_groups = [(grp.tasks, grp.epsilon) for grp in again.groups]
+        got_groups = [(grp.tasks, grp.epsilon, grp.accountant, grp.charges) for grp in again.groups]
         if len(got_groups) != len(stated_groups):
             detail = f"{len(stated_groups)} groups stated, {len(got_groups)} recomputed from the events"
             same_groups = False
         else:
-            bad = [
-                f"tasks {list(b[0])}: stated epsilon {b[1]!r}, recomputed tasks {list(a[0])} epsilon {a[1]!r}"
-                for a, b in zip(got_groups, stated_groups)
-                if a[0] != b[0] or abs(a[1] - b[1]) > tolerance * max(abs(a[1]), 1e-300)
-            ]
+            bad = []
+            for a, b in zip(got_groups, stated_groups):
+                if a[0] != b[0] or abs(a[1] - b[1]) > tolerance * max(abs(a[1]), 1e-300):
+                    bad.append(f"tasks {list(b[0])}: stated epsilon {b[1]!r}, recomputed tasks {list(a[0])} "
+                               f"epsilon {a[1]!r}")
+                elif a[2] != b[2]:
+                    bad.append(f"tasks {list(b[0])}: stated accountant {b[2]!r}, recomputed with {a[2]!r}")
+                elif b[3] and a[3] != b[3]:
+                    bad.append(f"tasks {list(b[0])}: stated charges {list(b[3])}, recomputed {list(a[3])}")
             same_groups = not bad
             detail = "; ".join(bad) if bad else f"all {len(got_groups)} composition group(s) match"
         checks.append(VerificationCheck("composition_groups", same_groups, detail))
+        checks.append(
+            VerificationCheck(
+                "accountant",
+                str(g["accountant"]) == again.accountant,
+                f"certificate states accountant {str(g['accountant'])!r}; the recomputed epsilon comes from "
+                f"{again.accountant!r}",
+            )
+        )
     except MalformedCertificateError:
         raise
     except DpclError as exc:  # an accountant refusing the events is a failed check, not a crash
         checks.append(VerificationCheck("epsilon", False, f"epsilon cannot be recomputed from the events: {exc}"))
 
-    # 3. checkpoint hash.
+    # 3. the recorded config's privacy settings.
+    problems = _config_checks(data["config"], g, group_accountants)
+    checks.append(
+        VerificationCheck(
+            "config",
+            not problems,
+            "; ".join(problems) if problems else "guarantee agrees with the recorded config's privacy settings",
+        )
+    )
+
+    # 4. checkpoint hash.
     ckpt = data.get("checkpoint")
     if checkpoint is not None or (ckpt and ckpt.get("path")):
         if checkpoint is not None:
@@ -424,6 +516,27 @@ def verify_certificate(
             )
     else:
         checks.append(VerificationCheck("checkpoint", True, "certificate names no checkpoint file (not checked)"))
+
+    # 5. the certificate's own content.
+    stored = data.get("sha256")
+    actual = content_sha256(data)
+    if not isinstance(stored, str) or not stored:
+        checks.append(
+            VerificationCheck(
+                "integrity", False,
+                "certificate carries no SHA-256 of its content (field 'sha256'), so edits cannot be detected; "
+                "re-issue it with write_certificate",
+            )
+        )
+    else:
+        checks.append(
+            VerificationCheck(
+                "integrity",
+                stored == actual,
+                f"content hashes to {actual}; certificate records {stored}"
+                + ("" if stored == actual else " (the certificate was edited or damaged after it was written)"),
+            )
+        )
 
     return VerificationReport(
         path=str(p),

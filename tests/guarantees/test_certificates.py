@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -83,17 +84,23 @@ def test_valid_certificate_verifies_and_survives_moving_the_run(certified, tmp_p
     assert verify_certificate(moved / "certificates" / "task1.cert.json").valid
 
 
-def _edit(path, fn):
+def _edit(path, fn, reseal=False):
+    """Edit a certificate by hand; ``reseal`` also rewrites its content hash (a deliberate forger), so the
+    semantic checks are seen on their own."""
     data = json.loads(path.read_text())
     fn(data)
+    if reseal:
+        body = {k: v for k, v in data.items() if k != "sha256"}
+        data["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     path.write_text(json.dumps(data))
 
 
-def test_edited_epsilon_fails(certified):
+@pytest.mark.parametrize("reseal", [False, True])
+def test_edited_epsilon_fails(certified, reseal):
     cert_path, _ = certified[1]
-    _edit(cert_path, lambda d: d["guarantee"].__setitem__("epsilon", d["guarantee"]["epsilon"] * 0.9))
+    _edit(cert_path, lambda d: d["guarantee"].__setitem__("epsilon", d["guarantee"]["epsilon"] * 0.9), reseal)
     report = verify_certificate(cert_path)
-    assert not report.valid and [c.name for c in report.failed] == ["epsilon"]
+    assert not report.valid and [c.name for c in report.failed] == ["epsilon"] + ([] if reseal else ["integrity"])
     with pytest.raises(VerificationError, match="epsilon: stated"):
         report.raise_if_invalid()
 
@@ -160,9 +167,99 @@ def test_build_refuses_missing_assumptions_or_mismatched_hash(tmp_path):
         certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=["x."], checkpoint=ckpt)
 
 
-def test_edited_group_epsilon_fails(certified):
+@pytest.mark.parametrize("reseal", [False, True])
+def test_edited_group_epsilon_fails(certified, reseal):
     cert_path, _ = certified[1]
-    _edit(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("epsilon", 0.1))
+    _edit(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("epsilon", 0.1), reseal)
+    report = verify_certificate(cert_path)
+    assert [c.name for c in report.failed] == ["composition_groups"] + ([] if reseal else ["integrity"])
+    assert "stated epsilon 0.1" in report.failed[0].detail
+
+
+def test_certificate_records_the_hash_of_its_own_content(certified):
+    cert_path, _ = certified[0]
+    data = json.loads(cert_path.read_text())
+    body = {k: v for k, v in data.items() if k != "sha256"}
+    expected = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert data["sha256"] == expected
+    report = verify_certificate(cert_path)
+    assert report.valid and [c for c in report.checks if c.name == "integrity"][0].passed
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d["assumptions"].pop(0),  # drop an assumption the guarantee relies on
+        lambda d: d["assumptions"].append("Nothing else."),
+        lambda d: d["config"]["method"].__setitem__("name", "naive"),
+        lambda d: d.__setitem__("dpcl_version", "0.0.1"),
+        lambda d: d["checkpoint"].__setitem__("sha256", "0" * 64),
+        lambda d: d["label_space"].__setitem__("policy", "data"),
+        lambda d: d["release"].__setitem__("task_index", 7),
+        lambda d: d["extra"].__setitem__("note", "x"),
+    ],
+    ids=["drop_assumption", "add_assumption", "config", "version", "checkpoint_sha", "label_space", "release",
+         "extra"],
+)
+def test_any_hand_edit_fails_integrity(certified, edit):
+    cert_path, _ = certified[1]
+    _edit(cert_path, edit)
+    report = verify_certificate(cert_path)
+    assert not report.valid and "integrity" in [c.name for c in report.failed]
+    assert "edited or damaged" in [c for c in report.failed if c.name == "integrity"][0].detail
+
+
+def test_certificate_without_content_hash_fails_integrity(certified):
+    cert_path, _ = certified[1]
+    _edit(cert_path, lambda d: d.pop("sha256"))
+    report = verify_certificate(cert_path)
+    assert [c.name for c in report.failed] == ["integrity"]
+    assert "no SHA-256" in report.failed[0].detail
+
+
+def test_edited_accountant_name_fails_even_when_resealed(certified):
+    """The stated accountant must be the one that produced the recomputed epsilon; stating a looser-tolerance
+    accountant must not widen the epsilon tolerance either."""
+    cert_path, _ = certified[1]
+    _edit(cert_path, lambda d: d["guarantee"].__setitem__("accountant", "pld"), reseal=True)
+    report = verify_certificate(cert_path)
+    assert [c.name for c in report.failed] == ["accountant"]
+    assert report.relative_tolerance == 1e-9  # the reference accountant ('exact'), not the stated 'pld'
+    cert_path, _ = certified[0]
+    _edit(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("accountant", "rdp"), reseal=True)
     report = verify_certificate(cert_path)
     assert [c.name for c in report.failed] == ["composition_groups"]
-    assert "stated epsilon 0.1" in report.failed[0].detail
+    assert "stated accountant 'rdp'" in report.failed[0].detail
+
+
+def test_edited_group_charges_fail_when_resealed(certified):
+    cert_path, _ = certified[1]
+    _edit(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("charges", [1]), reseal=True)
+    report = verify_certificate(cert_path)
+    assert [c.name for c in report.failed] == ["composition_groups"]
+    assert "stated charges [1]" in report.failed[0].detail
+
+
+def _parallel_certificate(tmp_path, config):
+    ledger = TaskLedger(delta=DELTA, across_tasks="parallel")
+    for t in range(2):
+        ledger.charge(t, GaussianEvent(sigma=3.0 + t))
+    ledger.release(1)
+    cert = certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=["x."], config=config)
+    return write_certificate(tmp_path / "c.cert.json", cert)
+
+
+def test_guarantee_must_agree_with_the_recorded_config(tmp_path):
+    consistent = {"privacy": {"delta": DELTA, "across_tasks": "auto"}, "stream": {"disjoint_units": True}}
+    assert verify_certificate(_parallel_certificate(tmp_path, consistent)).valid
+    cases = {
+        "disjoint_units = false": {"privacy": {"delta": DELTA}, "stream": {"disjoint_units": False}},
+        "across_tasks = 'sequential'": {"privacy": {"delta": DELTA, "across_tasks": "sequential"},
+                                        "stream": {"disjoint_units": True}},
+        "delta = 0.001": {"privacy": {"delta": 1e-3}, "stream": {"disjoint_units": True}},
+        "accountant = 'pld'": {"privacy": {"delta": DELTA, "accountant": "pld"}, "stream": {"disjoint_units": True}},
+    }
+    for needle, config in cases.items():
+        report = verify_certificate(_parallel_certificate(tmp_path, config))
+        assert [c.name for c in report.failed] == ["config"], needle
+        assert needle in report.failed[0].detail
