@@ -69,7 +69,7 @@ from dpcl.accounting.events import (
 )
 from dpcl.accounting.gaussian import gdp_epsilon
 from dpcl.accounting.laplace import laplace_epsilon_for_delta
-from dpcl.accounting.validation import check_delta
+from dpcl.accounting.validation import check_delta_scalar
 from dpcl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = [
@@ -151,13 +151,19 @@ class _Mechanisms:
         return bool(self.gauss_mus) and not (self.laplace or self.sampled or self.eps_delta)
 
     def gaussian_mu_total(self) -> float:
-        """sqrt(sum count * mu^2), rounded up by the float summation error bound (n u)."""
+        """sqrt(sum count * mu^2), rounded up by a bound on its float error, never below the exact value.
+
+        Each mu_i = sensitivity / sigma and its square carry 3 roundings, each group's
+        dot product (size - 1) u (Higham 2002, eq. 3.5), the count and the running
+        sum one each, the final scaling and square root 3: 2 (n + 4) u with n the
+        number of terms plus groups covers them.
+        """
         total = 0.0
         n = 0
         for mus, count in zip(self.gauss_mus, self.gauss_counts):
             total += count * float(np.dot(mus, mus))
             n += mus.size + 1
-        return math.sqrt(total * (1.0 + 2.0 * n * _UNIT_ROUNDOFF))
+        return math.sqrt(total * (1.0 + 2.0 * (n + 4) * _UNIT_ROUNDOFF))
 
     def describe(self) -> str:
         parts = []
@@ -242,7 +248,7 @@ def _exact(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         )
     if len(mech.laplace) == 1 and mech.laplace[0][1] == 1 and not (mech.gauss_mus or mech.sampled or mech.eps_delta):
         eps0 = mech.laplace[0][0]
-        eps = float(laplace_epsilon_for_delta(1.0 / eps0, delta))
+        eps = float(laplace_epsilon_for_delta(1.0, delta, sensitivity=eps0))  # scale 1: no 1/(1/eps0) rounding
         return eps, ("exact: inverse of the Laplace profile delta = 1 - exp((eps - eps0)/2), scalar query.",)
     raise UnsupportedEventError(
         f"exact accounting covers compositions of Gaussian mechanisms and a single Laplace mechanism; "
@@ -271,7 +277,7 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
     for eps0, count in _grouped(mech.laplace):
         plds.append(
             pld_lib.from_laplace_mechanism(
-                parameter=1.0 / eps0, sensitivity=1.0, pessimistic_estimate=True,
+                parameter=1.0, sensitivity=eps0, pessimistic_estimate=True,
                 value_discretization_interval=interval,
             ).self_compose(count)
         )
@@ -523,13 +529,14 @@ def _advanced(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     mu, q, counts, _ = _profile_pieces(mech)
     n = int(counts.sum()) if counts.size else 0
     if n == 0:
-        log_slack = math.log(-math.expm1(budget))
+        log_slack = math.log(-math.expm1(budget)) + math.log1p(-1e-12)  # rounding stays inside delta
         eps = float(_kov(fixed_eps, fixed_w, np.array(log_slack)))
         return eps, ("advanced: Kairouz, Oh & Viswanath (2017) Thm 3.5, heterogeneous, slack = delta left by the events.",)
     # split: log(1 - slack) = s * budget, log(1 - delta_i) = (1 - s) * budget / n for each Gaussian-type mechanism
     grid_size = 33 if mu.size * 33 <= 2_000_000 else 5
     s = 1.0 / (1.0 + np.exp(-np.linspace(-9.0, 9.0, grid_size)))
-    log_slack = np.log(-np.expm1(s * budget))
+    # slack and shares both lowered by 1e-12 relative, so their float rounding cannot push the total over delta
+    log_slack = np.log(-np.expm1(s * budget)) + math.log1p(-1e-12)
     share = -np.expm1((1.0 - s) * budget / n) * (1.0 - 1e-12)
     eps_rows = _profile_epsilons(mu[None, :], q[None, :], share[:, None])  # (grid, k)
     eps_all = np.concatenate([eps_rows, np.broadcast_to(fixed_eps, (grid_size, fixed_eps.size))], axis=1)
@@ -587,7 +594,7 @@ def compute_epsilon(
     :class:`~dpcl.errors.UnsupportedEventError` saying which to use instead.
     """
     name = _check_accountant(accountant)
-    delta = float(check_delta("delta", delta))
+    delta = check_delta_scalar("delta", delta)
     mech = _collect(events)
     base = dict(delta=delta, adjacency=mech.adjacency.value, unit=mech.unit)
     if name != "auto":

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dpcl.accounting.gaussian import gdp_epsilon
-from dpcl.accounting.validation import check_delta, check_nonnegative, check_positive
+from dpcl.accounting.validation import check_delta, check_delta_scalar, check_nonnegative, check_positive
 from dpcl.errors import InvalidParameterError
 
 __all__ = [
@@ -99,7 +99,7 @@ def advanced_composition(epsilons: Any, deltas: Any, delta_slack: float) -> tupl
     tighter drift term). Returns ``(epsilon~, total delta)``.
     """
     eps, dlt = _pairs(epsilons, deltas)
-    slack = check_delta("delta_slack", delta_slack)
+    slack = check_delta_scalar("delta_slack", delta_slack)
     value = float(_kov_epsilon(eps, math.log(slack)))
     log_keep = math.log1p(-slack) + math.fsum(np.log1p(-dlt))
     return value, _checked_total_delta(-math.expm1(log_keep), "advanced composition")
@@ -112,14 +112,14 @@ def advanced_composition_for_delta(epsilons: Any, deltas: Any, delta: float) -> 
     Raises when the mechanisms' own deltas already use up ``delta``.
     """
     eps, dlt = _pairs(epsilons, deltas)
-    target = check_delta("delta", delta)
+    target = check_delta_scalar("delta", delta)
     log_slack_keep = math.log1p(-target) - math.fsum(np.log1p(-dlt))
     if not log_slack_keep < 0:
         raise InvalidParameterError(
             f"delta must exceed the composed deltas of the mechanisms ({-math.expm1(-log_slack_keep + math.log1p(-target)):.3g}"
             f" leave nothing for the slack); got delta={target!r}."
         )
-    slack = -math.expm1(log_slack_keep)
+    slack = -math.expm1(log_slack_keep) * (1.0 - 1e-12)  # so rounding cannot push the total above delta
     value = float(_kov_epsilon(eps, math.log(slack)))
     return value, target
 
@@ -127,9 +127,10 @@ def advanced_composition_for_delta(epsilons: Any, deltas: Any, delta: float) -> 
 def gaussian_composition_mu(sigmas: Any, sensitivities: Any = 1.0) -> float:
     """mu = sqrt(sum (Delta_i / sigma_i)^2): exact composition of Gaussian mechanisms (Dong, Roth & Su 2022, Cor. 3.3).
 
-    The float sum is rounded up by its worst-case relative error (n u, Higham
-    2002, eq. 3.5 for a sum of positive terms), so the returned mu is never below
-    the exact one.
+    The float result is rounded up by a bound on its relative error, so the
+    returned mu is never below the exact one: each term Delta_i / sigma_i and its
+    square carry 3 roundings, the sum of n positive terms (n - 1) u (Higham 2002,
+    eq. 3.5), the scaling and the square root 3 more; 2 (n + 4) u covers them all.
     """
     sig = np.atleast_1d(np.asarray(check_positive("sigmas", np.atleast_1d(sigmas)), dtype=np.float64)).ravel()
     sens = np.atleast_1d(np.asarray(check_positive("sensitivities", np.atleast_1d(sensitivities)), dtype=np.float64)).ravel()
@@ -142,7 +143,7 @@ def gaussian_composition_mu(sigmas: Any, sensitivities: Any = 1.0) -> float:
     sum_sq = float(np.sum(ratio * ratio))
     if not math.isfinite(sum_sq):
         raise InvalidParameterError("sum of (sensitivity/sigma)^2 overflows; sigmas are too small for a meaningful bound.")
-    return math.sqrt(sum_sq * (1.0 + 2.0 * ratio.size * _UNIT_ROUNDOFF))
+    return math.sqrt(sum_sq * (1.0 + 2.0 * (ratio.size + 4) * _UNIT_ROUNDOFF))
 
 
 def compose_gaussians_epsilon(sigmas: Any, delta: float, sensitivities: Any = 1.0) -> float:
@@ -151,4 +152,4 @@ def compose_gaussians_epsilon(sigmas: Any, delta: float, sensitivities: Any = 1.
     Dong, Roth & Su (2022), Cor. 3.3, then Balle & Wang (2018), Thm 8.
     """
     mu = gaussian_composition_mu(sigmas, sensitivities)
-    return float(gdp_epsilon(mu, check_delta("delta", delta)))
+    return float(gdp_epsilon(mu, check_delta_scalar("delta", delta)))

@@ -28,9 +28,10 @@ import numpy as np
 
 from dpcl.accounting.validation import (
     check_count,
-    check_delta,
-    check_nonnegative,
+    check_delta_scalar,
+    check_nonnegative_scalar,
     check_positive,
+    check_positive_scalar,
     check_sample_rate,
 )
 from dpcl.errors import InvalidParameterError
@@ -111,8 +112,8 @@ class GaussianEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "sigma", float(check_positive("sigma", self.sigma)))
-        object.__setattr__(self, "sensitivity", float(check_positive("sensitivity", self.sensitivity)))
+        object.__setattr__(self, "sigma", check_positive_scalar("sigma", self.sigma))
+        object.__setattr__(self, "sensitivity", check_positive_scalar("sensitivity", self.sensitivity))
 
     @property
     def mu(self) -> float:
@@ -176,8 +177,8 @@ class LaplaceEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "scale", float(check_positive("scale", self.scale)))
-        object.__setattr__(self, "sensitivity", float(check_positive("sensitivity", self.sensitivity)))
+        object.__setattr__(self, "scale", check_positive_scalar("scale", self.scale))
+        object.__setattr__(self, "sensitivity", check_positive_scalar("sensitivity", self.sensitivity))
 
     @property
     def epsilon(self) -> float:
@@ -199,7 +200,7 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "noise_multiplier", float(check_positive("noise_multiplier", self.noise_multiplier)))
+        object.__setattr__(self, "noise_multiplier", check_positive_scalar("noise_multiplier", self.noise_multiplier))
         object.__setattr__(self, "sample_rate", check_sample_rate("sample_rate", self.sample_rate))
 
 
@@ -219,8 +220,8 @@ class EpsilonDeltaEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "epsilon", float(check_nonnegative("epsilon", self.epsilon)))
-        object.__setattr__(self, "delta", float(check_delta("delta", self.delta, allow_zero=True)))
+        object.__setattr__(self, "epsilon", check_nonnegative_scalar("epsilon", self.epsilon))
+        object.__setattr__(self, "delta", check_delta_scalar("delta", self.delta, allow_zero=True))
         if not isinstance(self.source, str):
             raise InvalidParameterError(f"source must be a string, got {self.source!r}.")
 

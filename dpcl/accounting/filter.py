@@ -44,7 +44,7 @@ from dpcl.accounting.events import (
     Adjacency,
 )
 from dpcl.accounting.gaussian import gdp_epsilon, gdp_mu
-from dpcl.accounting.validation import check_delta, check_positive
+from dpcl.accounting.validation import check_delta_scalar, check_positive_scalar
 from dpcl.errors import BudgetExceededError, InvalidParameterError, UnsupportedEventError
 
 __all__ = ["FILTER_RULES", "FilterCharge", "FilterBudget", "PrivacyFilter"]
@@ -81,12 +81,12 @@ class PrivacyFilter:
     """Stops an open-ended stream of mechanisms before it exceeds (epsilon_budget, delta_budget)."""
 
     def __init__(self, epsilon_budget: float, delta_budget: float, rule: str = "basic") -> None:
-        self.epsilon_budget = float(check_positive("epsilon_budget", epsilon_budget))
+        self.epsilon_budget = check_positive_scalar("epsilon_budget", epsilon_budget)
         if rule not in FILTER_RULES:
             raise InvalidParameterError(f"rule must be one of {', '.join(FILTER_RULES)}; got {rule!r}.")
         self.rule = rule
         allow_zero = rule == "basic"
-        self.delta_budget = float(check_delta("delta_budget", delta_budget, allow_zero=allow_zero))
+        self.delta_budget = check_delta_scalar("delta_budget", delta_budget, allow_zero=allow_zero)
         self.mu_budget: float | None = float(gdp_mu(self.epsilon_budget, self.delta_budget)) if rule == "gdp" else None
         self._charges: list[FilterCharge] = []
         self._adjacency: Adjacency | None = None
@@ -161,7 +161,7 @@ class PrivacyFilter:
                 "delta (this event's share of the delta budget) is required for events with a privacy "
                 "profile, e.g. Gaussian mechanisms, under the basic rule."
             )
-        share = float(check_delta("delta", delta))
+        share = check_delta_scalar("delta", delta)
         result = compute_epsilon(event, share, "auto")
         return FilterCharge(epsilon=result.epsilon, delta=share)
 

@@ -145,3 +145,79 @@ def test_property_advanced_never_exceeds_basic(eps: list[float], slack: float) -
 def test_invalid_inputs_raise_typed_error(call) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidParameterError):
         call()
+
+
+def kov_heterogeneous(eps: list[float], slack: float) -> float:
+    """KOV (2017) Thm 3.5 for heterogeneous epsilons, written out term by term."""
+    total = sum(eps)
+    sum_sq = sum(e * e for e in eps)
+    drift = sum((math.exp(e) - 1) * e / (math.exp(e) + 1) for e in eps)
+    return min(
+        total,
+        drift + math.sqrt(2 * sum_sq * math.log(math.e + math.sqrt(sum_sq) / slack)),
+        drift + math.sqrt(2 * sum_sq * math.log(1 / slack)),
+    )
+
+
+@pytest.mark.parametrize(
+    "eps,deltas,slack",
+    [
+        ([0.1] * 50 + [0.5] * 5, [1e-8] * 55, 1e-6),
+        ([2.0, 0.01, 0.3, 1.0], [0.0, 1e-7, 0.0, 1e-9], 1e-3),
+        ([0.02 * (i + 1) for i in range(40)], [1e-9] * 40, 1e-8),
+    ],
+)
+def test_advanced_heterogeneous_matches_hand_written_kov(eps: list[float], deltas: list[float], slack: float) -> None:
+    got, total = advanced_composition(np.array(eps), np.array(deltas), slack)
+    assert got == pytest.approx(kov_heterogeneous(eps, slack), rel=1e-12)
+    keep = (1 - slack) * math.prod(1 - d for d in deltas)
+    assert total == pytest.approx(1 - keep, rel=1e-9)
+
+
+def test_advanced_for_delta_never_exceeds_the_requested_delta() -> None:
+    # the slack is what the mechanisms leave; rounding must not push 1 - (1 - slack) prod(1 - delta_i) above delta
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        k = int(rng.integers(1, 30))
+        dlt = 10.0 ** rng.uniform(-12, -7, k)
+        delta = float(10.0 ** rng.uniform(-6, -2))
+        value, total = advanced_composition_for_delta(np.full(k, 0.1), dlt, delta)
+        assert total == delta
+        # recover the slack used from the epsilon: KOV is decreasing in the slack, so compare via a slack at delta exactly
+        exact_slack = 1 - (1 - mpmath.mpf(delta)) / mpmath.fprod(1 - mpmath.mpf(float(d)) for d in dlt)
+        assert value >= advanced_composition(np.full(k, 0.1), dlt, float(exact_slack))[0]
+
+
+def test_gaussian_mu_is_never_below_the_exact_value() -> None:
+    # ulp-level check against 50-digit arithmetic: the n u margin alone was too small for n = 1
+    # (sqrt((Delta/sigma)^2) rounded below Delta/sigma in ~13% of random draws)
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 3, 17):
+        for _ in range(500):
+            sig = rng.uniform(0.1, 10.0, n)
+            sens = rng.uniform(0.1, 10.0, n)
+            exact = mpmath.sqrt(mpmath.fsum((mpmath.mpf(float(d)) / mpmath.mpf(float(s))) ** 2 for d, s in zip(sens, sig)))
+            got = gaussian_composition_mu(sig, sens)
+            assert got >= exact
+            assert got <= exact * (1 + 1e-14)
+
+
+@pytest.mark.parametrize(
+    "call,name",
+    [
+        (lambda: advanced_composition([0.1], [0.0], np.array([1e-5, 1e-6])), "delta_slack"),
+        (lambda: advanced_composition_for_delta([0.1], [0.0], [1e-5, 1e-6]), "delta"),
+        (lambda: compose_gaussians_epsilon([1.0], np.array([1e-5, 1e-6])), "delta"),
+        (lambda: compose_gaussians_epsilon([1.0], float("nan")), "delta"),
+        (lambda: advanced_composition([0.1, float("inf")], [0.0], 1e-5), "epsilons"),
+        (lambda: basic_composition([0.1], [0.0, 0.0]), "deltas"),
+        (lambda: gaussian_composition_mu([1.0, -2.0]), "sigmas"),
+    ],
+)
+def test_invalid_inputs_name_the_parameter(call, name: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidParameterError, match=name):
+        call()

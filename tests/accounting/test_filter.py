@@ -156,3 +156,14 @@ def test_property_gdp_filter_guarantee_holds(sigmas: list[float], eps: float) ->
     assert mu is not None and f.mu_budget is not None and mu <= f.mu_budget
     if mu > 0:
         assert gdp_delta_reference(eps, mu) <= 1e-5 * (1 + 1e-9)
+
+
+def test_filter_parameters_must_be_single_numbers() -> None:
+    with pytest.raises(InvalidParameterError, match="epsilon_budget must be a single number"):
+        PrivacyFilter(np.array([1.0, 2.0]), 1e-5)
+    with pytest.raises(InvalidParameterError, match="delta_budget must be a single number"):
+        PrivacyFilter(1.0, np.array([1e-5, 1e-6]))
+    f = PrivacyFilter(1.0, 1e-5)
+    with pytest.raises(InvalidParameterError, match="delta must be a single number"):
+        f.charge_of(GaussianEvent(sigma=10.0), delta=np.array([1e-6, 1e-7]))
+    assert f.charges == ()
