@@ -4,13 +4,17 @@ Each command lives in its own module under :mod:`dpcl.cli` and exposes
 ``register(subparsers)``; the module adds its sub-parser and sets
 ``handler=<function(args) -> int>``. :func:`main` maps dpcl's typed errors to
 exit codes without a traceback: 2 for invalid input, 3 for a privacy violation
-or failed verification.
+or failed verification. A file-system error no command turned into a typed
+error (a path that cannot be read or written) is still one line on stderr and
+exit code 2; output piped into a reader that stops early (``dpcl ... | head``)
+ends quietly with exit code 141 (128 + SIGPIPE), as other command-line tools do.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -62,13 +66,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
+        return code
     except DpclError as exc:
         sys.stderr.write(f"dpcl {args.command}: error: {exc}\n")
         return exc.exit_code
+    except BrokenPipeError:
+        return _stdout_closed()
+    except OSError as exc:  # a path that cannot be read or written, not caught where it was used
+        where = f": {exc.filename!r}" if getattr(exc, "filename", None) else ""
+        sys.stderr.write(f"dpcl {args.command}: error: {exc.strerror or exc}{where}.\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("dpcl: interrupted\n")
         return 130
+
+
+#: Exit code when the reader of stdout went away (128 + SIGPIPE).
+BROKEN_PIPE_EXIT = 141
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout closed the pipe: stop quietly; point stdout at /dev/null so the
+    interpreter's final flush does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout already closed or not a real file
+        pass
+    return BROKEN_PIPE_EXIT
 
 
 def entry_point() -> None:  # pragma: no cover - thin wrapper
