@@ -41,9 +41,9 @@ name = "cosine"
 def certified_demo_run(out_dir: "str | Path | None" = None, *, seed: int = 0) -> dict[str, Any]:
     """Train and certify the demo run; returns a JSON-able summary (releases, metrics, verification)."""
     from dpcl.guarantees.certificates import verify_certificate
-    from dpcl.runner.run import run_training
+    from dpcl.runner.run import check_run_directory, run_training
 
-    out = Path(tempfile.mkdtemp(prefix="dpcl-demo-")) if out_dir is None else Path(out_dir)
+    out = Path(tempfile.mkdtemp(prefix="dpcl-demo-")) if out_dir is None else check_run_directory(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = out / "demo.toml"
     if not config.exists() or config.read_text(encoding="utf-8") != DEMO_CONFIG:

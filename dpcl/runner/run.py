@@ -223,6 +223,40 @@ def _release_data(prepared: Sequence[_PreparedTask], t: int, reuses_past_tasks: 
     return data, outputs, [p.index for p in parts]
 
 
+def check_run_directory(out_dir: "str | Path") -> Path:
+    """``--out`` as a path that is, or can become, a run directory; checked before any work, created later.
+
+    A file in its place, or a nearest existing ancestor that is not a writable directory, raises
+    :class:`~dpcl.errors.InvalidParameterError` naming ``--out``.
+    """
+    out = Path(out_dir)
+    if out.exists():
+        if not out.is_dir():
+            raise InvalidParameterError(f"--out {str(out)!r} is a file, not a directory; give a run directory.")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise InvalidParameterError(f"--out {str(out)!r} is not writable; give a directory you can write to.")
+        return out
+    ancestor = out.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InvalidParameterError(
+            f"--out {str(out)!r} cannot be created: {str(ancestor)!r} is a file, not a directory."
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InvalidParameterError(
+            f"--out {str(out)!r} cannot be created: {str(ancestor)!r} is not writable."
+        )
+    return out
+
+
+def _make_run_directory(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidParameterError(f"--out {str(out)!r} cannot be created: {exc.strerror or exc}.") from None
+
+
 def _config_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -281,6 +315,7 @@ def run_training(
         raise InvalidParameterError(f"--reproducible-noise is a switch (true/false), got {reproducible_noise!r}.")
     config_file = Path(config_path)
     config = load_config(config_file, data_stream_keys=STREAM_KEYS)
+    out = check_run_directory(out_dir)
     run_options = _run_section(config)
     private = bool(run_options["private"])
     reproducible = bool(reproducible_noise or run_options["reproducible_noise"])
@@ -320,8 +355,7 @@ def run_training(
     spec = config.spec
 
     # -- run directory and resume ------------------------------------------------------------------
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    _make_run_directory(out)
     state_path = out / "run.json"
     digest = _config_digest(config_file)
     releases: list[ReleaseSummary] = []

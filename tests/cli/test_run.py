@@ -135,3 +135,17 @@ def test_killed_run_resumes_with_its_spent_budget(tmp_path):
     # nothing already spent was forgotten: every earlier charge is still there, followed by the new ones
     assert len(ledger.charges) >= max(5, charges_before)
     assert all(verify_certificate(out / r["certificate"]).valid for r in payload["releases"])
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file"])
+def test_out_that_cannot_be_a_directory_exits_2_naming_out(tmp_path, where):
+    config = write_config(tmp_path, "cosine")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    out = blocker if where == "file" else blocker / "run"
+    done = dpcl("run", str(config), "--out", str(out))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "--out" in done.stderr and "Traceback" not in done.stderr
+    assert blocker.read_text() == "not a directory"
+    demo = dpcl("demo", "--out", str(out))
+    assert demo.returncode == 2 and demo.stdout == "" and demo.stderr.count("\n") == 1 and "--out" in demo.stderr
