@@ -297,3 +297,33 @@ def test_verify_non_private_statement_exit_3(tmp_path, capsys):
         assert code == 3 and out == ""
         assert err.count("\n") == 1 and "NOT differentially private" in err and "not a certificate" in err
         assert "private = false" in err and "task 0" in err
+
+
+def test_verify_failure_line_says_what_differs(certificate, capsys):
+    path, _ = certificate
+    data = json.loads(path.read_text())
+    data["guarantee"]["epsilon"] = 0.5
+    path.write_text(json.dumps(data))
+    code, out, err = _run(capsys, "verify", str(path))
+    assert code == 3 and err.count("\n") == 1
+    assert "failed check(s): epsilon" in err and "epsilon: stated 0.5, recomputed" in err
+
+
+def test_verify_missing_or_wrong_input_files_exit_2(certificate, tmp_path, capsys):
+    """Nothing can be checked without the files: exit 2, one line naming the file, nothing on stdout."""
+    path, ckpt = certificate
+    for argv, needle in [
+        ((str(path.parent),), "is a directory"),
+        ((str(tmp_path / "none.json"),), "does not exist"),
+        ((str(path), "--checkpoint", str(tmp_path / "none.ckpt")), "--checkpoint"),
+        ((str(path), "--checkpoint", str(tmp_path)), "--checkpoint"),
+    ]:
+        code, out, err = _run(capsys, "verify", *argv, "--json")
+        assert code == 2 and out == "", argv
+        assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+    ckpt.rename(tmp_path / "moved.ckpt")
+    code, out, err = _run(capsys, "verify", str(path), "--json")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "task0.ckpt" in err and "does not exist" in err and "--checkpoint" in err
+    code, out, err = _run(capsys, "verify", str(path), "--checkpoint", str(tmp_path / "moved.ckpt"), "--json")
+    assert code == 0, err
