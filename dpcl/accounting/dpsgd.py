@@ -15,7 +15,7 @@ from typing import Any
 
 from dpcl.accounting.accountants import AccountingResult, _check_accountant, compute_epsilon
 from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, RepeatedEvent
-from dpcl.accounting.validation import check_count, check_delta, check_positive, check_sample_rate
+from dpcl.accounting.validation import check_count, check_delta_scalar, check_positive_scalar, check_sample_rate
 from dpcl.errors import InvalidParameterError
 
 __all__ = ["NoiseCalibration", "dpsgd_epsilon", "dpsgd_events", "dpsgd_noise_multiplier"]
@@ -91,12 +91,12 @@ def dpsgd_noise_multiplier(
     width is below ``rtol * z``. The returned z is the upper end of the bracket,
     whose epsilon was computed and is <= ``target_epsilon``; that epsilon is returned.
     """
-    target = float(check_positive("target_epsilon", target_epsilon))
-    delta = float(check_delta("delta", delta))
+    target = check_positive_scalar("target_epsilon", target_epsilon)
+    delta = check_delta_scalar("delta", delta)
     q = check_sample_rate("sample_rate", sample_rate)
     steps = check_count("steps", steps)
     name = _check_accountant(accountant)
-    rtol = float(check_positive("rtol", rtol))
+    rtol = check_positive_scalar("rtol", rtol)
     if rtol >= 0.5:
         raise InvalidParameterError(f"rtol must be < 0.5, got {rtol!r}.")
 
@@ -116,7 +116,10 @@ def dpsgd_noise_multiplier(
     x_prev, f_prev = 0.0, f(1.0)
     slope = -1.0
     while True:
-        step = max(min(-f_prev / slope, math.log(8.0)), -math.log(8.0)) if math.isfinite(f_prev) else math.log(8.0)
+        if math.isfinite(f_prev):
+            step = max(min(-f_prev / slope, math.log(8.0)), -math.log(8.0))
+        else:  # f = -inf: epsilon 0 (delta covers the whole curve), far too much noise, so go down
+            step = math.log(8.0) if f_prev > 0 else -math.log(8.0)
         if step == 0.0:
             step = math.log1p(rtol) * (1.0 if f_prev > 0 else -1.0)
         x_new = x_prev + step

@@ -123,6 +123,11 @@ def test_invalid_inputs(kwargs: dict, name: str) -> None:
         (dict(steps=0), "steps"),
         (dict(delta=2.0), "delta"),
         (dict(accountant="x"), "accountant"),
+        (dict(delta=[1e-5, 1e-6]), "delta must be a single number"),
+        (dict(target_epsilon=[1.0, 2.0]), "target_epsilon must be a single number"),
+        (dict(rtol=float("nan")), "rtol"),
+        (dict(rtol=0.5), "rtol"),
+        (dict(adjacency="swap"), "adjacency"),
     ],
 )
 def test_invalid_calibration_inputs(kwargs: dict, name: str) -> None:
@@ -130,3 +135,21 @@ def test_invalid_calibration_inputs(kwargs: dict, name: str) -> None:
     args.update(kwargs)
     with pytest.raises(InvalidParameterError, match=name):
         dpsgd_noise_multiplier(**args)
+
+
+@pytest.mark.parametrize("target,delta", [(1.0, 0.9), (0.5, 0.5), (0.2, 0.45)])
+def test_calibration_when_the_start_already_has_epsilon_zero(target: float, delta: float) -> None:
+    # One full-batch step at z = 1 is a Gaussian with mu = 1, whose total variation 2 Phi(1/2) - 1 = 0.383
+    # is below these deltas: epsilon(1) = 0. The search used to read that as "more noise" and stepped up to
+    # z = 1e4, then refused the target as unreachable. The answer is the mu-GDP calibration, mu = 1/z
+    # (Balle & Wang 2018, Thm 8), found here by brentq on the closed form.
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def excess(mu: float) -> float:
+        return float(norm.cdf(mu / 2 - target / mu) - math.exp(target) * norm.cdf(-mu / 2 - target / mu)) - delta
+
+    z_ref = 1.0 / brentq(excess, 1e-3, 50.0, xtol=1e-14)
+    cal = dpsgd_noise_multiplier(target, delta, 1.0, 1, accountant="exact")
+    assert cal.epsilon <= target and cal.accountant == "exact"
+    assert z_ref <= cal.noise_multiplier <= z_ref * (1 + 1e-3) * (1 + 1e-9)
