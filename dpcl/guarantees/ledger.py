@@ -27,7 +27,10 @@ a task that shares a unit with another, naming one shared unit.
 Persistence: the ledger is one JSON file written atomically after every change
 (:func:`dpcl.guarantees.atomic_io.write_json_atomic`). It carries a SHA-256 of
 its own content; a truncated, corrupt or edited file raises
-:class:`~dpcl.errors.LedgerCorruptError` and is never replaced silently.
+:class:`~dpcl.errors.LedgerCorruptError` and is never replaced silently. The hash
+is not a signature, so :meth:`TaskLedger.from_dict` also refuses content that is
+inconsistent whatever its hash (events under other settings, releases covering
+charges that are not recorded, charges that overspend the ledger's filter).
 Charges are written *before* training, so a run killed between (or during) tasks
 resumes with every unit of budget already spent; charging a task again after a
 crash adds a second charge (conservative: the killed attempt may have leaked).
@@ -582,7 +585,19 @@ class TaskLedger:
             )
             charges = [Charge.from_dict(c) for c in data["charges"]]
             ledger._units = {int(k): list(v) for k, v in data.get("units", {}).items()}
-            for c in charges:
+            for i, c in enumerate(charges):
+                if not c.tasks or any(t < 0 for t in c.tasks) or not c.events:
+                    raise LedgerCorruptError(
+                        f"{where}: charge {i} must read at least one task index >= 0 and hold at least one event."
+                    )
+                for e in c.events:
+                    if e.adjacency is not ledger.adjacency or e.unit != ledger.unit:
+                        raise LedgerCorruptError(
+                            f"{where}: charge {i} holds an event under {e.adjacency.value!r} / {e.unit!r} but the "
+                            f"ledger accounts {ledger.adjacency.value!r} / {ledger.unit!r}."
+                        )
+                if ledger.across_tasks == "sequential" and len(c.tasks) > 1:
+                    _composition_groups([c], "sequential")
                 if ledger.uses_filter:
                     ledger._admit(c)
                 ledger.charges.append(c)
@@ -598,9 +613,21 @@ class TaskLedger:
                     groups=tuple(GroupGuarantee.from_dict(x) for x in g["groups"]),
                     notes=tuple(g.get("notes", ())),
                 )
-                ledger.releases.append(
-                    ReleaseRecord(int(r["task_index"]), int(r["n_charges"]), guarantee, r.get("checkpoint_sha256"))
-                )
+                record = ReleaseRecord(int(r["task_index"]), int(r["n_charges"]), guarantee, r.get("checkpoint_sha256"))
+                previous = ledger.releases[-1].n_charges if ledger.releases else 1
+                if not previous <= record.n_charges <= len(ledger.charges):
+                    raise LedgerCorruptError(
+                        f"{where}: release {len(ledger.releases)} covers {record.n_charges} charges; releases must "
+                        f"cover a non-decreasing number of charges between 1 and the {len(ledger.charges)} recorded."
+                    )
+                stated = (guarantee.delta, guarantee.across_tasks, guarantee.adjacency, guarantee.unit)
+                expected = (ledger.delta, ledger.across_tasks, ledger.adjacency.value, ledger.unit)
+                if stated != expected:
+                    raise LedgerCorruptError(
+                        f"{where}: release {len(ledger.releases)} states (delta, across_tasks, adjacency, unit) = "
+                        f"{stated} but the ledger's settings are {expected}."
+                    )
+                ledger.releases.append(record)
         except LedgerCorruptError:
             raise
         except (KeyError, TypeError, ValueError, InvalidParameterError, PrivacyViolationError) as exc:

@@ -360,3 +360,52 @@ def test_gaussian_type_events_pick_the_gdp_filter():
     assert event_is_gaussian_type(_gauss(1.0)) and event_is_gaussian_type(full_batch)
     assert not event_is_gaussian_type(sampled)
     assert not event_is_gaussian_type(EpsilonDeltaEvent(epsilon=1.0))
+
+
+def _reseal(data: dict) -> dict:
+    """Recompute a hand-edited ledger's content hash, as a deliberate editor would."""
+    import hashlib
+
+    body = {k: v for k, v in data.items() if k != "sha256"}
+    data["sha256"] = hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    ).hexdigest()
+    return data
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["charges"][0]["events"][0].__setitem__("adjacency", "replace_one"), "holds an event under"),
+        (lambda d: d["charges"][1]["events"][0].__setitem__("unit", "user"), "holds an event under"),
+        (lambda d: d["charges"][1].__setitem__("tasks", [0, 1]), "reads the data of several tasks"),
+        (lambda d: d["charges"][1].__setitem__("events", []), "at least one event"),
+        (lambda d: d["releases"][1].__setitem__("n_charges", 5), "non-decreasing number of charges"),
+        (lambda d: d["releases"][0].__setitem__("n_charges", 0), "non-decreasing number of charges"),
+        (lambda d: d["releases"][1]["guarantee"].__setitem__("delta", 1e-3), "ledger's settings"),
+        (lambda d: d["releases"][0]["guarantee"].__setitem__("across_tasks", "parallel"), "ledger's settings"),
+    ],
+)
+def test_edited_ledger_with_a_recomputed_hash_is_refused_when_inconsistent(tmp_path, edit, message):
+    path = tmp_path / "ledger.json"
+    ledger = _ledger("sequential", path=path)
+    for t in range(2):
+        ledger.charge(t, _gauss(2.0 + t))
+        ledger.release(t)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(_reseal(data)))
+    with pytest.raises(LedgerCorruptError, match=message):
+        TaskLedger.open(path, delta=DELTA, across_tasks="sequential")
+
+
+def test_resealed_ledger_whose_charges_overspend_its_filter_is_refused(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = _ledger("sequential", path=path, total_epsilon=5.0)
+    ledger.charge(0, _gauss(2.0))
+    ledger.charge(1, _gauss(2.0))
+    data = json.loads(path.read_text())
+    data["settings"]["total_epsilon"] = 1.0  # the recorded charges no longer fit the filter
+    path.write_text(json.dumps(_reseal(data)))
+    with pytest.raises(LedgerCorruptError, match="inconsistent"):
+        TaskLedger.load(path)
