@@ -97,3 +97,33 @@ def test_experiment_records_its_noise_source_and_repeats_only_under_the_opt_in(t
     fresh = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("c", "d")]
     assert fresh[0]["settings"]["reproducible_noise"] is False
     assert fresh[0]["results"][0]["tasks"] != fresh[1]["results"][0]["tasks"]
+
+
+def test_ablation_runs_the_rows_of_the_papers_ablation_table(tmp_path, monkeypatch):
+    """w/o TDP trains PeCL's sculpting on clean embeddings (no noise step, epsilon = inf); w/o MemReg keeps the
+    unlearning loss but has lambda_dyn = 0; both are among the variants with the paper's other two rows."""
+    import json
+
+    from dpcl.methods.pecl import tdp as tdp_module
+    from dpcl.methods.pecl.ablation import VARIANTS
+    from dpcl.methods.pecl.ablation import main as ablation
+
+    for row in ("w/o TDP", "w/o memory sculpting", "w/o memory regularisation", "w/o unlearning"):
+        assert any(label.startswith(row) for label in VARIANTS)
+    noise_calls = []
+    original = tdp_module.TokenDP.embed_and_perturb
+    monkeypatch.setattr(tdp_module.TokenDP, "embed_and_perturb",
+                        lambda self, *a, **k: noise_calls.append(1) or original(self, *a, **k))
+    args = ["--tasks", "2", "--max-per-class", "6", "--epochs", "1", "--pretrain-steps", "2", "--n-layer", "1",
+            "--n-embd", "16", "--n-head", "1", "--batch-size", "8"]
+    assert ablation(["--out", str(tmp_path / "a"), *args, "--variants", "w/o TDP (not private)"]) == 0
+    assert noise_calls == []
+    no_tdp = json.loads((tmp_path / "a" / "results.json").read_text())["results"][0]
+    assert no_tdp["privacy"]["epsilon"] == "inf" and "sequence_epsilon" not in no_tdp["privacy"]
+    assert all("guarantee" not in t and "mean_score" in t for t in no_tdp["tasks"])
+    assert ablation(["--out", str(tmp_path / "b"), *args, "--variants", "w/o memory regularisation"]) == 0
+    assert noise_calls
+    no_reg = json.loads((tmp_path / "b" / "results.json").read_text())["results"][0]
+    assert all(t["lambda_dyn"] == 0.0 and t["last_losses"].get("reg", 0.0) == 0.0 for t in no_reg["tasks"])
+    assert all("unlearn" in t["last_losses"] for t in no_reg["tasks"])
+    assert no_reg["privacy"]["epsilon"] <= 10.0 * (1 + 1e-6)

@@ -230,3 +230,11 @@ def test_dpsgd_clips_each_examples_own_gradient(monkeypatch):
     learner.fit_task(0, texts, labels)
     assert any(n != TINY["batch_size"] for n, _ in checked)  # Poisson batches of other sizes than expected occur
     assert max(err for _, err in checked) < 1e-5
+
+
+def test_pecl_takes_tdp_or_no_privacy_and_never_dpsgd():
+    assert learner_config(strategy="pecl", privacy="none").privacy == "none"  # the 'w/o TDP' ablation
+    with pytest.raises(InvalidParameterError, match="privacy='tdp'"):
+        learner_config(strategy="pecl", privacy="dpsgd")
+    with pytest.raises(InvalidParameterError, match="privacy='tdp'"):
+        learner_config(strategy="er", privacy="tdp")

@@ -1,12 +1,15 @@
 """Ablations of PeCL (Zhan et al., Table 2 and Sec. "Impact of Hyperparameter alpha") on the fortunes stream.
 
 ``python -m dpcl.methods.pecl.ablation --out results/pecl_ablation`` writes
-``results.json`` and ``table.md``: PeCL with alpha in {0.2, 0.5, 0.8}, without
-the privacy-aware unlearning loss, without lambda_dyn (constant
-(lambda_min + lambda_max)/2), and without memory sculpting at all (no
-regularisation, no unlearning). Every variant uses the analytic calibration,
-so its per-token epsilon is the same true bound; BWT, Last, Avg and canary
-exposure are measured as in :mod:`dpcl.methods.pecl.experiment`.
+``results.json`` and ``table.md``: PeCL with alpha in {0.2, 0.5, 0.8}; the four
+rows of the paper's ablation table (Table 2 of ``000_*``): without TDP (memory
+sculpting on clean embeddings -- not private, epsilon = inf), without memory
+sculpting at all (PMS: no regularisation, no unlearning), without the memory
+regularisation (MemReg; unlearning kept) and without the privacy-aware
+unlearning loss; and one more, without lambda_dyn (constant
+(lambda_min + lambda_max)/2). Every private variant uses the analytic
+calibration, so its per-token epsilon is the same true bound; BWT, Last, Avg
+and canary exposure are measured as in :mod:`dpcl.methods.pecl.experiment`.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "PeCL alpha=0.5 (paper default)": {**PECL, "alpha": 0.5},
     "PeCL alpha=0.2": {**PECL, "alpha": 0.2},
     "PeCL alpha=0.8": {**PECL, "alpha": 0.8},
+    "w/o TDP (not private)": {**PECL, "privacy": "none"},
+    "w/o memory sculpting (no reg, no unlearning)": {**PECL, "unlearning": False, "lambda_min": 0.0, "lambda_max": 0.0},
+    "w/o memory regularisation": {**PECL, "lambda_min": 0.0, "lambda_max": 0.0},
     "w/o unlearning": {**PECL, "unlearning": False},
     "w/o lambda_dyn (constant lambda)": {**PECL, "dynamic_lambda": False},
-    "w/o memory sculpting (no reg, no unlearning)": {**PECL, "unlearning": False, "lambda_min": 0.0, "lambda_max": 0.0},
 }
 
 

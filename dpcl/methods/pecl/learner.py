@@ -15,6 +15,8 @@ Strategies (Zhan et al., Sec. "Baselines"):
   task's training steps;
 * ``mtl`` -- multi-task learning on the union of all tasks (upper reference).
 
+PeCL with ``privacy="none"`` (sculpting on clean embeddings, not private) is the
+"w/o TDP" ablation of the paper's Table 2.
 Baselines run without DP (``privacy="none"``) or with DP-SGD (``"dpsgd"``,
 opacus, Poisson sampling; noise multiplier from
 :func:`dpcl.accounting.dpsgd.dpsgd_noise_multiplier`). Under DP-SGD the EWC
@@ -120,9 +122,10 @@ class LearnerConfig:
             raise InvalidParameterError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}.")
         if self.privacy not in PRIVACY_MODES:
             raise InvalidParameterError(f"privacy must be one of {PRIVACY_MODES}, got {self.privacy!r}.")
-        if (self.strategy == "pecl") != (self.privacy == "tdp"):
+        if (self.privacy == "tdp" and self.strategy != "pecl") or (self.strategy == "pecl" and self.privacy == "dpsgd"):
             raise InvalidParameterError(
-                "privacy='tdp' is PeCL's mechanism and PeCL uses it; baselines take privacy='none' or 'dpsgd' "
+                "privacy='tdp' is PeCL's mechanism and only PeCL uses it; PeCL takes privacy='tdp' (or 'none' for "
+                "the not-private 'w/o TDP' ablation), baselines take privacy='none' or 'dpsgd' "
                 f"(got strategy={self.strategy!r}, privacy={self.privacy!r})."
             )
         if self.device not in ("cpu", "cuda"):
@@ -347,6 +350,8 @@ class ContinualLM:
                 else 0.5 * (cfg.lambda_min + cfg.lambda_max)
             )
             omega_bar = float(np.mean(self.omegas)) if self.omegas else 0.0
+            record.update(mean_score=mean_score, lambda_dyn=lam, omega_bar=omega_bar)
+        if cfg.privacy == "tdp":
             tdp = TokenDP(
                 epsilon_lower=cfg.epsilon_lower,
                 epsilon_upper=cfg.epsilon_upper,
@@ -356,15 +361,15 @@ class ContinualLM:
                 releases=cfg.epochs,
                 device=self.device,
             )
-            record.update(mean_score=mean_score, lambda_dyn=lam, omega_bar=omega_bar)
 
         if cfg.privacy == "dpsgd":
             record.update(self._fit_dpsgd(ids, mask, y))
         else:
             record.update(self._fit_plain(ids, mask, y, scores, tdp, previous, lam, omega_bar))
 
-        if cfg.strategy == "pecl":
+        if tdp is not None:
             record["guarantee"] = tdp.released_guarantee()
+        if cfg.strategy == "pecl":
             record["omega"] = self._task_importance(ids, mask)
             self.omegas.append(record["omega"])
         if cfg.strategy == "er":
