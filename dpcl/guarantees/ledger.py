@@ -651,12 +651,21 @@ class TaskLedger:
         return cls.from_dict(data, path=p)
 
     @classmethod
-    def open(cls, path: "str | os.PathLike[str]", **settings: Any) -> "TaskLedger":
+    def open(cls, path: "str | os.PathLike[str]", *, must_exist: bool = False, **settings: Any) -> "TaskLedger":
         """Resume the ledger at ``path`` if it exists (its settings must match), else create it there.
 
-        A resumed ledger keeps every charge and release already recorded.
+        A resumed ledger keeps every charge and release already recorded. A caller resuming a run that
+        has already released something passes ``must_exist=True``: a missing ledger then raises
+        :class:`~dpcl.errors.LedgerCorruptError` instead of starting an empty one, which would drop the
+        budget already spent and understate every later guarantee.
         """
         p = Path(path)
+        if must_exist and not p.exists():
+            raise LedgerCorruptError(
+                f"ledger {str(p)!r} is missing but the run being resumed has already released checkpoints: "
+                "starting a new ledger would forget the budget they spent. Restore the ledger from a backup, "
+                "or start the run over in a new directory."
+            )
         if p.exists():
             ledger = cls.load(p)
             fresh = cls(**settings)

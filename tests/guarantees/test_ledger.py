@@ -409,3 +409,13 @@ def test_resealed_ledger_whose_charges_overspend_its_filter_is_refused(tmp_path)
     path.write_text(json.dumps(_reseal(data)))
     with pytest.raises(LedgerCorruptError, match="inconsistent"):
         TaskLedger.load(path)
+
+
+def test_open_must_exist_refuses_to_reset_a_resumed_run(tmp_path):
+    path = tmp_path / "ledger.json"
+    with pytest.raises(LedgerCorruptError, match="missing"):
+        TaskLedger.open(path, must_exist=True, delta=DELTA, across_tasks="sequential")
+    assert not path.exists()  # nothing created
+    TaskLedger.open(path, delta=DELTA, across_tasks="sequential").charge(0, _gauss(2.0))
+    resumed = TaskLedger.open(path, must_exist=True, delta=DELTA, across_tasks="sequential")
+    assert len(resumed.charges) == 1
