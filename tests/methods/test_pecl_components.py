@@ -233,3 +233,14 @@ def test_tdp_float32_sigma_table_never_rounds_below_the_calibrated_sigma():
     assert g["epsilon"] == pytest.approx(pt.true_token_epsilons(float(applied[low]), 1e-6, 1.0, releases=4), rel=1e-12)
     assert g["epsilon"] <= float(tdp.calibration.true_epsilons[low])
     assert tdp.sigmas(scores)[0, 1].item() == float(applied[low])
+
+
+def test_exposure_ties_take_the_mid_rank():
+    """|R| = 5 enumerated, sorted NLLs 1, 5, 5, 5, 9 with the canary at 5: it shares ranks 2-4 with two
+    candidates, mid-rank 3 (the mean rank when ties are broken uniformly at random)."""
+    exposure, censored = exposure_from_nll(5.0, np.array([1.0, 5.0, 5.0, 9.0]), 5)
+    assert exposure == pytest.approx(math.log2(5) - math.log2(3))
+    assert not censored
+    # a canary tied with every candidate is at the middle of R, not at rank 1
+    only_ties, censored = exposure_from_nll(2.0, np.full(9, 2.0), 10)
+    assert only_ties == pytest.approx(math.log2(10) - math.log2(5.5)) and not censored
