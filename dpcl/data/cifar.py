@@ -16,6 +16,7 @@ stable whichever split is loaded.
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 from pathlib import Path
@@ -36,6 +37,8 @@ _ALLOWED_GLOBALS = {
     ("numpy.core.multiarray", "scalar"),
     ("numpy._core.multiarray", "scalar"),
     ("numpy", "ndarray"),
+    ("numpy.core.numeric", "_frombuffer"),  # arrays in protocol-5 pickles: bytes + dtype + shape, no code
+    ("numpy._core.numeric", "_frombuffer"),
     ("numpy", "dtype"),
     ("copy_reg", "_reconstructor"),
     ("copyreg", "_reconstructor"),
@@ -66,7 +69,9 @@ def read_cifar_batch(path: str | os.PathLike[str]) -> dict[str, Any]:
             batch = _RestrictedUnpickler(io.BufferedReader(handle), encoding="bytes").load()
     except FileNotFoundError as exc:
         raise InvalidParameterError(f"CIFAR batch {str(path)!r} does not exist.") from exc
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
+    except OSError as exc:  # a directory in its place, no permission to read...
+        raise InvalidParameterError(f"CIFAR batch {str(path)!r} cannot be read: {exc.strerror or exc}.") from exc
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
         raise InvalidParameterError(f"{str(path)!r} is not a CIFAR pickled batch: {exc}.") from exc
     if not isinstance(batch, dict):
         raise InvalidParameterError(f"{str(path)!r} is not a CIFAR pickled batch (not a dict).")
@@ -95,6 +100,10 @@ def find_cifar_layout(path: str | os.PathLike[str]) -> tuple[str, Path, dict[str
     )
 
 
+#: Number of classes of each variant's label field: a label outside [0, n) means a malformed batch.
+_N_CLASSES = {("cifar10", "labels"): 10, ("cifar100", "fine_labels"): 100, ("cifar100", "coarse_labels"): 20}
+
+
 def _label_field(variant: str, label_kind: str) -> tuple[str, str]:
     if variant == "cifar10":
         return "labels", "label_names"
@@ -103,30 +112,78 @@ def _label_field(variant: str, label_kind: str) -> tuple[str, str]:
     return f"{label_kind}_labels", f"{label_kind}_label_names"
 
 
+def _batch_labels(name: str, values: Any, n_classes: int) -> np.ndarray:
+    try:
+        labels = np.asarray(values)
+    except ValueError as exc:  # ragged nested lists
+        raise InvalidParameterError(f"CIFAR batch {name!r}: labels are not a flat list of integers ({exc}).") from exc
+    if labels.size and not np.issubdtype(labels.dtype, np.integer):
+        raise InvalidParameterError(
+            f"CIFAR batch {name!r}: labels must be a list of integers, got {labels.dtype} values of shape "
+            f"{labels.shape}."
+        )
+    labels = labels.astype(np.int64).reshape(-1)
+    bad = (labels < 0) | (labels >= n_classes)
+    if bad.any():
+        raise InvalidParameterError(
+            f"CIFAR batch {name!r}: label {int(labels[bad][0])} is outside [0, {n_classes}) for this CIFAR variant."
+        )
+    return labels
+
+
+def _batch_images(name: str, values: Any) -> np.ndarray:
+    """``[n, 3 * side * side]`` uint8 pixels (3072 for CIFAR's 32 x 32); values outside 0..255, non-integers
+    and rows that are not three square channels are refused, never wrapped or truncated into range."""
+    try:
+        data = np.asarray(values)
+    except ValueError as exc:  # ragged nested lists
+        raise InvalidParameterError(f"CIFAR batch {name!r}: data is not an [n, 3072] array ({exc}).") from exc
+    if data.ndim < 1 or (data.size and not np.issubdtype(data.dtype, np.integer)):
+        raise InvalidParameterError(
+            f"CIFAR batch {name!r}: data must be uint8 pixel values, got {data.dtype} values of shape {data.shape}."
+        )
+    data = data.reshape(data.shape[0], -1)
+    side = math.isqrt(data.shape[1] // 3)
+    if data.shape[1] == 0 or data.shape[1] != 3 * side * side:
+        raise InvalidParameterError(
+            f"CIFAR batch {name!r}: each image must be 3 square channels (3072 = 3 x 32 x 32 values), "
+            f"got rows of {data.shape[1]} values."
+        )
+    if data.dtype != np.uint8 and data.size and (data.min() < 0 or data.max() > 255):
+        raise InvalidParameterError(
+            f"CIFAR batch {name!r}: pixel values must lie in 0..255, got values in [{data.min()}, {data.max()}]."
+        )
+    return data.astype(np.uint8, copy=False)
+
+
 def _check_split(split: str) -> tuple[str, ...]:
     if split not in CIFAR_SPLITS:
         raise InvalidParameterError(f"split must be one of {', '.join(CIFAR_SPLITS)}, got {split!r}.")
     return ("train", "test") if split == "all" else (split,)
 
 
-def _read_split(folder: Path, files: list[str], label_field: str, *, with_data: bool) -> tuple[np.ndarray | None, np.ndarray]:
+def _read_split(
+    folder: Path, files: list[str], label_field: str, n_classes: int, *, with_data: bool
+) -> tuple[np.ndarray | None, np.ndarray]:
     data, labels = [], []
     for name in files:  # a handful of batch files
         batch = read_cifar_batch(folder / name)
         try:
-            batch_labels = np.asarray(batch[label_field], dtype=np.int64).reshape(-1)
+            batch_labels = _batch_labels(name, batch[label_field], n_classes)
             if with_data:
-                batch_data = np.asarray(batch["data"], dtype=np.uint8)
+                batch_data = _batch_images(name, batch["data"])
         except KeyError as exc:
             raise InvalidParameterError(f"CIFAR batch {name!r} lacks the field {exc.args[0]!r}.") from exc
         if with_data:
-            batch_data = batch_data.reshape(batch_data.shape[0], -1)
             if batch_data.shape[0] != batch_labels.shape[0]:
                 raise InvalidParameterError(
                     f"CIFAR batch {name!r} has {batch_data.shape[0]} images but {batch_labels.shape[0]} labels."
                 )
             data.append(batch_data)
         labels.append(batch_labels)
+    if with_data and len({d.shape[1] for d in data}) > 1:
+        sizes = {name: d.shape[1] for name, d in zip(files, data)}
+        raise InvalidParameterError(f"CIFAR batches in {str(folder)!r} hold images of different sizes: {sizes}.")
     return (np.concatenate(data) if with_data else None), np.concatenate(labels)
 
 
@@ -135,7 +192,12 @@ def _class_names(folder: Path, meta_file: str, names_field: str, n_classes: int)
     if meta_path.is_file():
         names = read_cifar_batch(meta_path).get(names_field)
         if names is not None:
-            decoded = tuple(n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in names)
+            if not isinstance(names, (list, tuple)):
+                raise InvalidParameterError(
+                    f"CIFAR meta file {str(meta_path)!r}: {names_field} must be a list of class names, "
+                    f"got {type(names).__name__}."
+                )
+            decoded = tuple(n.decode("utf-8", errors="replace") if isinstance(n, bytes) else str(n) for n in names)
             if len(decoded) >= n_classes:
                 return decoded
     return tuple(str(i) for i in range(n_classes))
@@ -145,8 +207,9 @@ def cifar_labels(path: str | os.PathLike[str], *, split: str = "all", label_kind
     """Labels of :func:`load_cifar` with the same arguments, in the same order."""
     variant, folder, files, _ = find_cifar_layout(path)
     label_field, _ = _label_field(variant, label_kind)
+    n_classes = _N_CLASSES[(variant, label_field)]
     return np.concatenate(
-        [_read_split(folder, files[s], label_field, with_data=False)[1] for s in _check_split(split)]
+        [_read_split(folder, files[s], label_field, n_classes, with_data=False)[1] for s in _check_split(split)]
     )
 
 
@@ -161,18 +224,18 @@ def load_cifar(path: str | os.PathLike[str], *, split: str = "all", label_kind: 
     """
     variant, folder, files, meta_file = find_cifar_layout(path)
     label_field, names_field = _label_field(variant, label_kind)
+    n_classes = _N_CLASSES[(variant, label_field)]
     parts = []
     for code, split_name in enumerate(("train", "test")):
         if split_name in _check_split(split):
-            data, labels = _read_split(folder, files[split_name], label_field, with_data=True)
+            data, labels = _read_split(folder, files[split_name], label_field, n_classes, with_data=True)
             parts.append((data, labels, code * _UNIT_STRIDE + np.arange(labels.shape[0], dtype=np.int64)))
+    widths = sorted({p[0].shape[1] for p in parts})
+    if len(widths) > 1:
+        raise InvalidParameterError(f"CIFAR batches in {str(folder)!r} hold images of different sizes: {widths} values.")
     data = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
-    if data.shape[1] % 3:
-        raise InvalidParameterError(f"CIFAR images must have 3 channels; got rows of {data.shape[1]} values.")
-    side = int(round(np.sqrt(data.shape[1] // 3)))
-    if labels.size and labels.min() < 0:
-        raise InvalidParameterError("CIFAR labels must be >= 0.")
+    side = math.isqrt(data.shape[1] // 3)
     n_classes = int(labels.max()) + 1 if labels.size else 0
     features = data.astype(np.float32)
     features /= np.float32(255.0)

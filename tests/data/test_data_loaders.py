@@ -94,6 +94,24 @@ def test_image_folder_errors(tmp_path: Path) -> None:
         load_image_folder(tmp_path / "a", mode="CMYK")
 
 
+@pytest.mark.parametrize("size", [3, "34", [3], [3.0, 4.0], [0, 4], (True, 4)])
+def test_image_folder_size_must_be_two_positive_integers(tmp_path: Path, size) -> None:
+    _write_image_folder(tmp_path, {"x": 1})
+    with pytest.raises(InvalidParameterError, match="size must be \\(height, width\\)"):
+        load_dataset(f"image_folder:{tmp_path}", size=size)
+
+
+def test_image_folder_refuses_16_bit_images_instead_of_clipping(tmp_path: Path) -> None:
+    """Pillow's conversion of a 16-bit image to 'L' clips every value above 255 to 255 (40000 -> 1.0)."""
+    from PIL import Image
+
+    _write_image_folder(tmp_path, {"x": 2})
+    Image.fromarray(np.full((6, 5), 40_000, dtype=np.uint16)).save(tmp_path / "x" / "img01.png")
+    assert Image.open(tmp_path / "x" / "img01.png").mode.startswith("I")
+    with pytest.raises(InvalidParameterError, match="img01.png' has Pillow mode 'I"):
+        load_image_folder(tmp_path)
+
+
 # ---------------------------------------------------------------- CIFAR
 
 
@@ -180,6 +198,64 @@ def test_cifar_refuses_code_in_pickles(tmp_path: Path, capsys) -> None:
         read_cifar_batch(tmp_path / "broken")
 
 
+def _rewrite_batch(path: Path, **fields) -> None:
+    batch = read_cifar_batch(path)
+    batch.update(fields)
+    with open(path, "wb") as handle:
+        pickle.dump(batch, handle, protocol=2)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"labels": [0, 1, 2, 10]}, "label 10 is outside \\[0, 10\\)"),
+        ({"labels": [0, -1, 2, 3]}, "label -1 is outside"),
+        ({"labels": "abcd"}, "labels must be a list of integers"),
+        ({"labels": [0.5, 1.0, 2.0, 3.0]}, "labels must be a list of integers"),
+        ({"data": np.full((4, 3072), 300, dtype=np.int64)}, "pixel values must lie in 0..255"),
+        ({"data": np.full((4, 3072), 0.5)}, "data must be uint8 pixel values"),
+        ({"data": np.zeros((4, 100), dtype=np.uint8)}, "3 square channels"),
+        ({"data": [[1, 2, 3], [4, 5]]}, "data is not an \\[n, 3072\\] array"),
+    ],
+)
+def test_malformed_cifar_batches_raise_typed_errors(tmp_path: Path, fields, message) -> None:
+    """Bad labels or pixels are refused by name, never wrapped into range (300 -> 44 as uint8) or renamed."""
+    _write_cifar10(tmp_path)
+    _rewrite_batch(tmp_path / "data_batch_2", **fields)
+    with pytest.raises(InvalidParameterError, match=message):
+        load_cifar(tmp_path)
+    if "labels" in fields:  # dpcl audit reads labels only; it must refuse the same batches
+        with pytest.raises(InvalidParameterError, match=message):
+            dataset_labels(f"cifar:{tmp_path}")
+
+
+def test_cifar_unreadable_files_and_mixed_sizes_raise_typed_errors(tmp_path: Path) -> None:
+    _write_cifar10(tmp_path / "a")
+    (tmp_path / "a" / "test_batch").unlink()
+    (tmp_path / "a" / "test_batch").mkdir()
+    with pytest.raises(InvalidParameterError, match="cannot be read"):
+        load_cifar(tmp_path / "a")
+    _write_cifar10(tmp_path / "b")
+    _rewrite_batch(tmp_path / "b" / "data_batch_2", data=np.zeros((4, 768), dtype=np.uint8))
+    with pytest.raises(InvalidParameterError, match="different sizes"):
+        load_cifar(tmp_path / "b")
+    _write_cifar10(tmp_path / "c")
+    with open(tmp_path / "c" / "batches.meta", "wb") as handle:
+        pickle.dump({b"label_names": 10}, handle, protocol=2)
+    with pytest.raises(InvalidParameterError, match="label_names must be a list"):
+        load_cifar(tmp_path / "c")
+
+
+def test_cifar_batches_pickled_with_protocol_5(tmp_path: Path) -> None:
+    """Python 3.8+ can pickle numpy arrays with protocol 5, which rebuilds them from raw bytes."""
+    batches = _write_cifar10(tmp_path)
+    with open(tmp_path / "data_batch_1", "wb") as handle:
+        pickle.dump({"data": batches[0][0], "labels": batches[0][1]}, handle, protocol=5)
+    assert b"_frombuffer" in (tmp_path / "data_batch_1").read_bytes()
+    ds = load_cifar(tmp_path, split="train")
+    assert np.array_equal(ds.features[:4], batches[0][0] / np.float32(255.0))
+
+
 # ---------------------------------------------------------------- fortunes
 
 
@@ -211,6 +287,9 @@ def test_fortune_parsing_and_cleaning(tmp_path: Path) -> None:
         load_fortunes_texts(["alpha", "beta"], min_count=3, fortunes_path=root)
     with pytest.raises(InvalidParameterError, match="unknown fortune categories \\['gamma'\\]"):
         load_fortunes_texts(["gamma"], min_count=1, fortunes_path=root)
+    for one in ("alpha", "beta"):  # a bare string is not split into letters ('a', 'l', 'p', 'h', 'a')
+        with pytest.raises(InvalidParameterError, match=f"got the string '{one}'; write \\['{one}'\\]"):
+            load_fortunes_texts(one, min_count=1, fortunes_path=root)
     capped = load_fortunes_texts(["alpha", "beta"], min_count=1, max_per_class=1, fortunes_path=root)
     assert np.bincount(capped.labels).tolist() == [1, 1]
 
