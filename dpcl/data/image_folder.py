@@ -22,6 +22,9 @@ __all__ = ["IMAGE_SUFFIXES", "image_folder_index", "load_image_folder"]
 #: File suffixes read as images (case-insensitive).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 _MODES = {"L": 1, "RGB": 3}
+#: Pillow modes with 8 bits per channel. Others (16-bit "I;16", 32-bit "I", float "F") would be clipped to
+#: 0..255 by the conversion, silently changing the pixels, so they are refused.
+_EIGHT_BIT_MODES = frozenset({"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"})
 
 
 def image_folder_index(root: str | os.PathLike[str]) -> tuple[tuple[str, ...], list[Path], np.ndarray]:
@@ -65,7 +68,11 @@ def load_image_folder(
     if mode not in _MODES:
         raise InvalidParameterError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}.")
     if size is not None:
-        if len(size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in size):
+        if (
+            not isinstance(size, (tuple, list))
+            or len(size) != 2
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in size)
+        ):
             raise InvalidParameterError(f"size must be (height, width) with positive integers, got {size!r}.")
     try:
         from PIL import Image  # noqa: PLC0415 - optional
@@ -78,10 +85,17 @@ def load_image_folder(
     for path in files:  # one decode per file: I/O bound, nothing to vectorise
         try:
             with Image.open(path) as image:
+                if image.mode not in _EIGHT_BIT_MODES:
+                    raise InvalidParameterError(
+                        f"image {str(path)!r} has Pillow mode {image.mode!r} (not 8 bits per channel); converting it "
+                        "would clip its values to 0..255. Save it as 8-bit grey-scale or RGB."
+                    )
                 image = image.convert(mode)
                 if size is not None:
                     image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
                 array = np.asarray(image, dtype=np.uint8)
+        except InvalidParameterError:
+            raise
         except (OSError, ValueError) as exc:
             raise InvalidParameterError(f"cannot read image {str(path)!r}: {exc}.") from exc
         if shape is None:
