@@ -118,8 +118,13 @@ def load_fortunes_texts(
         fortunes_path: directory of the fortune files (default: see :func:`fortunes_dir`).
     """
     root = fortunes_dir(fortunes_path)
+    if isinstance(categories, str):  # tuple("law") would be ('l', 'a', 'w')
+        raise InvalidParameterError(
+            f"categories must be a list of fortune category names, got the string {categories!r}; "
+            f"write [{categories!r}] for one category."
+        )
     categories = DEFAULT_FORTUNE_CATEGORIES if categories is None else tuple(categories)
-    if isinstance(categories, str) or len(categories) < 1:
+    if len(categories) < 1:
         raise InvalidParameterError("categories must be a non-empty list of fortune category names.")
     if len(set(categories)) != len(categories):
         raise InvalidParameterError(f"categories must be distinct, got {list(categories)}.")
