@@ -92,10 +92,15 @@ def run_audit_mechanism(args: argparse.Namespace) -> int:
         exact = mechanism.epsilon(delta) if delta > 0 else math.inf
         exact_note = "exact epsilon of this sigma at delta (Balle & Wang 2018, Thm 8)"
     else:
+        from dpcl.accounting.laplace import laplace_epsilon_for_delta
+
         mechanism = LaplaceMechanism(parse_positive("--scale", args.scale), sensitivity)
         payload["scale"] = mechanism.scale
-        exact = mechanism.epsilon()
-        exact_note = "pure epsilon sensitivity / scale of this mechanism"
+        exact = mechanism.epsilon() if delta == 0 else float(laplace_epsilon_for_delta(mechanism.scale, delta, sensitivity))
+        exact_note = (
+            "exact epsilon of this Laplace noise at delta, max(0, sensitivity/scale + 2 ln(1 - delta)) "
+            "(the pure epsilon sensitivity/scale at delta = 0)"
+        )
     result = audit_mechanism(mechanism, delta, trials=trials, confidence=confidence, seed=seed)
     violated = result.epsilon_lower_bound > claimed
     payload.update(

@@ -53,6 +53,27 @@ def test_laplace_pure_dp(capsys):
     assert code == 3 and json.loads(out)["verdict"] == "violated"
 
 
+def test_laplace_mechanism_epsilon_is_the_exact_epsilon_at_the_stated_delta(capsys):
+    """At delta > 0 Laplace noise is (eps0 + 2 ln(1 - delta), delta)-DP, below its pure eps0 = sensitivity/scale:
+    delta(eps) = 1 - exp((eps - eps0)/2) is the total-variation-type tail of the privacy loss. The reported
+    mechanism_epsilon is that number (closed form here), and the audit's lower bound stays below it."""
+    import math
+
+    scale, sensitivity, delta = 0.8, 2.0, 0.1
+    code, out, err = _run(
+        capsys, "laplace", "--scale", str(scale), "--sensitivity", str(sensitivity), "--claimed-epsilon", "3",
+        "--delta", str(delta), "--trials", "400000", "--seed", "3", "--json",
+    )
+    assert code == 0, err
+    payload = json.loads(out)
+    exact = sensitivity / scale + 2 * math.log(1 - delta)  # 2.5 - 0.2107 = 2.289
+    assert payload["mechanism_epsilon"] == pytest.approx(exact, rel=1e-12)
+    assert 0.8 * exact < payload["epsilon_lower_bound"] <= exact
+    code, out, _ = _run(capsys, "laplace", "--scale", "0.5", "--claimed-epsilon", "3", "--delta", "0",
+                        "--trials", "1000", "--json")
+    assert code == 0 and json.loads(out)["mechanism_epsilon"] == 2.0
+
+
 def test_table_output(capsys):
     code, out, _ = _run(capsys, "gaussian", "--sigma", "2", "--claimed-epsilon", "5", "--delta", "1e-5", "--trials", "10000")
     assert code == 0
