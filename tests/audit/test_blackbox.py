@@ -179,3 +179,32 @@ def test_selection_part_is_capped_and_the_rest_goes_to_the_bound(monkeypatch):
     r = audit_sampler(s_d, s_dp, 10_000, 1e-3, seed=0, chunk_size=777)
     assert r.trials == 10_000 and r.bound_trials == 9000
     assert 0 < r.epsilon_lower_bound <= gaussian_epsilon_closed_form(1.0, 1e-3)
+
+
+def test_reported_bound_is_the_clopper_pearson_kairouz_bound_recomputed_with_scipy_binomtest():
+    """One fixed threshold (K = 1): the result must equal the largest of the four
+    log((P_x(S)_lb - delta) / P_y(S)_ub), each one-sided exact binomial bound at alpha / 4, computed here
+    with scipy.stats.binomtest (a two-sided exact interval at confidence 1 - 2a has one-sided tails a)."""
+    from scipy.stats import binomtest
+
+    rng = np.random.default_rng(11)
+    n, delta, confidence, t = 40_000, 1e-3, 0.9, 1.3
+    s_d, s_dp = rng.normal(0.0, 1.0, n), rng.normal(1.0, 1.0, n + 123)
+    a = (1 - confidence) / 4
+    k_d, k_dp = int(np.sum(s_d > t)), int(np.sum(s_dp > t))
+    n_d, n_dp = s_d.size, s_dp.size
+
+    def one_sided(k, m):
+        ci = binomtest(k, m).proportion_ci(confidence_level=1 - 2 * a, method="exact")
+        return ci.low, ci.high
+
+    candidates = []
+    for kx, nx, ky, ny in [(k_d, n_d, k_dp, n_dp), (k_dp, n_dp, k_d, n_d),
+                           (n_d - k_d, n_d, n_dp - k_dp, n_dp), (n_dp - k_dp, n_dp, n_d - k_d, n_d)]:
+        lower, upper = one_sided(kx, nx)[0], one_sided(ky, ny)[1]
+        candidates.append(np.log((lower - delta) / upper) if lower > delta else -np.inf)
+    expected = max(max(candidates), 0.0)
+    result = audit_scores(s_d, s_dp, delta, confidence=confidence, thresholds=[t])
+    assert expected > 0.5  # the pair is far apart: the bound is informative
+    assert result.epsilon_lower_bound == pytest.approx(expected, rel=1e-9)
+    assert result.false_positive_rate == k_d / n_d and result.false_negative_rate == (n_dp - k_dp) / n_dp
