@@ -142,3 +142,41 @@ def test_split_digits_beats_chance_by_a_wide_margin():
     assert np.mean(clean[-1]) > 0.8
     assert np.mean(noisy[-1]) > 0.5
     assert len(clean[-1]) == 5
+
+
+@given(
+    arrays(np.float64, (6, 5), elements=st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)),
+    arrays(np.float64, (5,), elements=st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)),
+    st.integers(0, 5),
+    st.integers(0, 2),
+)
+def test_replacing_one_example_moves_the_release_by_at_most_two(features, replacement, position, new_label):
+    """l2 sensitivity under replace-one is 2 (the plan's value): ||u - v|| <= 2 in one row, sqrt(2) across rows."""
+    labels = np.array([0, 1, 2, 0, 1, 2])
+
+    def sums(x, y):
+        model = CosineClassifier(setup_for({}, label_space=(0, 1, 2), input_dim=5))
+        model.fit_task(0, TrainingData(x.astype(np.float32), y, np.arange(6)), (0, 1, 2), gaussian_plan(None))
+        return model.state_dict()["class_sums"]
+
+    x2, y2 = features.copy(), labels.copy()
+    x2[position], y2[position] = replacement, new_label
+    assert float(torch.linalg.vector_norm(sums(features, labels) - sums(x2, y2))) <= 2.0 + 1e-9
+
+
+def test_the_replace_one_bound_of_two_is_attained():
+    """v replaced by -v in the same class moves that class sum by exactly 2: sensitivity 2 is tight."""
+    v = np.array([[3.0, 4.0]], np.float32)
+    before = CosineClassifier(setup_for({}, label_space=(0, 1), input_dim=2))
+    before.fit_task(0, TrainingData(v, np.array([0]), np.array([0])), (0, 1), gaussian_plan(None))
+    after = CosineClassifier(setup_for({}, label_space=(0, 1), input_dim=2))
+    after.fit_task(0, TrainingData(-v, np.array([0]), np.array([0])), (0, 1), gaussian_plan(None))
+    diff = before.state_dict()["class_sums"] - after.state_dict()["class_sums"]
+    assert float(torch.linalg.vector_norm(diff)) == pytest.approx(2.0)
+
+
+def test_unknown_method_name_is_a_config_error_naming_the_choices():
+    from dpcl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[method\] name must be one of cosine, .*; got 'cosin'"):
+        method_class("cosin")

@@ -168,3 +168,38 @@ def test_empty_task_plan_releases_the_initialisation_untouched():
     train_classifier(model, torch.zeros(0, 5), torch.zeros(0, dtype=torch.long), schedule,
                      learning_rate=0.1, generator=torch.Generator().manual_seed(0))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_train_classifier_step_is_clipped_sum_plus_planned_noise_from_the_given_generator():
+    """One step of *our* loop at q = 1, checked against Alg. A1 written out here.
+
+    The generator first draws the Poisson mask (rand(n) < q: all examples at q = 1), then the noise
+    N(0, (z C)^2) of every parameter in order; the privatised gradient is (sum of per-example gradients
+    clipped to total norm C + noise) / (q n). A zero learning rate leaves the weights at their start, so the
+    per-example gradients are recomputed here at the same point.
+    """
+    n, clip, z = 6, 0.3, 1.7
+    x = torch.randn(n, 4, generator=torch.Generator().manual_seed(3))
+    y = torch.tensor([0, 1, 2, 1, 0, 2])
+    model = AdapterClassifier(4, 3, 0)
+    with torch.no_grad():
+        model.head.weight.copy_(torch.randn(3, 4, generator=torch.Generator().manual_seed(4)))
+    params = [model.head.weight, model.head.bias]
+    start = [p.detach().clone() for p in params]
+    clipped = [torch.zeros_like(p) for p in params]
+    for i in range(n):
+        grads = torch.autograd.grad(
+            torch.nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1], reduction="sum"), params
+        )
+        norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
+        for acc, g in zip(clipped, grads):
+            acc += g * min(1.0, clip / (norm + 1e-6))
+    reference = torch.Generator().manual_seed(11)
+    assert bool(torch.all(torch.rand(n, generator=reference) < 1.0))
+    expected = [(c + torch.normal(0.0, z * clip, size=p.shape, generator=reference)) / n for c, p in zip(clipped, params)]
+    train_classifier(model, x, y, SgdSchedule(1.0, 1, z, clip), learning_rate=0.0,
+                     generator=torch.Generator().manual_seed(11))
+    for p, before, want in zip(params, start, expected):
+        assert torch.equal(p.detach(), before)
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6)

@@ -263,3 +263,35 @@ def test_heterogeneous_task_sizes_get_their_own_fixed_batches(stream):
     # 1 batch from the 50-example task, 2 from each larger one
     assert [e["task"] for e in m.memory] == [0, 1, 1, 2, 2]
     assert all(len(e["units"]) <= METHOD["batch_size"] for e in m.memory)
+
+
+def test_fit_task_adds_laplace_noise_at_the_derived_scales(stream):
+    """The noise inside the released coefficients has the scales Delta/epsilon of the certificate.
+
+    Closed forms written here: inputs in [0, 1]^d give Delta_R = 9d/16 + 3d(d-1)/8 (diagonal u/2 - u^2 has
+    width 9/16, off-diagonal (u+v)/4 - uv width 3/4); p features in [-1, 1] (constant 1 included) and K
+    classes give Delta_L = K p + p^2. The released coefficients minus the exact ones (recomputed from the data
+    and the released theta1) are the noise; for Laplace(b), E|X| = b.
+    """
+    task = stream.tasks[0]
+    method = {"hidden_sizes": [8, 4], "batch_size": 400, "epochs": 1, "memory_batches_per_task": 1}
+    m = _method(method)
+    plan = _fit(m, task, method)
+    e1, e2 = plan.noise["epsilon1"], plan.noise["epsilon2"]
+    d, p, k = 64, 4 + 1, 10
+    scale_r = (9 * d / 16 + 3 * d * (d - 1) / 8) / e1
+    scale_l = (k * p + p * p) / e2
+    (entry,) = m.memory  # one of the task's fixed batches, as released
+    rows = np.flatnonzero(np.isin(task.train.unit_ids, entry["units"]))
+    assert rows.size == len(entry["units"]) > 0
+    x = task.train.features[rows].astype(np.float64)
+    exact_r = (x.sum(0)[:, None] + x.sum(0)[None, :]) / 4.0 - x.T @ x
+    noise_r = entry["ae"].numpy() * rows.size - exact_r
+    upper = noise_r[np.triu_indices(d)]  # 2080 independent entries: relative standard error of E|X| is 2.2 %
+    np.testing.assert_allclose(noise_r, noise_r.T, atol=1e-6 * scale_r)
+    assert np.mean(np.abs(upper)) == pytest.approx(scale_r, rel=0.12)
+    h = m._head_features(torch.as_tensor(x)).numpy()
+    y = np.eye(k)[task.train.labels[rows]]
+    noise_b = entry["b_n"].numpy() * rows.size - h.T @ (0.5 - y)  # 50 entries: relative standard error 14 %
+    assert np.mean(np.abs(noise_b)) == pytest.approx(scale_l, rel=0.6)
+    assert np.mean(np.abs(noise_b)) > 10 * np.mean(np.abs(h.T @ (0.5 - y))) / rows.size
