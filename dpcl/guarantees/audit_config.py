@@ -38,6 +38,7 @@ from dpcl.guarantees.label_space import (
     PROP_F_1_COUNTEREXAMPLE,
     FilterReport,
     label_space_assumption,
+    output_label_sets,
     require_proper_release,
 )
 from dpcl.guarantees.ledger import TaskLedger
@@ -146,6 +147,8 @@ def audit_config(
     if stream["label_space"] == "data":
         violations.append(PROP_4_6_COUNTEREXAMPLE)
     else:
+        # the public label sets dpcl run filters with (refused here exactly as the run would refuse them)
+        output_label_sets(stream["label_space"], stream.get("prior_labels"), len(sizes))
         assumptions.append(label_space_assumption(stream["label_space"]))
 
     across, problems = resolve_across_tasks(privacy["across_tasks"], stream["disjoint_units"])

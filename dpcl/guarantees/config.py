@@ -331,9 +331,20 @@ def parse_config(
     method, spec = _parse_method(_table(raw, "method"))
     if stream.get("tasks") is None and stream.get("task_sizes") is None and "n_tasks" not in stream:
         raise ConfigError("[stream] tasks is required (one list of labels per task), or give task_sizes.")
-    return TrainingConfig(
+    config = TrainingConfig(
         privacy=privacy, stream=stream, method=method, spec=spec, source=source, raw=dict(raw), run=run
     )
+    if stream["label_space"] != "data":
+        # the public label sets the runner filters with: integer labels, one list per task under 'prior'
+        from dpcl.guarantees.label_space import output_label_sets
+
+        try:
+            n_tasks = config.n_tasks
+        except (TypeError, ValueError):  # a malformed data-layer n_tasks is the data layer's to report
+            n_tasks = 0
+        if n_tasks > 0:
+            output_label_sets(stream["label_space"], stream["prior_labels"], n_tasks)
+    return config
 
 
 def load_config(

@@ -152,3 +152,23 @@ def test_task_sizes_checked():
         audit_config(_cfg(), [1, 2])
     with pytest.raises(ConfigError, match="integers >= 0"):
         audit_config(_cfg(), [1, 2, -3])
+
+
+def test_bad_prior_labels_refused_by_the_audit_as_by_the_run():
+    """dpcl run filters each task with output_label_sets; the audit must refuse what the run refuses (before,
+    a config whose sizes came from task_sizes audited as sound and then failed in the run)."""
+    import dataclasses
+
+    raw = copy.deepcopy(COSINE_RAW)
+    del raw["stream"]["tasks"]
+    raw["stream"]["task_sizes"] = SIZES
+    raw["stream"]["prior_labels"] = [[0, 1], [2, 3]]  # 2 lists for 3 tasks
+    with pytest.raises(ConfigError, match=r"one label list per task \(3 tasks\)"):
+        parse_config(raw)
+    # a TrainingConfig built or changed without parse_config is checked by the audit itself
+    config = parse_config(COSINE_RAW)
+    for bad, message in (([[0, 1], [2, 3]], r"one label list per task \(3 tasks\)"),
+                         ([[0, "x"], [2, 3], [4, 5]], r"prior_labels\[0\] must contain integer labels")):
+        changed = dataclasses.replace(config, stream={**config.stream, "prior_labels": bad})
+        with pytest.raises(ConfigError, match=message):
+            audit_config(changed, SIZES)

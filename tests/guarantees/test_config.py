@@ -78,6 +78,11 @@ def test_defaults_filled():
         (("method", "aggregation"), "vote", r"\[method\] aggregation must be one of 'argmax'"),
         (("method", "lr"), 0.1, r"unknown \[method\] key\(s\) lr; allowed: epochs"),
         (("extra",), {}, r"unknown \[config\] key\(s\) extra"),
+        (("stream", "prior_labels"), [[0, 1]], r"\[stream\] prior_labels must give one label list per task \(2 tasks\)"),
+        (("stream", "prior_labels"), [0, 1], r"\[stream\] prior_labels must be a list of per-task label lists"),
+        (("stream", "prior_labels"), [[0, "a"], [2]], r"\[stream\] prior_labels\[0\] must contain integer labels"),
+        (("stream", "prior_labels"), [[True], [2]], r"\[stream\] prior_labels\[0\] must contain integer labels"),
+        (("stream", "prior_labels"), [], r"\[stream\] prior_labels must be a non-empty list"),
     ],
 )
 def test_invalid_configs_name_the_key(path, value, message):
@@ -151,3 +156,15 @@ def test_run_section_refuses_unknown_keys_and_wrong_types(run, message):
         parse_config({**copy.deepcopy(BASE), "run": run})
     with pytest.raises(ConfigError, match=r"\[run\] must be a table"):
         parse_config({**copy.deepcopy(BASE), "run": True})
+
+
+def test_prior_const_labels_checked_at_load():
+    raw = _with(("stream", "label_space"), "prior_const")
+    raw["stream"]["prior_labels"] = [0, [1]]
+    with pytest.raises(ConfigError, match=r"\[stream\] prior_labels must contain integer labels only, got \[1\]"):
+        parse_config(raw)
+    raw["stream"]["prior_labels"] = [[], []]
+    with pytest.raises(ConfigError, match=r"\[stream\] prior_labels gives no label at all"):
+        parse_config(raw)
+    raw["stream"]["prior_labels"] = [[0, 1], [2, 3], [7]]  # prior_const: any number of lists, their union
+    assert parse_config(raw).stream["prior_labels"] == [[0, 1], [2, 3], [7]]
