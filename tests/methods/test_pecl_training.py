@@ -238,3 +238,20 @@ def test_pecl_takes_tdp_or_no_privacy_and_never_dpsgd():
         learner_config(strategy="pecl", privacy="dpsgd")
     with pytest.raises(InvalidParameterError, match="privacy='tdp'"):
         learner_config(strategy="er", privacy="tdp")
+
+
+def test_seed_alone_sets_the_initial_adapters_and_head_and_the_global_rng_is_left_alone():
+    """Two learners with one seed start from the same LoRA adapter and head whatever the global RNG state,
+    and building one does not advance the caller's global RNG."""
+    from dpcl.methods.pecl import learner as learner_module
+
+    states = []
+    for global_seed in (1, 2):
+        learner_module._PRETRAINED.clear()
+        torch.manual_seed(global_seed)
+        before = torch.random.get_rng_state()
+        learner = ContinualLM(4, learner_config(**TINY), seed=5, public_texts=PUBLIC)
+        assert torch.equal(torch.random.get_rng_state(), before)
+        states.append({k: v.clone() for k, v in learner.model.state_dict().items() if "lora_" in k or "head" in k})
+    assert states[0].keys() == states[1].keys() and any("lora_A" in k for k in states[0])
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])

@@ -208,11 +208,13 @@ class ContinualLM:
             lora_dropout=0.0,
         )
         self.adapter = "task_0"
-        peft_lm = get_peft_model(lm, self.lora_config, adapter_name=self.adapter)
-        rng_state = torch.random.get_rng_state()  # seed the head without touching the caller's global RNG
-        torch.manual_seed(self.seed + 2)
-        self.model = LMClassifier(peft_lm, hidden_size(lm), self.n_labels).to(self.device)
-        torch.random.set_rng_state(rng_state)
+        # LoRA and the head are initialised from ``seed`` (peft draws from the global RNG), without touching
+        # the caller's global RNG: a method's initialisation does not depend on what ran before it
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + 1)
+            peft_lm = get_peft_model(lm, self.lora_config, adapter_name=self.adapter)
+            torch.manual_seed(self.seed + 2)
+            self.model = LMClassifier(peft_lm, hidden_size(lm), self.n_labels).to(self.device)
         self.embedding = lm.get_input_embeddings()
         self.seen = np.zeros(self.n_labels, dtype=bool)
         self.tasks_fitted = 0
@@ -286,7 +288,8 @@ class ContinualLM:
         previous = self.adapter
         name = f"task_{task_index}"
         peft_lm = self._peft()
-        peft_lm.add_adapter(name, self.lora_config)
+        with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten just below
+            peft_lm.add_adapter(name, self.lora_config)
         with torch.no_grad():
             for src, dst in zip(self._lora_parameters(previous), self._lora_parameters(name)):
                 dst.copy_(src)
