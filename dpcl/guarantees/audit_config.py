@@ -49,6 +49,12 @@ DISJOINT_ASSUMPTION = (
     "Tasks hold disjoint privacy units: no person/unit contributes data to two tasks (Tobaben et al., Thm 4.4)."
 )
 SHARED_ASSUMPTION = "Privacy units may occur in several tasks; releases compose sequentially (Tobaben et al., Thm 4.5)."
+COUNTS_ASSUMPTION = (
+    "Per-task example counts (training examples after label filtering, and how many the public label sets "
+    "dropped) are treated as public: audit reports and certificates state them exactly and epsilon does not "
+    "cover them (one example added, removed or replaced can change them by 1). Do not publish those fields "
+    "when the counts themselves are sensitive."
+)
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,7 @@ def audit_config(
                 violations.append(f"{exc} The stream is accounted sequentially instead.")
                 across = "sequential"
     assumptions.append(DISJOINT_ASSUMPTION if across == "parallel" else SHARED_ASSUMPTION)
+    assumptions.append(COUNTS_ASSUMPTION)
 
     plans = []
     for t, n in enumerate(sizes):

@@ -172,3 +172,13 @@ def test_bad_prior_labels_refused_by_the_audit_as_by_the_run():
         changed = dataclasses.replace(config, stream={**config.stream, "prior_labels": bad})
         with pytest.raises(ConfigError, match=message):
             audit_config(changed, SIZES)
+
+
+def test_exact_task_counts_are_stated_as_public():
+    """The report (and every certificate of the run) states exact per-task counts; epsilon does not cover them,
+    so the guarantee must say they are treated as public."""
+    from dpcl.guarantees.audit_config import COUNTS_ASSUMPTION
+
+    report = audit_config(_cfg(), SIZES, filter_reports=[FilterReport(t, n, 1) for t, n in enumerate(SIZES)])
+    assert COUNTS_ASSUMPTION in report.assumptions
+    assert [p["examples"] for p in report.per_task] == SIZES and all(p["filtered_out"] == 1 for p in report.per_task)
