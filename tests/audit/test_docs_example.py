@@ -20,5 +20,10 @@ def test_api_example_behaves_as_documented():
     import pytest
 
     block = next(b for b in _python_blocks() if "wrong = GaussianMechanism" in b)
-    with pytest.raises(AssertionError, match="claimed epsilon 1.0000"):
+    documented = re.search(r"# AssertionError: lower bound (\d+\.\d+) > 1\.0", block)
+    assert documented, "the example states the bound the audit finds"
+    with pytest.raises(AssertionError, match="claimed epsilon 1.0000") as info:
         exec(compile(block, str(DOC), "exec"), {"__name__": "docs_api_example"})
+    found = float(re.search(r"epsilon lower bound (\d+\.\d+) >", str(info.value)).group(1))
+    digits = len(documented.group(1).split(".")[1])
+    assert round(found, digits) == float(documented.group(1))
