@@ -47,6 +47,7 @@ from torch import nn
 from dpcl.errors import DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
 from dpcl.guarantees.lifelong import (
     INPUT_RANGES,
+    L2DPML_KEYS,
     Precondition,
     batch_partition,
     check_batch_partition,
@@ -61,7 +62,7 @@ from dpcl.guarantees.lifelong import (
     paper_reconstruction_sensitivity,
     reconstruction_sensitivity,
 )
-from dpcl.guarantees.method_schema import TaskPlan
+from dpcl.guarantees.method_schema import TaskPlan, method_value
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
 
 __all__ = [
@@ -74,6 +75,9 @@ __all__ = [
 ]
 
 _DTYPE = torch.float64
+
+#: ``plan.noise`` keys a private L2DP-ML plan must give (:meth:`L2DPMLSpec.plan_task`).
+_PRIVATE_PLAN_KEYS = ("epsilon1", "epsilon2", "batch_size", "epochs", "memory_batches_per_task", "release_autoencoder")
 
 
 # ---------------------------------------------------------------------------
@@ -253,7 +257,8 @@ class L2DPMLMethod(ContinualMethod):
         plan: TaskPlan,
         progress: ProgressCallback | None = None,
     ) -> None:
-        noise = plan.noise
+        noise = self._task_noise(task_index, plan)
+        private = noise["epsilon1"] is not None
         n = len(data)
         batch_size = int(noise["batch_size"])
         epochs = int(noise["epochs"])
@@ -293,6 +298,16 @@ self.memory, [_entry_digest(e) for e in self.memory])
         ]
         self.mark_released(output_labels)
         self.tasks_fitted += 1
+        if not private:
+            self.reports[task_index] = {
+                "private": False,
+                "note": "[run] private = false: no Laplace noise was added; this release is not differentially "
+                        "private and carries no Lifelong-DP bound.",
+                "preconditions": [p.to_dict() for p in preconditions],
+                "memory_batches": len(self.memory),
+                "n_examples": n,
+            }
+            return
         theta_norm = float(self.theta1.abs().sum(dim=0).max())
         bound = lifelong_bound(
             float(noise["epsilon1"]), float(noise["epsilon2"]), n_features=self.n_features,
@@ -317,6 +332,35 @@ self.memory, [_entry_digest(e) for e in self.memory])
             "n_examples": n,
         }
 
+    def _task_noise(self, task_index: int, plan: TaskPlan) -> Mapping[str, Any]:
+        """The noise budgets and schedule of task ``task_index``.
+
+        A private plan (from :data:`~dpcl.guarantees.lifelong.L2DPML_SPEC`; it has events, or gives
+        ``epsilon1`` for an empty task) must give every key of :data:`_PRIVATE_PLAN_KEYS`. A plan without
+        events and without budgets is a non-private run (``[run] private = false``): the same training on
+        the exact coefficients, with the schedule read from the ``[method]`` section (``epsilon1`` None).
+        """
+        noise = plan.noise
+        if plan.events or noise.get("epsilon1") is not None:
+            missing = [key for key in _PRIVATE_PLAN_KEYS if noise.get(key) is None]
+            if missing:
+                raise InvalidParameterError(
+                    f"a private l2dpml plan must give {', '.join(missing)} in its noise; got {dict(noise)!r}."
+                )
+            return noise
+        if noise.get("epsilon2") is not None or noise.get("sigma") is not None:
+            raise InvalidParameterError("a plan with noise but no privacy events is inconsistent; refusing to train.")
+        v = {key: method_value(self.setup.method, L2DPML_KEYS, key, "l2dpml")
+             for key in ("batch_size", "epochs", "memory_batches_per_task", "autoencoder_training")}
+        return {
+            "epsilon1": None,
+            "epsilon2": None,
+            "batch_size": int(v["batch_size"]),
+            "epochs": int(v["epochs"]),
+            "memory_batches_per_task": int(v["memory_batches_per_task"]),
+            "release_autoencoder": v["autoencoder_training"] == "every_task" or task_index == 0,
+        }
+
     def _fit_batches(self, task_index, x, data, batches, noise, epochs, progress) -> None:
         nb = len(batches)
         sizes = torch.as_tensor([len(b) for b in batches], dtype=_DTYPE)
@@ -324,9 +368,10 @@ self.memory, [_entry_digest(e) for e in self.memory])
         ae = None
         if bool(noise["release_autoencoder"]):
             # Phase 1: one Laplace draw per batch on the reconstruction coefficients (epsilon1, Delta_R).
-            scale_r = laplace_noise_scale(float(noise["epsilon1"]), self.delta_r)
-            noisy = reconstruction_coefficients(x, batches) + _symmetric_laplace(
-                self.noise_rng(task_index, 1), scale_r, nb, self.n_features)
+            noisy = reconstruction_coefficients(x, batches)
+            if noise["epsilon1"] is not None:
+                scale_r = laplace_noise_scale(float(noise["epsilon1"]), self.delta_r)
+                noisy = noisy + _symmetric_laplace(self.noise_rng(task_index, 1), scale_r, nb, self.n_features)
             ae = noisy / sizes[:, None, None]  # post-processing: per-example normalisation
             ae_norm = torch.linalg.matrix_norm(ae, ord=2).clamp(min=1e-12)
             mem = [e["ae"] for e in self.memory if e["ae"] is not None]
@@ -347,10 +392,11 @@ self.memory, [_entry_digest(e) for e in self.memory])
         y = torch.zeros(len(data), self.n_classes, dtype=_DTYPE)
         y[torch.arange(len(data)), torch.as_tensor(self.label_positions(data.labels))] = 1.0
         b, q = output_coefficients(h, y, batches)
-        rng = self.noise_rng(task_index, 3)  # Laplace noise: OS entropy unless reproducible_noise
-        scale_l = laplace_noise_scale(float(noise["epsilon2"]), self.delta_l)
-        b = b + torch.as_tensor(rng.laplace(0.0, scale_l, size=tuple(b.shape)), dtype=_DTYPE)
-        q = q + _symmetric_laplace(rng, scale_l, nb, self.n_head_features)
+        if noise["epsilon2"] is not None:
+            rng = self.noise_rng(task_index, 3)  # Laplace noise: OS entropy unless reproducible_noise
+            scale_l = laplace_noise_scale(float(noise["epsilon2"]), self.delta_l)
+            b = b + torch.as_tensor(rng.laplace(0.0, scale_l, size=tuple(b.shape)), dtype=_DTYPE)
+            q = q + _symmetric_laplace(rng, scale_l, nb, self.n_head_features)
         # post-processing: PSD projection + ridge, per-example normalisation
         q_n = _psd_plus_ridge(q, self.ridge * sizes) / sizes[:, None, None]
         b_n = b / sizes[:, None, None]

@@ -295,3 +295,58 @@ def test_fit_task_adds_laplace_noise_at_the_derived_scales(stream):
     noise_b = entry["b_n"].numpy() * rows.size - h.T @ (0.5 - y)  # 50 entries: relative standard error 14 %
     assert np.mean(np.abs(noise_b)) == pytest.approx(scale_l, rel=0.6)
     assert np.mean(np.abs(noise_b)) > 10 * np.mean(np.abs(h.T @ (0.5 - y))) / rows.size
+
+
+def test_non_private_plan_trains_on_exact_coefficients(stream):
+    """[run] private = false hands an empty plan: no noise is drawn (two runs agree bit for bit, though the
+    default noise source is fresh OS entropy), the schedule comes from [method], and no bound is reported."""
+    task = stream.tasks[0]
+    empty_plan = TaskPlan(events=(), noise={})
+
+    def weights():
+        m = _method()
+        m.fit_task(0, _data(task), task.labels, empty_plan)
+        return m
+
+    a, b = weights(), weights()
+    np.testing.assert_array_equal(a.W.numpy(), b.W.numpy())
+    np.testing.assert_array_equal(a.theta1.numpy(), b.theta1.numpy())
+    (entry,) = a.memory[:1]
+    rows = np.flatnonzero(np.isin(task.train.unit_ids, entry["units"]))
+    x = task.train.features[rows].astype(np.float64)
+    exact = (x.sum(0)[:, None] + x.sum(0)[None, :]) / 4.0 - x.T @ x
+    np.testing.assert_allclose(entry["ae"].numpy() * rows.size, exact, atol=1e-9)
+    report = a.certificate_extra(0)["l2dpml"]
+    assert report["private"] is False and "lifelong_bound" not in report
+    assert len(a.memory) == METHOD["memory_batches_per_task"]
+
+
+@pytest.mark.parametrize("drop", ["epsilon1", "epsilon2", "batch_size", "release_autoencoder"])
+def test_private_plan_missing_a_key_is_refused_by_name(stream, drop):
+    task = stream.tasks[0]
+    plan = L2DPML_SPEC.plan_task(METHOD, PRIVACY, len(task.train.labels), 0)
+    broken = TaskPlan(events=plan.events, noise={k: v for k, v in plan.noise.items() if k != drop})
+    with pytest.raises(InvalidParameterError, match=drop):
+        _method().fit_task(0, _data(task), task.labels, broken)
+
+
+def test_noise_without_events_is_refused(stream):
+    task = stream.tasks[0]
+    with pytest.raises(InvalidParameterError, match="inconsistent"):
+        _method().fit_task(0, _data(task), task.labels, TaskPlan(events=(), noise={"epsilon2": 1.0}))
+
+
+def test_dpcl_run_non_private_l2dpml_writes_statements_not_certificates(tmp_path):
+    from dpcl.cli import main
+
+    config = tmp_path / "l2dpml.toml"
+    config.write_text(
+        '[privacy]\nepsilon = 4.0\ndelta = 1e-5\nadjacency = "replace_one"\n'
+        '[stream]\ndataset = "digits"\nkind = "permuted"\nn_tasks = 2\nlabel_space = "prior_const"\n'
+        "prior_labels = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\ndisjoint_units = true\n"
+        '[method]\nname = "l2dpml"\nhidden_sizes = [8, 4]\nbatch_size = 200\nepochs = 3\n'
+        "[run]\nprivate = false\n"
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert len(list((tmp_path / "run" / "certificates").glob("*.nonprivate-cert.json"))) == 2
+    assert not list((tmp_path / "run" / "certificates").glob("*.cert.json"))
