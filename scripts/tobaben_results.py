@@ -17,8 +17,11 @@ Suites:
   8 per task and non-private. Hyper-parameters are fixed a priori (below), never
   tuned on the test split.
 
-``--seed k`` varies initialisation, Poisson sampling and DP noise; the
-train/test split is fixed (``split_seed = 0``).
+Seed ``k`` (``--seeds N`` runs k = 0..N-1) varies initialisation and shuffles;
+the DP noise and the Poisson sampling come from fresh operating-system entropy
+in every run whatever the seed (``dpcl/methods/noise_source.py``), so a rerun
+with the same seed draws new noise. The train/test split is fixed
+(``split_seed = 0``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
 
 DIGITS_STREAM = """[stream]
 dataset = "digits"
@@ -106,7 +111,7 @@ def _one(job: tuple[str, str, int, str]) -> dict:
     directory = Path(out) / name
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "config.toml"
-    config.write_text(config_text, encoding="utf-8")
+    write_text_atomic(config, config_text)
     run_dir = directory / f"seed{seed}"
     metrics_file = run_dir / "metrics.json"
     state_file = run_dir / "run.json"
@@ -170,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         summary[name] = mine
     text = "\n".join(table) + "\n"
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"{args.suite}.md").write_text(text, encoding="utf-8")
-    (Path(args.out) / f"{args.suite}.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    write_text_atomic(Path(args.out) / f"{args.suite}.md", text)
+    write_json_atomic(Path(args.out) / f"{args.suite}.json", summary)
     sys.stdout.write(text)
     return 0
 
