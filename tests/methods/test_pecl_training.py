@@ -255,3 +255,24 @@ def test_seed_alone_sets_the_initial_adapters_and_head_and_the_global_rng_is_lef
         states.append({k: v.clone() for k, v in learner.model.state_dict().items() if "lora_" in k or "head" in k})
     assert states[0].keys() == states[1].keys() and any("lora_A" in k for k in states[0])
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+@pytest.mark.parametrize(
+    "bad,name",
+    [({"batch_size": 0}, "batch_size"), ({"lora_rank": 0}, "lora_rank"), ({"epochs": True}, "epochs"),
+     ({"replay_per_task": -1}, "replay_per_task"), ({"theta": 1.5}, "theta"), ({"theta": 1.0}, "theta"),
+     ({"alpha": -0.1}, "alpha"), ({"tau": 0.0}, "tau"), ({"learning_rate": -1.0}, "learning_rate"),
+     ({"lm_weight": float("nan")}, "lm_weight"), ({"delta": 0.0}, "delta"), ({"clip_norm": 0.0}, "clip_norm"),
+     ({"lambda_min": 10.0, "lambda_max": 1.0}, "lambda_min"), ({"epsilon_lower": 5.0, "epsilon_upper": 2.0},
+                                                               "epsilon_lower"),
+     ({"dynamic_lambda": 1}, "dynamic_lambda"), ({"max_grad_norm": float("inf")}, "max_grad_norm")],
+)
+def test_learner_config_refuses_out_of_range_numbers_by_name(bad, name):
+    with pytest.raises(InvalidParameterError, match=name):
+        learner_config(**bad)
+
+
+def test_learner_config_accepts_the_edges_of_its_ranges():
+    config = learner_config(alpha=1.0, theta=0.0, lambda_min=0.0, lambda_max=0.0, learning_rate=0.0,
+                            replay_per_task=0, lambda_unlearn=0.0, epsilon_lower=2.0, epsilon_upper=2.0)
+    assert config.alpha == 1.0 and config.lambda_max == 0.0

@@ -136,6 +136,60 @@ class LearnerConfig:
             )
         if self.device == "cuda" and not torch.cuda.is_available():
             raise InvalidParameterError("device='cuda' was requested but torch sees no CUDA device; use 'cpu'.")
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Every numeric option in its allowed range (a typed error naming it, never a silent run)."""
+        minimum_int = {"n_layer": 1, "n_embd": 1, "n_head": 1, "max_seq_len": 2, "lora_rank": 1, "epochs": 1,
+                       "batch_size": 1, "pretrain_steps": 1, "replay_per_task": 0}
+        for name, low in minimum_int.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}.")
+        for name in ("dynamic_lambda", "unlearning"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParameterError(f"{name} must be true or false, got {getattr(self, name)!r}.")
+        # name -> (lowest, highest, lowest allowed itself, highest allowed itself, what is allowed)
+        ranges = {
+            "learning_rate": (0.0, math.inf, True, False, ">= 0"),
+            "head_learning_rate": (0.0, math.inf, True, False, ">= 0"),
+            "pretrain_learning_rate": (0.0, math.inf, True, False, ">= 0"),
+            "lm_weight": (0.0, math.inf, True, False, ">= 0"),
+            "alpha": (0.0, 1.0, True, True, "in [0, 1]"),
+            "tau": (0.0, 1.0, False, False, "in (0, 1)"),
+            "theta": (0.0, 1.0, True, False, "in [0, 1)"),
+            "lambda_unlearn": (0.0, math.inf, True, False, ">= 0"),
+            "lambda_min": (0.0, math.inf, True, False, ">= 0"),
+            "lambda_max": (0.0, math.inf, True, False, ">= 0"),
+            "epsilon_lower": (0.0, math.inf, False, False, "> 0"),
+            "epsilon_upper": (0.0, math.inf, False, False, "> 0"),
+            "clip_norm": (0.0, math.inf, False, False, "> 0"),
+            "delta": (0.0, 1.0, False, False, "in (0, 1)"),
+            "ewc_lambda": (0.0, math.inf, True, False, ">= 0"),
+            "dpsgd_epsilon": (0.0, math.inf, False, False, "> 0"),
+            "max_grad_norm": (0.0, math.inf, False, False, "> 0"),
+        }
+        for name, (low, high, low_ok, high_ok, allowed) in ranges.items():
+            value = getattr(self, name)
+            ok = (
+                not isinstance(value, bool)
+                and isinstance(value, (int, float, np.integer, np.floating))
+                and math.isfinite(value)
+                and (value > low or (low_ok and value == low))
+                and (value < high or (high_ok and value == high))
+            )
+            if not ok:
+                raise InvalidParameterError(f"{name} must be a finite number {allowed}, got {value!r}.")
+        if self.lambda_min > self.lambda_max:
+            raise InvalidParameterError(
+                f"lambda_min must be <= lambda_max (eq. 11: the weakest and strongest regularisation), got "
+                f"lambda_min={self.lambda_min!r} > lambda_max={self.lambda_max!r}."
+            )
+        if self.epsilon_lower > self.epsilon_upper:
+            raise InvalidParameterError(
+                f"epsilon_lower must be <= epsilon_upper (eq. 4), got epsilon_lower={self.epsilon_lower!r} > "
+                f"epsilon_upper={self.epsilon_upper!r}."
+            )
 
     @property
     def model(self) -> ModelConfig:
