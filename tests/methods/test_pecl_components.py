@@ -244,3 +244,11 @@ def test_exposure_ties_take_the_mid_rank():
     # a canary tied with every candidate is at the middle of R, not at rank 1
     only_ties, censored = exposure_from_nll(2.0, np.full(9, 2.0), 10)
     assert only_ties == pytest.approx(math.log2(10) - math.log2(5.5)) and not censored
+
+
+def test_exposure_refuses_nan_likelihoods():
+    """A NaN NLL compares false with everything and would be reported as maximal exposure."""
+    with pytest.raises(InvalidParameterError, match="NaN"):
+        exposure_from_nll(float("nan"), np.array([1.0, 2.0]), 10)
+    with pytest.raises(InvalidParameterError, match="NaN"):
+        exposure_from_nll(1.0, np.array([np.nan, 2.0]), 10)

@@ -80,6 +80,9 @@ def exposure_from_nll(canary_nll: float, candidate_nll: np.ndarray, space_size: 
         raise InvalidParameterError("need at least one candidate to estimate a rank.")
     if space_size < 2:
         raise InvalidParameterError(f"space_size must be >= 2, got {space_size}.")
+    if math.isnan(canary_nll) or bool(np.isnan(cand).any()):
+        # NaN compares false with everything: the canary would count as beating every candidate
+        raise InvalidParameterError("canary_nll and candidate_nll must not be NaN (the model's NLL is undefined).")
     better = np.count_nonzero(cand < canary_nll) + 0.5 * np.count_nonzero(cand == canary_nll)
     rank = 1.0 + (space_size - 1) * better / cand.size
     rank = min(rank, float(space_size))
