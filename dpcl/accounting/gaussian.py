@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
+_LOG_2 = float(np.log(2.0))
 _UNIT_ROUNDOFF = 2.0**-53
 #: Relative tolerance at which the Newton iterations stop (a few ulps of a float64).
 _RTOL = 1e-13
@@ -69,6 +70,37 @@ def _calibration_target(epsilon: np.ndarray, delta: np.ndarray) -> np.ndarray:
     return np.maximum(epsilon * (1.0 - _CALIBRATION_MARGIN) - absolute, 0.5 * epsilon)
 
 
+def _calibrated_mu(
+    epsilon: np.ndarray,
+    delta: np.ndarray,
+    verify: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    returned_mu: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
+    """mu for a calibration at (epsilon, delta), flat arrays; ``gdp_epsilon(mu', delta) <= epsilon``.
+
+    Solved for epsilon lowered by 1e-10 relative. Only where the absolute term of
+    :func:`_calibration_target` is not negligible (tiny epsilon) could that fall short,
+    so there the round trip is checked (``returned_mu(mu, idx)`` is the mu the caller
+    will report, e.g. Delta / (Delta / mu)) and failures are solved again at the fully
+    lowered target. This keeps tiny-epsilon calibrations tight when the profile is
+    accurate there (tiny mu), instead of always paying the absolute margin (~19 % of
+    epsilon at epsilon = 1e-12, delta = 1e-20).
+    """
+    mu = _mu_from_epsilon(epsilon * (1.0 - _CALIBRATION_MARGIN), delta, verify=verify)
+    absolute = 4e-15 * (1.0 + np.abs(np.log(delta)))
+    check = np.flatnonzero(absolute > 1e-3 * _CALIBRATION_MARGIN * epsilon)
+    if check.size == 0:
+        return mu
+    reported = mu[check] if returned_mu is None else returned_mu(mu[check], check)
+    with np.errstate(invalid="ignore"):
+        fails = ~(_epsilon_from_mu(reported, delta[check]) <= epsilon[check])
+    redo = check[fails]
+    if redo.size:
+        sub_verify = None if verify is None else (lambda m, j: verify(m, redo[j]))
+        mu[redo] = _mu_from_epsilon(_calibration_target(epsilon[redo], delta[redo]), delta[redo], verify=sub_verify)
+    return mu
+
+
 # ---------------------------------------------------------------------------
 # privacy profile in log space
 # ---------------------------------------------------------------------------
@@ -76,27 +108,58 @@ def _log_delta(epsilon: np.ndarray, mu: np.ndarray) -> tuple[np.ndarray, np.ndar
     """``(log of an upper bound on delta(epsilon; mu), log(exp(epsilon) * Phi(-mu/2 - epsilon/mu)))``.
 
     Balle & Wang (2018), Thm 8. Both terms are computed in log space with
-    ``log_ndtr`` and combined as ``log(e^a - e^b) = a + log1p(-e^(b-a))``, which
+    ``log_ndtr`` and combined as ``log(e^a - e^b) = a + log(1 - e^(b - a))`` (log1mexp), which
     stays accurate when delta is tiny (epsilon large) and never forms ``exp(epsilon)``.
 
     When mu is tiny the two terms nearly cancel (b - a -> 0) and float rounding
-    dominates. ``b - a`` is therefore lowered by a bound on its float error
-    (a few ulps of |a|, |b|, epsilon and of the arguments' rounding propagated
-    through d log Phi(x)/dx ~ |x|), so the value returned is never below the exact
-    delta: about 1e-13 relative above it in ordinary regimes, and conservative
-    where the cancellation is severe (e.g. epsilon = 1e-6 with delta = 1e-200).
+    dominates. ``b - a`` is therefore replaced by a *lower* bound, the larger of two:
+
+    1. the float value lowered by a bound on its error (a few ulps of |a|, |b|,
+       epsilon and of the arguments' rounding propagated through
+       d log Phi(x)/dx ~ |x|). Tight unless mu is tiny; its error grows like
+       |a| / (b - a) ~ t^3 / mu (t = epsilon/mu), e.g. a factor ~2 on sigma at
+       epsilon = 1e-12, delta = 1e-20.
+    2. ``b - a = epsilon - int_{x2}^{x1} lambda(s) ds`` with x1 = mu/2 - t,
+       x2 = x1 - mu and lambda = phi/Phi, since d log Phi / dx = lambda. lambda is
+       convex (Baricz 2008, "Mills' ratio: monotonicity patterns and functional
+       inequalities", J. Math. Anal. Appl. 340), so the trapezoid rule over-estimates
+       the integral (Hermite-Hadamard) and ``epsilon - mu (lambda(x1) + lambda(x2))/2``
+       is a lower bound; its float error is bounded and subtracted too. It needs only
+       ``exp`` of values already computed, and is accurate to ~mu^2 relative,
+       i.e. exactly where (1) is not.
+
+    So the value returned is never below the exact delta: about 1e-13 relative
+    above it in ordinary regimes and ~1e-11 or better for tiny mu.
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = epsilon / mu
-        a = log_ndtr(mu / 2.0 - ratio)
-        b = epsilon + log_ndtr(-mu / 2.0 - ratio)
+        x1 = mu / 2.0 - ratio
+        x2 = -mu / 2.0 - ratio
+        a = log_ndtr(x1)
+        log_phi2 = log_ndtr(x2)
+        b = epsilon + log_phi2
         t = mu / 2.0 + ratio
         float_error = 8.0 * _UNIT_ROUNDOFF * (np.abs(a) + np.abs(b) + epsilon + 2.0 * t * (t + 1.0))
         diff = (b - a) - float_error
-        # exact b < a (delta > 0). Should the lowered difference still be >= 0 (the error bound
+        # (2): trapezoid bound with lambda(x) = exp(-x^2/2 - log sqrt(2 pi) - log Phi(x)).
+        # Float error: each exponent to 8 u (x^2 + |log Phi| + 1), lambda at a rounded x moves by
+        # at most 2 u (|x| + 1) since 0 < -lambda' < 1 (Sampford 1953), then the sums.
+        lam1 = np.exp(-0.5 * x1 * x1 - _LOG_SQRT_2PI - a)
+        lam2 = np.exp(-0.5 * x2 * x2 - _LOG_SQRT_2PI - log_phi2)
+        trap = 0.5 * mu * (lam1 + lam2)
+        exp_error = 8.0 * _UNIT_ROUNDOFF * (np.maximum(x1 * x1, x2 * x2) + np.abs(log_phi2) + 1.0)
+        trap_error = (
+            trap * (exp_error + 12.0 * _UNIT_ROUNDOFF)
+            + 4.0 * _UNIT_ROUNDOFF * (epsilon + mu * (np.abs(x1) + np.abs(x2) + 2.0))
+        )
+        diff = np.fmax(diff, epsilon - trap - trap_error)
+        # exact b < a (delta > 0). Should the lowered difference still be >= 0 (an error bound
         # failed), fall back to a itself: delta <= Phi(mu/2 - epsilon/mu) always, so that stays an
         # upper bound (reporting delta = 0 would not be).
-        log_delta = np.where(diff < 0, a + np.log1p(-np.exp(np.minimum(diff, 0.0))), a)
+        # log(1 - e^d) as log(-expm1(d)) near 0 and log1p(-e^d) below -log 2 (Maechler 2012, "log1mexp")
+        d = np.minimum(diff, 0.0)
+        log1mexp = np.where(d > -_LOG_2, np.log(-np.expm1(d)), np.log1p(-np.exp(d)))
+        log_delta = np.where(diff < 0, a + log1mexp, a)
     return log_delta, b
 
 
@@ -382,7 +445,8 @@ def gdp_mu(epsilon: Any, delta: Any) -> float | np.ndarray:
     eps = check_positive("epsilon", epsilon)
     dlt = check_delta("delta", delta)
     (eps, dlt), scalar = broadcast_together(("epsilon", "delta"), eps, dlt)
-    return _scalar_or_array(_mu_from_epsilon(_calibration_target(eps, dlt), dlt), scalar)
+    mu = _calibrated_mu(np.ravel(eps), np.ravel(dlt)).reshape(np.shape(eps))
+    return _scalar_or_array(mu, scalar)
 
 
 def gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> float | np.ndarray:
@@ -408,8 +472,12 @@ def gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> float | 
         log_d, _ = _log_delta(eps_flat[idx], sens_i / (sens_i / mu))
         return np.exp(log_d) - dlt_flat[idx]
 
+    def returned_mu(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        sens_i = sens_flat[idx] if sens_flat.size > 1 else sens_flat
+        return sens_i / (sens_i / mu)
+
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        mu = _mu_from_epsilon(_calibration_target(eps, dlt), dlt, verify=verify)
+        mu = _calibrated_mu(eps_flat, dlt_flat, verify=verify, returned_mu=returned_mu).reshape(np.shape(eps))
         sigma = sens / mu
     bad = ~(np.isfinite(sigma) & (sigma > 0))
     if np.any(bad):
