@@ -351,8 +351,12 @@ def audit_sampler(
     confidence: float = 0.95,
     seed: int = 0,
     chunk_size: int = 1_000_000,
+    progress: Callable[[int], None] | None = None,
 ) -> AuditResult:
     """Draw ``trials`` outputs of M(D) and of M(D') and audit them (split selection).
+
+    ``progress``, if given, is called with the number of outputs per input drawn since its last
+    call (the selection part, then each chunk), so that the calls add up to ``trials``.
 
     The selection half and the bounding half are drawn by separate calls from
     independent streams (``numpy.random.SeedSequence(seed).spawn``), so they are
@@ -376,6 +380,8 @@ def audit_sampler(
     sel_dp = _as_scores("M(D') outputs", sample_d_prime(h, rng_sel_dp), score)
     if sel_d.size != h or sel_dp.size != h:
         raise InvalidParameterError(f"a sampler asked for {h} outputs returned {sel_d.size} and {sel_dp.size}.")
+    if progress is not None:
+        progress(h)
     n_bound = n - h
     threshold, row = _select(sel_d, sel_dp, n_bound, n_bound, d, a)
     del sel_d, sel_dp
@@ -391,4 +397,6 @@ def audit_sampler(
         above_d += k_d
         above_dp += k_dp
         done += size
+        if progress is not None:
+            progress(size)
     return _result(above_d, n_bound, above_dp, n_bound, threshold, row, d, conf, a, "split", n)

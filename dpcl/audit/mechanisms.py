@@ -149,8 +149,12 @@ def audit_mechanism(
     trials: int = 200_000,
     confidence: float = 0.95,
     seed: int = 0,
+    progress: Callable[[int], None] | None = None,
 ) -> AuditResult:
-    """Lower bound on the epsilon of ``mechanism`` at ``delta`` from ``trials`` outputs on each of ``neighbours``."""
+    """Lower bound on the epsilon of ``mechanism`` at ``delta`` from ``trials`` outputs on each of ``neighbours``.
+
+    ``progress`` is passed to :func:`~dpcl.audit.blackbox.audit_sampler` (outputs per input drawn so far).
+    """
     d_0, d_1 = _neighbours_for(mechanism, neighbours)
     return audit_sampler(
         _sampler_for(mechanism, d_0),
@@ -160,6 +164,7 @@ def audit_mechanism(
         score=score,
         confidence=confidence,
         seed=seed,
+        progress=progress,
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from dpcl.cli.numbers import parse_count, parse_delta, parse_positive
 from dpcl.cli.output import add_json_flag, emit
@@ -43,6 +44,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "--confidence", default="0.95", metavar="P",
         help="probability with which the lower bound holds, in (0, 1) (default 0.95)",
     )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_json_flag(parser)
 
 
@@ -101,7 +103,12 @@ def run_audit_mechanism(args: argparse.Namespace) -> int:
             "exact epsilon of this Laplace noise at delta, max(0, sensitivity/scale + 2 ln(1 - delta)) "
             "(the pure epsilon sensitivity/scale at delta = 0)"
         )
-    result = audit_mechanism(mechanism, delta, trials=trials, confidence=confidence, seed=seed)
+    from tqdm.auto import tqdm
+
+    with tqdm(total=trials, desc="audit", unit="trial", unit_scale=True, file=sys.stderr, leave=False,
+              disable=args.quiet or args.json) as bar:
+        result = audit_mechanism(mechanism, delta, trials=trials, confidence=confidence, seed=seed,
+                                 progress=bar.update)
     violated = result.epsilon_lower_bound > claimed
     payload.update(
         {

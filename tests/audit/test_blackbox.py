@@ -176,8 +176,10 @@ def test_selection_part_is_capped_and_the_rest_goes_to_the_bound(monkeypatch):
 
     monkeypatch.setattr(blackbox, "MAX_SELECTION_TRIALS", 1000)
     s_d, s_dp = _gaussian_samplers(1.0)
-    r = audit_sampler(s_d, s_dp, 10_000, 1e-3, seed=0, chunk_size=777)
+    steps = []
+    r = audit_sampler(s_d, s_dp, 10_000, 1e-3, seed=0, chunk_size=777, progress=steps.append)
     assert r.trials == 10_000 and r.bound_trials == 9000
+    assert steps[0] == 1000 and sum(steps) == 10_000 and max(steps[1:]) == 777
     assert 0 < r.epsilon_lower_bound <= gaussian_epsilon_closed_form(1.0, 1e-3)
 
 

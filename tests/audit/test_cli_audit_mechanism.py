@@ -125,3 +125,12 @@ def test_installed_command_runs_as_a_user_would():
     )
     assert proc.returncode == 3, proc.stderr
     assert json.loads(proc.stdout)["verdict"] == "violated"
+
+
+def test_progress_bar_on_stderr_unless_json_or_quiet(capsys):
+    argv = ["gaussian", "--sigma", "2", "--claimed-epsilon", "5", "--delta", "1e-5", "--trials", "30000"]
+    code, out, err = _run(capsys, *argv)
+    assert code == 0 and "audit:" in err and "trial" in err
+    for flag in ("--json", "--quiet"):
+        code, out, err = _run(capsys, *argv, flag)
+        assert code == 0 and err == ""
