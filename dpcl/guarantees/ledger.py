@@ -380,12 +380,15 @@ class TaskLedger:
         return ["stream"] if self.across_tasks == "sequential" else [f"task{t}" for t in tasks]
 
     def _filter_for(self, key: str, events: Sequence[PrivacyEvent]):
+        """A copy of the filter guarding ``key`` (a new one, its rule set by ``events``, if none exists yet)."""
+        import copy
+
         from dpcl.accounting.filter import PrivacyFilter
 
-        if key not in self._filters:
-            rule = "gdp" if all(event_is_gaussian_type(e) for e in events) else "basic"
-            self._filters[key] = PrivacyFilter(self.total_epsilon, self.total_delta, rule=rule)
-        return self._filters[key]
+        if key in self._filters:
+            return copy.deepcopy(self._filters[key])
+        rule = "gdp" if all(event_is_gaussian_type(e) for e in events) else "basic"
+        return PrivacyFilter(self.total_epsilon, self.total_delta, rule=rule)
 
     def _admit(self, charge: Charge) -> None:
         """Admit ``charge`` to every filter guarding its tasks, all or none.
@@ -394,17 +397,15 @@ class TaskLedger:
         rule: the k-th admission (k = 0, 1, ...) to a filter gets the delta share
         total_delta / 2^(k+1), so the shares sum to less than total_delta however
         long the stream is, and costs its epsilon at that share. Admission is
-        tried on copies first so that a refusal by any filter changes none.
+        tried on copies first so that a refusal by any filter changes none (and creates none).
         """
-        import copy
-
         from dpcl.accounting.events import ComposedEvent
 
         event = charge.events[0] if len(charge.events) == 1 else ComposedEvent(list(charge.events))
         keys = self._filter_keys(charge.tasks)
         trial = {}
         for key in keys:
-            flt = copy.deepcopy(self._filter_for(key, charge.events))
+            flt = self._filter_for(key, charge.events)
             if flt.rule == "gdp":
                 flt.admit(event)
             else:

@@ -277,7 +277,9 @@ def test_gdp_filter_never_admits_an_overspend(sigmas, budget):
     if ledger.charges:
         # exact composition of what was admitted (independent closed form) stays within the budget
         assert ledger.guarantee().epsilon <= budget * (1 + 1e-9)
-    assert ledger.filter_state()["stream"]["spent"]["epsilon"] <= budget * (1 + 1e-9)
+        assert ledger.filter_state()["stream"]["spent"]["epsilon"] <= budget * (1 + 1e-9)
+    else:  # the first charge was refused: it created no filter
+        assert ledger.filter_state() == {}
 
 
 @settings(max_examples=30)
@@ -293,8 +295,12 @@ def test_basic_filter_never_admits_an_overspend(epsilons, budget):
         admitted.append(e)
     assert sum(admitted) <= budget * (1 + 1e-12)
     assert len(ledger.charges) == len(admitted)
+    if not admitted:  # every charge was refused: none created a filter
+        assert ledger.filter_state() == {}
+        return
     state = ledger.filter_state()["stream"]
     assert state["rule"] == "basic" and state["spent"]["delta"] < DELTA
+    assert state["spent"]["epsilon"] == pytest.approx(sum(admitted), rel=1e-12)
 
 
 def test_filter_state_survives_reload(tmp_path):
@@ -419,3 +425,16 @@ def test_open_must_exist_refuses_to_reset_a_resumed_run(tmp_path):
     TaskLedger.open(path, delta=DELTA, across_tasks="sequential").charge(0, _gauss(2.0))
     resumed = TaskLedger.open(path, must_exist=True, delta=DELTA, across_tasks="sequential")
     assert len(resumed.charges) == 1
+
+
+def test_refused_first_charge_creates_no_filter(tmp_path):
+    """A refusal changes no filter and creates none: the live state equals the state rebuilt on reload, and
+    the next task's filter takes its rule from the first charge it admits."""
+    path = tmp_path / "ledger.json"
+    ledger = _ledger("parallel", path=path, total_epsilon=1.0)
+    with pytest.raises(BudgetExceededError):
+        ledger.charge(0, _gauss(0.1))  # far over budget: refused
+    assert ledger.filter_state() == {} and ledger.charges == []
+    ledger.charge(0, EpsilonDeltaEvent(epsilon=0.5, delta=0.0))  # a non-Gaussian event: the basic rule
+    assert ledger.filter_state()["task0"]["rule"] == "basic"
+    assert TaskLedger.load(path).filter_state() == ledger.filter_state()
