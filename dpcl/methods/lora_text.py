@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpcl.errors import MissingDependencyError
+from dpcl.errors import InvalidParameterError, MissingDependencyError
 
 #: Tokens per text fed to the encoder (fortunes are short; longer ones are truncated).
 MAX_TOKENS = 64
@@ -60,7 +60,9 @@ class LoraTextEncoder(nn.Module):
                 hf_logging.enable_progress_bar()
         for parameter in base.parameters():
             parameter.requires_grad_(False)
-        rank = max(int(rank), 1)
+        if isinstance(rank, bool) or int(rank) != rank or int(rank) < 1:
+            raise InvalidParameterError(f"LoRA rank must be an integer >= 1, got {rank!r}.")
+        rank = int(rank)
         config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS))
         with warnings.catch_warnings():
             # peft asks transformers a deprecated gradient-checkpointing question; nothing to act on here

@@ -109,6 +109,11 @@ class PeftEnsemble(ContinualMethod):
         self.model_labels: list[tuple[int, ...]] = []
         #: raw-text mode (input_dim 0): members are LoRA adapters on MiniLM (dpcl.methods.lora_text)
         self.text_mode = int(setup.input_dim) == 0
+        if self.text_mode and self.adapter_dim < 1:
+            raise ConfigError(
+                "[method] adapter_dim is the LoRA rank on raw-text streams and must be an integer >= 1 there "
+                f"(0, head-only training, needs encoder features: dataset = 'fortunes'); got {self.adapter_dim}."
+            )
         self.text_members: list[dict[str, Any]] = []
         self._text_encoder: Any = None
 

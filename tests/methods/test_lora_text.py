@@ -58,3 +58,15 @@ def test_text_mode_state_round_trip_predicts_identically():
 def test_feature_methods_refuse_raw_text_streams():
     with pytest.raises(ConfigError, match="fortunes_texts"):
         CosineClassifier(setup_for({}, label_space=(0, 1), input_dim=0))
+
+
+@pytest.mark.parametrize("rank", [0, -1])
+def test_lora_rank_below_one_is_refused_not_raised_to_one(rank):
+    """adapter_dim = 0 means head-only on features; on raw text it is a LoRA rank and must be >= 1."""
+    with pytest.raises(ConfigError, match="adapter_dim"):
+        PeftEnsemble(setup_for({**METHOD, "adapter_dim": rank}, label_space=(0, 1), input_dim=0))
+    from dpcl.errors import InvalidParameterError
+    from dpcl.methods.lora_text import LoraTextEncoder
+
+    with pytest.raises(InvalidParameterError, match="LoRA rank"):
+        LoraTextEncoder(rank)
