@@ -196,6 +196,13 @@ def certificate_from_ledger(
     if not ledger.releases:
         raise InvalidParameterError("the ledger has no release yet; call ledger.release(task) first.")
     record = ledger.releases[release_index]
+    filter_state = ledger.filter_state()
+    if ledger.uses_filter and record.n_charges < len(ledger.charges):
+        # an earlier release: its filter state is that of the charges it covers, not of later ones
+        replay = TaskLedger(**ledger.settings())
+        for c in ledger.charges[: record.n_charges]:
+            replay._admit(c)
+        filter_state = replay.filter_state()
     return build_certificate(
         guarantee=record.guarantee,
         charges=ledger.charges[: record.n_charges],
@@ -206,7 +213,7 @@ def certificate_from_ledger(
         checkpoint=checkpoint,
         checkpoint_sha256=record.checkpoint_sha256,
         config=config if config is not None else ledger.metadata.get("config"),
-        filter_state=ledger.filter_state() or None,
+        filter_state=filter_state or None,
         label_filtering=label_filtering,
         extra=extra,
     )

@@ -263,3 +263,16 @@ def test_guarantee_must_agree_with_the_recorded_config(tmp_path):
         report = verify_certificate(_parallel_certificate(tmp_path, config))
         assert [c.name for c in report.failed] == ["config"], needle
         assert needle in report.failed[0].detail
+
+
+def test_certificate_of_an_earlier_release_states_that_release_filter_state(tmp_path):
+    ledger = TaskLedger(delta=DELTA, across_tasks="sequential", total_epsilon=5.0)
+    for t, sigma in enumerate([3.0, 4.0, 5.0]):
+        ledger.charge(t, GaussianEvent(sigma=sigma))
+        ledger.release(t)
+    first = certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=["x."], release_index=0)
+    last = certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=["x."])
+    # GDP filter: spent mu is sqrt(sum 1/sigma^2) of the admitted charges (closed form)
+    assert first["filter"]["stream"]["spent"]["mu"] == pytest.approx(1 / 3.0, rel=1e-12)
+    assert last["filter"]["stream"]["spent"]["mu"] == pytest.approx(np.sqrt(1 / 9 + 1 / 16 + 1 / 25), rel=1e-12)
+    assert len(first["events"]) == 1 and first["guarantee"]["epsilon"] < last["guarantee"]["epsilon"]
