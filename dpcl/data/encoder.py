@@ -10,6 +10,7 @@ is ever downloaded. torch is imported only when :func:`encode_texts` runs.
 from __future__ import annotations
 
 import os
+import sys
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -80,16 +81,23 @@ def load_encoder(device: str = "cpu") -> Any:
             hf_logging.enable_progress_bar()
 
 
-def encode_texts(texts: Sequence[str], *, batch_size: int = 64, device: str = "cpu") -> np.ndarray:
+def encode_texts(
+    texts: Sequence[str], *, batch_size: int = 64, device: str = "cpu", progress: bool | None = None
+) -> np.ndarray:
     """L2-normalised MiniLM embeddings, ``float32`` array ``[len(texts), 384]``.
 
-    Texts longer than the model's 256 tokens are truncated by the tokenizer.
+    Texts longer than the model's 256 tokens are truncated by the tokenizer. ``progress`` shows a
+    progress bar of the batches on stderr; the default (None) shows it when stderr is a terminal, since
+    encoding the default 1,400 fortunes takes about a minute on 2 CPU cores.
     """
     texts = [str(t) for t in texts]
     if not texts:
         return np.zeros((0, 384), dtype=np.float32)
+    if progress is None:
+        progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
     model = load_encoder(device)
     embeddings = model.encode(
-        texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False, normalize_embeddings=True
+        texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=bool(progress),
+        normalize_embeddings=True,
     )
     return np.asarray(embeddings, dtype=np.float32)

@@ -406,3 +406,15 @@ def test_text_only_streams_for_language_models(tmp_path: Path) -> None:
         assert np.array_equal(own, np.isin(task.train.labels, task.labels))
     with pytest.raises(InvalidParameterError, match="permuted stream needs features"):
         build_stream({**section, "kind": "permuted", "n_tasks": 2})
+
+
+@pytest.mark.skipif(not FORTUNES.is_dir(), reason="encoder test runs with the fortunes extra installed")
+def test_encoder_progress_bar_only_when_asked_or_on_a_terminal(capsys) -> None:
+    """Encoding the default fortunes takes about a minute: a terminal sees a bar, logs and pipes do not."""
+    from dpcl.data.encoder import encode_texts
+
+    quiet = encode_texts(["one fortune", "another"])
+    assert capsys.readouterr().err == ""
+    shown = encode_texts(["one fortune", "another"], progress=True)
+    assert "Batches" in capsys.readouterr().err
+    assert np.array_equal(quiet, shown)
