@@ -22,9 +22,11 @@ Raw-text streams (no features, ``input_dim = 0``): each member is a LoRA
 adapter on the pre-trained MiniLM encoder plus a head
 (:mod:`dpcl.methods.lora_text`, ``adapter_dim`` = LoRA rank), trained the same way.
 
-An empty task still trains its model with noise-only DP-SGD steps from its
-data-independent initialisation, so every release is a proper classifier
-(Prop. F.1).
+An empty task (no example left after label filtering) gets a plan with no
+steps and no charge: its member is released at its data-independent
+initialisation (zero head over ``O_t``), still a proper classifier over the
+task's labels (Prop. F.1). A private plan with steps on empty data (not what
+the spec plans) would take noise-only DP-SGD steps.
 
 Hyper-parameters read from the ``[method]`` section: ``learning_rate``,
 ``adapter_dim``, ``aggregation``, and ``max_grad_norm`` / ``batch_size`` /

@@ -114,3 +114,17 @@ def test_labels_outside_the_task_are_refused():
     model = PeftEnsemble(setup_for(METHOD))
     with pytest.raises(InvalidParameterError, match="label-space filter"):
         model.fit_task(0, task_data(x_train, y_train, (0, 1, 2)), (0, 1), dpsgd_plan(1.0, 0.1, 2))
+
+
+def test_empty_task_under_the_specs_plan_releases_the_initialisation():
+    """The plan the runner uses for an empty task has no events and no steps: the member is its initialisation."""
+    from dpcl.guarantees.schedules import PEFT_ENSEMBLE
+
+    plan = PEFT_ENSEMBLE.plan_task(METHOD, {"epsilon": 1.0, "delta": 1e-5}, 0, 0)
+    assert plan.events == () and plan.noise["steps"] == 0
+    model = PeftEnsemble(setup_for(METHOD))
+    empty = TrainingData(np.zeros((0, 64), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    model.fit_task(0, empty, (3, 4), plan)
+    (member,) = model.models
+    assert torch.count_nonzero(member.head.weight) == 0 and torch.count_nonzero(member.head.bias) == 0
+    assert set(np.unique(model.predict(np.random.default_rng(0).random((20, 64), dtype=np.float32)))) <= {3, 4}
