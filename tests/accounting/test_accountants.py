@@ -404,3 +404,28 @@ def test_scalar_event_parameters_refuse_arrays_with_a_clear_error() -> None:
         PoissonSampledGaussianEvent(noise_multiplier=np.ones(2), sample_rate=0.1)
     with pytest.raises(InvalidParameterError, match="delta must lie in"):
         EpsilonDeltaEvent(epsilon=0.1, delta=1.0)
+
+
+@pytest.mark.parametrize("z,q", [(1.0, 0.1), (2.0, 0.5), (0.8, 0.02)])
+def test_replace_one_subsampled_step_matches_the_mixture_pair_by_quadrature(z: float, q: float) -> None:
+    # Replacing record x by x' (both clipped to norm C = 1) in a Poisson-sampled clipped sum gives, after
+    # removing the common part, the pair P = (1-q) N(0, z^2) + q N(1, z^2) vs Q = (1-q) N(0, z^2) + q N(-1, z^2)
+    # (the two records pointing in opposite directions). Its hockey-stick divergence at our PLD epsilon,
+    # integrated here with scipy, must be <= delta: this checks the relation and the sensitivity handed to
+    # dp-accounting (not doubled twice, not left at the add/remove pair).
+    from scipy import integrate
+
+    ev = PoissonSampledGaussianEvent(noise_multiplier=z, sample_rate=q, adjacency="replace_one")
+    delta = 1e-3
+    eps = compute_epsilon(ev, delta, "pld").epsilon
+
+    def hockey(e: float) -> float:
+        p = lambda x: (1 - q) * norm.pdf(x, 0, z) + q * norm.pdf(x, 1, z)  # noqa: E731
+        qq = lambda x: (1 - q) * norm.pdf(x, 0, z) + q * norm.pdf(x, -1, z)  # noqa: E731
+        f = lambda x: max(p(x) - math.exp(e) * qq(x), 0.0)  # noqa: E731
+        return integrate.quad(f, -40 * z, 40 * z, points=[-1.0, 0.0, 1.0], limit=400, epsabs=1e-12)[0]
+
+    assert hockey(eps) <= delta * (1 + 1e-6)
+    assert hockey(eps * 0.99 - 1e-3) > delta  # and it is tight (pessimistic discretisation 1e-4)
+    add = compute_epsilon(PoissonSampledGaussianEvent(noise_multiplier=z, sample_rate=q), delta, "pld").epsilon
+    assert eps > add
