@@ -276,3 +276,45 @@ def test_learner_config_accepts_the_edges_of_its_ranges():
     config = learner_config(alpha=1.0, theta=0.0, lambda_min=0.0, lambda_max=0.0, learning_rate=0.0,
                             replay_per_task=0, lambda_unlearn=0.0, epsilon_lower=2.0, epsilon_upper=2.0)
     assert config.alpha == 1.0 and config.lambda_max == 0.0
+
+
+def test_memory_regularisation_is_wired_as_eq_10_and_11(monkeypatch):
+    """Task 2's L_reg acts on the task-2 adapter's LoRA parameters, pulls them to task 1's final adapter, with
+    lambda_dyn = lambda_max (1 - s_bar) + lambda_min s_bar (s_bar: mean score of the task's real tokens after
+    BOS) and Omega_bar = Omega_1 (the finished tasks)."""
+    from dpcl.methods.pecl import learner as learner_module
+
+    calls, scores_seen = [], []
+    original_reg = learner_module.memory_regularisation
+    original_scores = ContinualLM.token_scores
+
+    def reg_spy(current, previous, lambda_dyn, omega_bar):
+        current = list(current)
+        calls.append(([p for p in current], [p.clone() for p in previous], lambda_dyn, omega_bar))
+        return original_reg(current, previous, lambda_dyn, omega_bar)
+
+    def scores_spy(self, ids, mask, batch_size=64):
+        out = original_scores(self, ids, mask, batch_size)
+        scores_seen.append((out.clone(), mask.clone()))
+        return out
+
+    monkeypatch.setattr(learner_module, "memory_regularisation", reg_spy)
+    monkeypatch.setattr(ContinualLM, "token_scores", scores_spy)
+    learner = ContinualLM(4, learner_config(**TINY), seed=0, public_texts=PUBLIC)
+    (a, la), (b, lb) = _tasks()
+    first = learner.fit_task(0, a, la)
+    assert calls == []  # no earlier task: no regulariser
+    adapter_1 = [p.detach().clone() for p in learner._lora_parameters("task_0")]
+    second = learner.fit_task(1, b, lb)
+    assert len(calls) == TINY["epochs"] * 2
+    current, previous, lam, omega_bar = calls[0]
+    task_2 = learner._lora_parameters("task_1")
+    assert len(current) == len(task_2) > 0 and all(c is p for c, p in zip(current, task_2))
+    assert all(torch.equal(p, q) for p, q in zip(previous, adapter_1))
+    scores, mask = scores_seen[1]
+    real = mask.bool().clone()
+    real[:, 0] = False
+    s_bar = float(scores[real].double().mean())
+    assert second["mean_score"] == pytest.approx(s_bar, rel=1e-6)
+    assert lam == pytest.approx(10.0 * (1 - s_bar) + 1.0 * s_bar, rel=1e-6) == second["lambda_dyn"]
+    assert omega_bar == first["omega"] == second["omega_bar"] > 0
