@@ -32,7 +32,7 @@ assumptions/settings behind the number. Accountants:
     apply; the winner is named and all candidates listed. Inside auto, PLD's
     interval is the RDP epsilon / 5000 clipped to [1e-5, 1e-3] (still
     pessimistic, so still an upper bound; ~0.1% of epsilon, and for DP-SGD
-    at epsilon ~ 6 about 10x faster than the 1e-4 default). PRV is not in auto's set: at equal tightness it
+    at epsilon ~ 6 about 5x faster than the 1e-4 default: benchmarks/RESULTS.md, time x 0.18). PRV is not in auto's set: at equal tightness it
     is slower than pessimistic PLD here (see benchmarks/); ask for it by name.
 
 Neighbouring relations. A Gaussian or Laplace event states its sensitivity
