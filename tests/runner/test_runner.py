@@ -86,6 +86,45 @@ def test_interrupted_run_resumes_after_the_last_certified_task(tmp_path):
     assert third.resumed_after == 4 and len(TaskLedger.load(tmp_path / "split" / "ledger.json").charges) == 5
 
 
+def test_crash_after_a_release_is_recorded_charges_the_retrained_task_twice(tmp_path, monkeypatch):
+    """A crash between the ledger's release record and the run state: the rerun retrains that task and
+    charges it again (the lost attempt may have leaked), so the stream's epsilon is that of two Gaussian
+    releases of the task, sqrt(2)/sigma-GDP (Dong, Roth & Su 2022, Cor. 3.3), from the closed form here."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    import dpcl.guarantees.certificates as certificates
+
+    config = write_config(tmp_path, "cosine", epsilon=1.0, tasks="[[0, 1], [2, 3], [4, 5]]")
+    real_write = certificates.write_certificate
+    calls = []
+
+    def crash_on_second(path, cert):
+        calls.append(path)
+        if len(calls) == 2:
+            raise RuntimeError("power cut")
+        return real_write(path, cert)
+
+    monkeypatch.setattr(certificates, "write_certificate", crash_on_second)
+    with pytest.raises(RuntimeError, match="power cut"):
+        run_training(config, tmp_path / "out", quiet=True)
+    monkeypatch.setattr(certificates, "write_certificate", real_write)
+    result = run_training(config, tmp_path / "out", quiet=True)
+    assert result.resumed_after == 0 and result.complete and _verified(result)
+    ledger = TaskLedger.load(tmp_path / "out" / "ledger.json")
+    assert [c.tasks for c in ledger.charges] == [(0,), (1,), (1,), (2,)]
+
+    sigma = ledger.charges[0].events[0].sigma
+
+    def delta_of(eps, mu):  # Balle & Wang (2018), Thm 8, for a mu-GDP mechanism
+        return norm.cdf(mu / 2 - eps / mu) - np.exp(eps + norm.logcdf(-mu / 2 - eps / mu))
+
+    twice = brentq(lambda e: delta_of(e, np.sqrt(2) / sigma) - 1e-5, 0.0, 50.0, xtol=1e-12)
+    assert twice > 1.3  # two releases of task 1 cost clearly more than the per-task 1.0
+    assert result.metrics["final_epsilon"] == pytest.approx(twice, rel=1e-6)
+    assert result.releases[0].cumulative_epsilon == pytest.approx(1.0, rel=1e-6)
+
+
 def test_resume_refuses_a_modified_checkpoint(tmp_path):
     config = write_config(tmp_path, "cosine")
     run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
