@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    parser._dpcl_commands = tuple(subparsers.choices)  # type: ignore[attr-defined]
     return parser
 
 
@@ -63,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
-        parser.print_help(sys.stderr)
+        commands = ", ".join(sorted(getattr(parser, "_dpcl_commands", ())))
+        sys.stderr.write(f"dpcl: error: a command is required ({commands}); see dpcl --help.\n")
         return 2
     try:
         code = int(args.handler(args) or 0)

@@ -34,3 +34,11 @@ def test_reader_closing_the_pipe_ends_quietly():
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == BROKEN_PIPE_EXIT
     assert err == b""
+
+
+def test_no_command_is_one_line_listing_the_commands(capsys):
+    code = main([])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1
+    for command in ("demo", "run", "audit", "verify", "calibrate", "epsilon", "audit-mechanism"):
+        assert command in err
