@@ -318,3 +318,39 @@ def test_memory_regularisation_is_wired_as_eq_10_and_11(monkeypatch):
     assert second["mean_score"] == pytest.approx(s_bar, rel=1e-6)
     assert lam == pytest.approx(10.0 * (1 - s_bar) + 1.0 * s_bar, rel=1e-6) == second["lambda_dyn"]
     assert omega_bar == first["omega"] == second["omega_bar"] > 0
+
+
+@pytest.mark.parametrize("unlearning", [True, False])
+def test_unlearning_term_uses_the_batchs_scores_and_token_losses(monkeypatch, unlearning):
+    """eq. 12: the batch's own (fixed) scores, theta from the config, and the per-token LM losses of the forward
+    pass being trained (they carry gradient); switched off, the term is never computed."""
+    from dpcl.methods.pecl import learner as learner_module
+
+    calls, task_scores = [], []
+    original = learner_module.unlearning_loss
+    original_scores = ContinualLM.token_scores
+
+    def spy(scores, token_loss, mask, theta):
+        calls.append((scores.clone(), token_loss.requires_grad, tuple(token_loss.shape), mask.clone(), theta))
+        return original(scores, token_loss, mask, theta)
+
+    monkeypatch.setattr(learner_module, "unlearning_loss", spy)
+    monkeypatch.setattr(ContinualLM, "token_scores",
+                        lambda self, ids, mask, batch_size=64: task_scores.append(original_scores(self, ids, mask))
+                        or task_scores[-1])
+    learner = ContinualLM(2, learner_config(**TINY, theta=0.3, unlearning=unlearning), seed=0, public_texts=PUBLIC)
+    texts, labels = _tasks()[0]
+    learner.fit_task(0, texts, labels)
+    if not unlearning:
+        assert calls == []
+        return
+    assert len(calls) == TINY["epochs"] * 2
+    _, all_mask = learner._encode(texts)
+    seen_rows = 0
+    for scores, grad, shape, mask, theta in calls:
+        assert grad and shape == tuple(scores.shape) and theta == 0.3
+        for row, m in zip(scores, mask):
+            match = [i for i in range(16) if torch.equal(task_scores[0][i], row) and torch.equal(all_mask[i], m)]
+            assert match
+            seen_rows += 1
+    assert seen_rows == TINY["epochs"] * 16
