@@ -628,9 +628,11 @@ class L2DPMLSpec:
             },
             assumptions=ASSUMPTIONS,
             notes=(
-                f"Lifelong DP (Lai et al., Thm 2, re-derived): epsilon = epsilon1 + epsilon2 = {e1:.6g} + {e2:.6g} "
-                f"= {e1 + e2:.6g}, delta = 0, replace-one, per {unit}, for all releases of the stream "
-                f"together (tasks disjoint: parallel composition); this task's examples: {task_epsilon:.6g}.",
+                f"Lifelong DP (Lai et al., Thm 2, re-derived): epsilon1 + epsilon2 = {e1:.6g} + {e2:.6g} "
+                f"= {e1 + e2:.6g}, delta = 0, replace-one, per {unit}; this task's examples: {task_epsilon:.6g}. "
+                "Under parallel composition (tasks hold disjoint units) that bounds all releases of the stream "
+                "together, whatever their number; under sequential composition the ledger composes every "
+                "task's releases and states the larger total.",
                 f"Thm 2 terms as certified: epsilon1 = {e1:.6g}, epsilon1/gamma_x = 0 (noisy inputs are never "
                 f"released), epsilon1/gamma = 0 (noisy hidden features are never released), epsilon2 = {e2:.6g}; "
                 "the paper's values of the two gamma terms, the preconditions and whether this run met them are in "

@@ -310,3 +310,24 @@ def test_audit_passes_the_derived_sensitivity_and_catches_the_papers():
     paper, _, _ = _audit_output_release(paper_output_sensitivity(2), epsilon, 200_000)
     # true epsilon of that pair is K p / (2 p) * epsilon = 3; the audit proves more than the claimed 1
     assert paper.epsilon_lower_bound > epsilon
+
+
+def test_sequential_audit_composes_tasks_and_the_plan_note_does_not_claim_the_stream():
+    """With disjoint_units = false the ledger composes the tasks (basic composition of pure-DP Laplace releases
+    bounds it by 3 x 4 = 12); the plan's note must not state epsilon1 + epsilon2 for the whole stream then."""
+    from dpcl.guarantees.audit_config import audit_config
+    from dpcl.guarantees.config import parse_config
+
+    raw = {
+        "privacy": {"epsilon": 4.0, "delta": 1e-5, "adjacency": "replace_one"},
+        "stream": {"dataset": "mine", "task_sizes": [100, 100, 100], "label_space": "prior_const",
+                   "prior_labels": [0, 1], "disjoint_units": False},
+        "method": {"name": "l2dpml"},
+    }
+    report = audit_config(parse_config(raw), [100, 100, 100])
+    assert report.across_tasks == "sequential"
+    assert 8.0 < report.epsilon <= 12.0 * (1 + 1e-9)  # more than two tasks' worth, at most the sum of three
+    note = next(n for n in report.notes if n.startswith("Lifelong DP"))
+    assert "Under parallel composition" in note and "under sequential composition the ledger composes" in note
+    raw["stream"]["disjoint_units"] = True
+    assert audit_config(parse_config(raw), [100, 100, 100]).epsilon <= 4.0 * (1 + 1e-9)
