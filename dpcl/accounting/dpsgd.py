@@ -90,6 +90,9 @@ def dpsgd_noise_multiplier(
     method that keeps the root bracketed and converges superlinearly) until its
     width is below ``rtol * z``. The returned z is the upper end of the bracket,
     whose epsilon was computed and is <= ``target_epsilon``; that epsilon is returned.
+    The search covers [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: a target that
+    needs more noise is refused; one met with less stops the search at the last
+    multiplier tried (within x8 of the minimum), which meets it but is not the smallest.
     """
     target = check_positive_scalar("target_epsilon", target_epsilon)
     delta = check_delta_scalar("delta", delta)
