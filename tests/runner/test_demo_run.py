@@ -59,3 +59,24 @@ def test_dpcl_demo_json_adds_the_run_to_the_walkthrough(tmp_path, capsys):
     assert code == 0
     assert {"gaussian_calibration", "dpsgd", "token_calibration", "run"} <= set(payload)
     assert payload["run"]["verification"]["valid"] and len(payload["run"]["releases"]) == 5
+
+
+def test_demo_output_files_are_readable(tmp_path):
+    """accuracy.png is a real plot (decodes, its size, not blank) and metrics.json agrees with the releases."""
+    import numpy as np
+    from PIL import Image
+
+    demo = certified_demo_run(tmp_path / "demo")
+    run = tmp_path / "demo" / "run"
+    with Image.open(run / "accuracy.png") as image:
+        assert image.format == "PNG" and image.size == (768, 480)  # 6.4 x 4.0 inches at 120 dpi
+        pixels = np.asarray(image.convert("RGB"))
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20  # lines, markers, text: not an empty canvas
+    metrics = json.loads((run / "metrics.json").read_text())
+    matrix = np.array([[np.nan if v is None else v for v in row] for row in metrics["accuracy_matrix"]])
+    assert matrix.shape == (5, 5) and np.all(np.isnan(matrix[np.triu_indices(5, k=1)]))
+    last = [r["accuracy_on_task"] for r in demo["releases"]]
+    assert np.allclose(np.diag(matrix), last)
+    assert metrics["average_accuracy"] == pytest.approx(np.mean(matrix[4]))  # AA_5, eq. A38
+    assert metrics["cumulative_epsilon"] == pytest.approx([1.0] * 5, rel=1e-6)
+    assert sorted(p.name for p in (run / "certificates").iterdir()) == [f"task00{i}.cert.json" for i in range(1, 6)]
