@@ -429,3 +429,23 @@ def test_replace_one_subsampled_step_matches_the_mixture_pair_by_quadrature(z: f
     assert hockey(eps * 0.99 - 1e-3) > delta  # and it is tight (pessimistic discretisation 1e-4)
     add = compute_epsilon(PoissonSampledGaussianEvent(noise_multiplier=z, sample_rate=q), delta, "pld").epsilon
     assert eps > add
+
+
+@pytest.mark.parametrize(
+    "z,q,steps,delta",
+    [(1.0, 0.01, 100, 1e-5), (0.8, 0.1, 10, 1e-3), (2.0, 0.5, 50, 1e-6), (5.0, 0.001, 1000, 1e-5), (0.6, 0.02, 3, 1e-2)],
+)
+def test_basic_and_advanced_subsampling_amplification_stay_above_the_true_epsilon(
+    z: float, q: float, steps: int, delta: float
+) -> None:
+    # basic/advanced amplify each step by (log(1 + q(e^eps - 1)), q delta) and compose by theorem. A sound
+    # bound is never below the true epsilon, which dp-accounting's *optimistic* PLD (privacy buckets,
+    # rounding the other way) estimates from below up to its 1e-4 grid.
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    optimistic = pld_lib.from_gaussian_mechanism(
+        z, sampling_prob=q, pessimistic_estimate=False, use_connect_dots=False, value_discretization_interval=1e-4
+    ).self_compose(steps).get_epsilon_for_delta(delta)
+    ev = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=z, sample_rate=q), steps)
+    for name in ("basic", "advanced"):
+        assert compute_epsilon(ev, delta, name).epsilon >= optimistic
