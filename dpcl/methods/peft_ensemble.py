@@ -11,12 +11,14 @@ one of three aggregation rules over the labels released so far:
 * ``argmax`` (eq. 10): the label of the largest logit of any model;
 * ``median`` (eq. A41): each model's logits minus that model's median logit
   over the labels released so far, then the largest;
-* ``entropy`` (App. H.2, the entropy-weighted rule of Zhao et al. 2024 with
-  gamma = 1): model ``l`` gets weight ``softmax_l(-gamma * H(p_l))`` where
+* ``entropy`` (App. H.2, the entropy-weighted rule of Zhao et al. 2024, eq. 11,
+  with gamma = 1): model ``l`` gets weight ``softmax_l(-gamma * H(p_l))`` where
   ``p_l`` is its softmax over its own labels and ``H`` the Shannon entropy;
-  the score of label ``o`` is ``sum_l w_l p_l(o)`` (``p_l(o) = 0`` for labels
-  model ``l`` does not predict). We implement the rule as the paper describes
-  it; we could not check Zhao et al.'s equation itself.
+  the score of label ``o`` is the weighted sum of the *logits*,
+  ``sum_l w_l f_l(x, o)`` over the models that predict ``o``, as in the SAFE
+  reference implementation (weights on the learners' logits, not on their
+  probabilities). Tobaben et al. do not say how members with different label
+  sets are combined; a model contributes nothing to labels it does not predict.
 
 Raw-text streams (no features, ``input_dim = 0``): each member is a LoRA
 adapter on the pre-trained MiniLM encoder plus a head
@@ -76,7 +78,7 @@ def aggregate(logits: np.ndarray, label_masks: np.ndarray, released: np.ndarray,
         considered = masks & np.asarray(released, dtype=bool)[None, None, :]
         median = np.nanmedian(np.where(considered, logits, np.nan), axis=2, keepdims=True)
         return np.where(masks, logits - median, -np.inf).max(axis=0)
-    # entropy-weighted average of the models' probabilities
+    # entropy weights from each model's probabilities over its own labels, applied to its logits (SAFE, eq. 11)
     shifted = np.where(masks, logits, -np.inf)
     shifted = shifted - shifted.max(axis=2, keepdims=True)
     probs = np.where(masks, np.exp(shifted), 0.0)
@@ -84,7 +86,7 @@ def aggregate(logits: np.ndarray, label_masks: np.ndarray, released: np.ndarray,
     entropy = -np.sum(np.where(probs > 0, probs * np.log(np.where(probs > 0, probs, 1.0)), 0.0), axis=2)  # [m, n]
     weights = np.exp(-ENTROPY_GAMMA * (entropy - entropy.min(axis=0, keepdims=True)))
     weights /= weights.sum(axis=0, keepdims=True)
-    return np.einsum("mn,mnl->nl", weights, probs)
+    return np.einsum("mn,mnl->nl", weights, np.where(masks, logits, 0.0))
 
 
 class PeftEnsemble(ContinualMethod):

@@ -38,12 +38,13 @@ def test_median_rule_subtracts_each_models_median_over_its_labels():
     np.testing.assert_allclose(scores, [[0.5, -0.5, 0.75]])
 
 
-def test_entropy_rule_weights_confident_models_more():
+def test_entropy_rule_weights_each_models_logits_by_its_confidence():
+    """Zhao et al. (SAFE) eq. 11: w = softmax(-gamma H(p)) over models, score = sum of w_l times model l's logits."""
     p0 = np.exp([2.0, 1.0]) / np.exp([2.0, 1.0]).sum()
     p1 = np.exp([1.5, 3.0]) / np.exp([1.5, 3.0]).sum()
     h0, h1 = -(p0 * np.log(p0)).sum(), -(p1 * np.log(p1)).sum()
     w0, w1 = np.exp(-h0) / (np.exp(-h0) + np.exp(-h1)), np.exp(-h1) / (np.exp(-h0) + np.exp(-h1))
-    expected = [w0 * p0[0], w0 * p0[1] + w1 * p1[0], w1 * p1[1]]
+    expected = [w0 * 2.0, w0 * 1.0 + w1 * 1.5, w1 * 3.0]
     np.testing.assert_allclose(aggregate(LOGITS, MASKS, RELEASED, "entropy"), [expected])
 
 
