@@ -77,6 +77,7 @@ import numpy as np
 from dpcl.accounting.events import Adjacency, ComposedEvent, LaplaceEvent, PoissonSampledGaussianEvent, RepeatedEvent
 from dpcl.accounting.validation import check_count, check_positive
 from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 from dpcl.guarantees.method_schema import (
     MethodKey,
     TaskPlan,
@@ -625,6 +626,9 @@ class L2DPMLSpec:
                 "hidden_sizes": list(v["hidden_sizes"]),
                 "task_epsilon": task_epsilon,
                 "certified_epsilon": e1 + e2,
+                # Prop. F.1: an empty task reads no data and still releases a classifier (the previous one, a
+                # post-processing of earlier releases, with the task's public output labels)
+                EMPTY_TASK_RELEASE_KEY: "previous release (post-processing; no data read)",
             },
             assumptions=ASSUMPTIONS,
             notes=(

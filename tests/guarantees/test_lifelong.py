@@ -331,3 +331,23 @@ def test_sequential_audit_composes_tasks_and_the_plan_note_does_not_claim_the_st
     assert "Under parallel composition" in note and "under sequential composition the ledger composes" in note
     raw["stream"]["disjoint_units"] = True
     assert audit_config(parse_config(raw), [100, 100, 100]).epsilon <= 4.0 * (1 + 1e-9)
+
+
+def test_empty_task_is_not_refused_by_the_audit():
+    """An empty l2dpml task reads no data and releases the previous model (Prop. F.1 is met); the audit used to
+    refuse it as 'releases nothing' because the plan did not say what it releases."""
+    from dpcl.guarantees.audit_config import audit_config
+    from dpcl.guarantees.config import parse_config
+    from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
+
+    assert "previous release" in L2DPML_SPEC.plan_task({}, PRIVACY, 0, 1).noise[EMPTY_TASK_RELEASE_KEY]
+    raw = {
+        "privacy": {"epsilon": 4.0, "delta": 1e-5, "adjacency": "replace_one"},
+        "stream": {"dataset": "mine", "task_sizes": [100, 0, 100], "label_space": "prior_const",
+                   "prior_labels": [0, 1], "disjoint_units": True},
+        "method": {"name": "l2dpml"},
+    }
+    report = audit_config(parse_config(raw), [100, 0, 100])
+    assert report.sound and report.violations == ()
+    assert report.per_task[1]["epsilon"] == 0.0 and report.per_task[1]["status"].startswith("empty task: previous")
+    assert report.epsilon <= 4.0 * (1 + 1e-9)
