@@ -54,7 +54,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from dpcl import __version__
-from dpcl.errors import ConfigError, InvalidParameterError, MissingDependencyError, PrivacyViolationError
+from dpcl.errors import (
+    ConfigError,
+    InvalidParameterError,
+    LedgerCorruptError,
+    MissingDependencyError,
+    PrivacyViolationError,
+)
 from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
 
@@ -403,6 +409,7 @@ def run_training(
 
         ledger = TaskLedger.open(
             out / "ledger.json",
+            must_exist=bool(releases),  # a resumed run never starts an empty ledger: that would forget spent budget
             delta=config.privacy["delta"],
             across_tasks=across,
             accountant=config.privacy["accountant"],
@@ -414,6 +421,15 @@ def run_training(
                       "reproducible_noise": reproducible},
         )
 
+    if ledger is not None and releases:
+        unrecorded = sorted({r.task_index for r in releases} - set(ledger.released_tasks()))
+        if unrecorded:
+            raise LedgerCorruptError(
+                f"{str(out / 'ledger.json')!r} has no record of the release(s) of task(s) "
+                f"{', '.join(str(t + 1) for t in unrecorded)} that {str(state_path)!r} lists: it is older than the run "
+                "(or from another run), so resuming would forget budget already spent. Restore the run's own ledger, "
+                "or start the run over in a new directory."
+            )
     if releases:
         last = releases[-1]
         expected = _recorded_checkpoint_hash(out / last.certificate)

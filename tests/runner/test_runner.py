@@ -125,6 +125,34 @@ def test_crash_after_a_release_is_recorded_charges_the_retrained_task_twice(tmp_
     assert result.releases[0].cumulative_epsilon == pytest.approx(1.0, rel=1e-6)
 
 
+def test_resume_refuses_a_missing_or_older_ledger(tmp_path):
+    """Sequential composition: losing the ledger of a run that released tasks 1-2 and resuming certified
+    epsilon 1.835 after task 5 instead of the 2.442 all five charges cost. The run now refuses to resume
+    without its own, up-to-date ledger; with it restored the full cost is certified."""
+    import shutil
+
+    from dpcl.errors import LedgerCorruptError
+
+    config = write_config(tmp_path, "cosine", epsilon=1.0, across_tasks="sequential", disjoint_units=False)
+    out = tmp_path / "out"
+    run_training(config, out, quiet=True, stop_after_task=0)
+    shutil.copy(out / "ledger.json", tmp_path / "ledger_after_task1.json")
+    run_training(config, out, quiet=True, stop_after_task=1)
+    shutil.copy(out / "ledger.json", tmp_path / "ledger_after_task2.json")
+    (out / "ledger.json").unlink()
+    with pytest.raises(LedgerCorruptError, match="missing"):
+        run_training(config, out, quiet=True)
+    shutil.copy(tmp_path / "ledger_after_task1.json", out / "ledger.json")
+    with pytest.raises(LedgerCorruptError, match="no record of the release\\(s\\) of task\\(s\\) 2"):
+        run_training(config, out, quiet=True)
+    shutil.copy(tmp_path / "ledger_after_task2.json", out / "ledger.json")
+    resumed = run_training(config, out, quiet=True)
+    whole = run_training(config, tmp_path / "whole", quiet=True)
+    assert len(TaskLedger.load(out / "ledger.json").charges) == 5
+    assert resumed.metrics["final_epsilon"] == pytest.approx(whole.metrics["final_epsilon"], rel=1e-9)
+    assert resumed.metrics["final_epsilon"] > 2.0  # five sequential releases, each at epsilon 1
+
+
 def test_resume_refuses_a_modified_checkpoint(tmp_path):
     config = write_config(tmp_path, "cosine")
     run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
