@@ -350,3 +350,10 @@ def test_dpcl_run_non_private_l2dpml_writes_statements_not_certificates(tmp_path
     assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
     assert len(list((tmp_path / "run" / "certificates").glob("*.nonprivate-cert.json"))) == 2
     assert not list((tmp_path / "run" / "certificates").glob("*.cert.json"))
+
+
+def test_raw_text_streams_are_refused_by_name():
+    from dpcl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fortunes_texts"):
+        L2DPMLMethod(MethodSetup(method=METHOD, privacy=PRIVACY, label_space=tuple(range(10)), input_dim=0, seed=0))
