@@ -137,15 +137,17 @@ def _run_section(config: Any) -> dict[str, Any]:
 def resolve_device(requested: str | None, method_section: Mapping[str, Any]) -> str:
     """``--device`` if given, else ``[method] device`` (default cpu); CUDA must be available when asked."""
     device = requested or str(method_section.get("device", "cpu") or "cpu")
+    source = "--device" if requested else "[method] device"
     if device not in ("cpu", "cuda"):
-        raise InvalidParameterError(f"--device must be 'cpu' or 'cuda', got {device!r}.")
+        raise InvalidParameterError(f"{source} must be 'cpu' or 'cuda', got {device!r}.")
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
+            fix = "--device cpu" if requested else "device = \"cpu\" in [method] (or --device cpu)"
             raise InvalidParameterError(
-                "--device cuda was asked for but torch.cuda.is_available() is False (no GPU, or a CPU-only torch "
-                f"build: torch {torch.__version__}). Use --device cpu, or install a CUDA build of torch."
+                f"{source} cuda was asked for but torch.cuda.is_available() is False (no GPU, or a CPU-only torch "
+                f"build: torch {torch.__version__}). Use {fix}, or install a CUDA build of torch."
             )
     return device
 

@@ -234,8 +234,11 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the CPU-only error path cannot occur here")
     config = write_config(tmp_path, "cosine")
-    with pytest.raises(InvalidParameterError, match="cuda"):
+    with pytest.raises(InvalidParameterError, match="--device cuda was asked for"):
         run_training(config, tmp_path / "out", device="cuda", quiet=True)
+    in_config = write_config(tmp_path, "cosine", method_extra='device = "cuda"\n', name="cuda.toml")
+    with pytest.raises(InvalidParameterError, match=r"\[method\] device cuda was asked for.*device = \"cpu\" in \[method\]"):
+        run_training(in_config, tmp_path / "out2", quiet=True)
 
 
 def test_audit_and_run_agree_on_sizes_and_epsilon(tmp_path):
