@@ -523,6 +523,24 @@ def _privacy_delta(privacy: Mapping[str, Any]) -> float:
 
 
 
+def _check_key_relations(v: Mapping[str, Any]) -> None:
+    """Constraints between ``[method]`` keys that the learner would otherwise refuse only at training time."""
+    if v["lambda_min"] > v["lambda_max"]:
+        raise ConfigError(
+            f"[method] lambda_min = {v['lambda_min']:g} exceeds lambda_max = {v['lambda_max']:g} (eq. 11: the "
+            "weakest and the strongest regularisation); make lambda_min <= lambda_max."
+        )
+    if v["max_seq_len"] < 2:
+        raise ConfigError(
+            f"[method] max_seq_len must be >= 2 (a causal LM needs a token to predict from), got {v['max_seq_len']}."
+        )
+    if not v["pretrained_path"] and v["n_embd"] % v["n_head"]:
+        raise ConfigError(
+            f"[method] n_embd = {v['n_embd']} is not divisible by n_head = {v['n_head']} (each attention head "
+            "takes n_embd / n_head dimensions); choose n_head dividing n_embd."
+        )
+
+
 @dataclass(frozen=True)
 class PeCLSpec:
     """MethodSpec of ``[method] name = "pecl"`` (see :mod:`dpcl.guarantees.method_schema`).
@@ -545,6 +563,7 @@ class PeCLSpec:
         check_count("n_examples", n_examples)
         delta = _privacy_delta(privacy)
         v = {k.name: method_value(method, PECL_KEYS, k.name, "pecl") for k in PECL_KEYS}
+        _check_key_relations(v)
         try:
             lower, upper = _check_budget_range(v["epsilon_lower"], v["epsilon_upper"])
             worst = calibrate_tokens(

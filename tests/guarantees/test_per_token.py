@@ -282,6 +282,26 @@ def test_pecl_spec_refuses_bad_config():
     assert keys["alpha"].check(1.5) is not None
 
 
+@pytest.mark.parametrize(
+    "method, message",
+    [
+        ({"lambda_min": 20.0, "lambda_max": 10.0}, r"lambda_min = 20 exceeds lambda_max = 10"),
+        ({"max_seq_len": 1}, r"max_seq_len must be >= 2"),
+        ({"n_embd": 64, "n_head": 3}, r"n_embd = 64 is not divisible by n_head = 3"),
+    ],
+)
+def test_pecl_spec_refuses_keys_the_learner_would_refuse_only_at_training(method, message):
+    """`dpcl audit` must refuse what `dpcl run` would refuse, before any training."""
+    with pytest.raises(ConfigError, match=message):
+        pt.PECL_SPEC.plan_task(method, {"delta": 1e-6}, 10, 0)
+
+
+def test_pecl_spec_n_head_is_not_checked_against_a_loaded_model():
+    """With pretrained_path the model's own config decides its heads; n_embd/n_head are unused."""
+    plan = pt.PECL_SPEC.plan_task({"n_embd": 64, "n_head": 3, "pretrained_path": "/some/model"}, {"delta": 1e-6}, 10, 0)
+    assert plan.events
+
+
 def test_pecl_spec_budget_check_against_privacy_epsilon():
     with pytest.raises(ConfigError, match="epsilon_upper"):
         pt.PECL_SPEC.plan_task({"epsilon_upper": 10.0}, {"delta": 1e-6, "epsilon": 8.0}, 10, 0)

@@ -265,7 +265,8 @@ def test_seed_alone_sets_the_initial_adapters_and_head_and_the_global_rng_is_lef
      ({"lm_weight": float("nan")}, "lm_weight"), ({"delta": 0.0}, "delta"), ({"clip_norm": 0.0}, "clip_norm"),
      ({"lambda_min": 10.0, "lambda_max": 1.0}, "lambda_min"), ({"epsilon_lower": 5.0, "epsilon_upper": 2.0},
                                                                "epsilon_lower"),
-     ({"dynamic_lambda": 1}, "dynamic_lambda"), ({"max_grad_norm": float("inf")}, "max_grad_norm")],
+     ({"dynamic_lambda": 1}, "dynamic_lambda"), ({"max_grad_norm": float("inf")}, "max_grad_norm"),
+     ({"n_embd": 64, "n_head": 3}, "n_head")],
 )
 def test_learner_config_refuses_out_of_range_numbers_by_name(bad, name):
     with pytest.raises(InvalidParameterError, match=name):

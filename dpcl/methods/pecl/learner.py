@@ -185,6 +185,11 @@ class LearnerConfig:
                 f"lambda_min must be <= lambda_max (eq. 11: the weakest and strongest regularisation), got "
                 f"lambda_min={self.lambda_min!r} > lambda_max={self.lambda_max!r}."
             )
+        if not self.pretrained_path and self.n_embd % self.n_head:
+            raise InvalidParameterError(
+                f"n_embd must be divisible by n_head (each attention head takes n_embd / n_head dimensions), got "
+                f"n_embd={self.n_embd!r}, n_head={self.n_head!r}."
+            )
         if self.epsilon_lower > self.epsilon_upper:
             raise InvalidParameterError(
                 f"epsilon_lower must be <= epsilon_upper (eq. 4), got epsilon_lower={self.epsilon_lower!r} > "
@@ -389,7 +394,7 @@ class ContinualLM:
             self.task_records.append(record)
             return record
         ids, mask = self._encode(train_texts)
-        y = torch.as_tensor(train_labels, device=self.device)
+        y = torch.tensor(train_labels, dtype=torch.int64, device=self.device)
         previous = self._start_adapter(task_index)
 
         scores = None
