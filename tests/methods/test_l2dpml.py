@@ -357,3 +357,17 @@ def test_raw_text_streams_are_refused_by_name():
 
     with pytest.raises(ConfigError, match="fortunes_texts"):
         L2DPMLMethod(MethodSetup(method=METHOD, privacy=PRIVACY, label_space=tuple(range(10)), input_dim=0, seed=0))
+
+
+def test_report_does_not_publish_the_observed_input_extremes(stream):
+    """The report is in the checkpoint and the certificate; the min / max of private inputs is not DP."""
+    task = stream.tasks[0]
+    x = task.train.features * 0.9 + 0.01  # extremes 0.01 and 0.91 (not the box ends 0 and 1)
+    m = _method()
+    plan = L2DPML_SPEC.plan_task(METHOD, PRIVACY, len(task.train.labels), 0)
+    m.fit_task(0, TrainingData(x, task.train.labels, task.train.unit_ids), task.labels, plan)
+    (check,) = [p for p in m.certificate_extra(0)["l2dpml"]["preconditions"] if p["name"] == "input_range"]
+    assert check["met"]
+    text = str(m.certificate_extra(0))
+    for value in (x.min(), x.max()):
+        assert f"{value:.6g}" not in text and f"{value:.4g}" not in text
