@@ -109,6 +109,9 @@ class TextMember(nn.Module):
 
 def tokenize(texts: Sequence[str] | np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and attention masks [n, MAX_TOKENS] of ``texts`` (the encoder's own tokenizer, offline)."""
+    if len(texts) == 0:  # an empty task (Prop. F.1): the tokenizer cannot encode an empty batch
+        empty = torch.zeros((0, MAX_TOKENS), dtype=torch.long, device=device)
+        return empty, empty.clone()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(_encoder_path())

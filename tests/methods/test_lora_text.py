@@ -70,3 +70,13 @@ def test_lora_rank_below_one_is_refused_not_raised_to_one(rank):
 
     with pytest.raises(InvalidParameterError, match="LoRA rank"):
         LoraTextEncoder(rank)
+
+
+def test_empty_text_task_releases_a_proper_classifier():
+    """Prop. F.1 on raw text: the spec's empty-task plan releases the initial member, which predicts O_t."""
+    from dpcl.guarantees.schedules import PEFT_ENSEMBLE
+
+    plan = PEFT_ENSEMBLE.plan_task(METHOD, {"epsilon": 1.0, "delta": 1e-5}, 0, 0)
+    model = PeftEnsemble(setup_for(METHOD, label_space=(0, 1, 2), input_dim=0))
+    model.fit_task(0, _data(np.zeros(0, np.int64)), (1, 2), plan)
+    assert set(np.unique(model.predict(np.asarray(TEXTS[:4], dtype=object)))) <= {1, 2}
