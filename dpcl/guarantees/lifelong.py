@@ -329,12 +329,23 @@ class Precondition:
 
 
 def check_input_range(features: np.ndarray, input_range: str) -> Precondition:
-    """Every feature lies in the declared box (the sensitivities assume it; nothing is clamped)."""
+    """Every feature lies in the declared box (the sensitivities assume it; nothing is clamped).
+
+    A met precondition goes into checkpoints and certificates, so its detail
+    never carries the observed extremes (a non-private statistic of the
+    inputs); only a failed check, which stops the run before any release,
+    names the observed range for the curator.
+    """
     lo, hi = _input_box(input_range)
     x = np.asarray(features, dtype=np.float64)
     finite = bool(np.all(np.isfinite(x)))
     inside = finite and (x.size == 0 or (float(x.min()) >= lo and float(x.max()) <= hi))
-    detail = "no examples" if x.size == 0 else f"observed range [{np.nanmin(x):.6g}, {np.nanmax(x):.6g}]"
+    if x.size == 0:
+        detail = "no examples"
+    elif inside:
+        detail = f"all {x.size} input values checked inside the box; the observed extremes are private and not reported"
+    else:
+        detail = f"observed range [{np.nanmin(x):.6g}, {np.nanmax(x):.6g}]"
     return Precondition("input_range", f"every input feature lies in [{lo:g}, {hi:g}]", inside, detail)
 
 

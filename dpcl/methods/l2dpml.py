@@ -283,11 +283,6 @@ class L2DPMLMethod(ContinualMethod):
             units = check_units(np.asarray(data.unit_ids), self.seen_units)
             if not units.met:
                 raise DisjointnessViolationError(f"task {task_index}: {units.statement} is violated ({units.detail}).")
-            # The report goes into the checkpoint and the certificate: it must not carry the observed min / max
-            # of the private inputs (a non-private statistic), only that the check was made and passed.
-            rng_check = Precondition(rng_check.name, rng_check.statement, rng_check.met,
-                                     f"all {x_np.size} input values checked inside the box; the observed extremes "
-                                     "are private and not reported")
             preconditions += [rng_check, units]
             batches = batch_partition(n, batch_size, seed=int(self.setup.seed) * 1000003 + task_index)
             partition = check_batch_partition(batches, n, batch_size)

@@ -180,6 +180,14 @@ def test_batch_partition_is_a_fixed_partition(n, lam, seed):
     assert len(batches) == math.ceil(n / lam)
 
 
+def test_met_input_range_does_not_report_the_private_extremes():
+    """A met check is released in checkpoints and certificates: no min / max of the private inputs in it."""
+    met = check_input_range(np.array([[0.123456, 0.987654]]), "unit")
+    assert met.met and "0.123456" not in met.detail and "0.987654" not in met.detail
+    failed = check_input_range(np.array([[0.25, 1.5]]), "unit")  # stops the run: the curator sees the range
+    assert not failed.met and "[0.25, 1.5]" in failed.detail
+
+
 def test_preconditions_detect_violations():
     assert not check_batch_partition([np.array([0, 1]), np.array([1, 2])], 3, 2).met
     assert not check_batch_partition([np.array([0, 1, 2])], 3, 2).met  # batch larger than lambda
