@@ -70,9 +70,15 @@ def stream_task_sizes(config: TrainingConfig) -> tuple[list[int], list[FilterRep
             labels_per_task = None
             sizes_raw = data.task_sizes(section)
     except InvalidParameterError as exc:
-        if isinstance(exc, ConfigError):
+        message = str(exc) if isinstance(exc, ConfigError) else f"[stream] {exc}"
+        if not _loadable_dataset(stream["dataset"]):
+            message += (
+                " To audit a dataset dpcl does not load, give [stream] task_sizes = [n_1, ..., n_T] "
+                "(training examples per task after label filtering)."
+            )
+        elif isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"[stream] {exc}") from None
+        raise ConfigError(message) from None
     if stream["label_space"] == "data":
         return sizes_raw, [], []
     label_sets = output_label_sets(stream["label_space"], stream["prior_labels"], len(sizes_raw))
@@ -92,6 +98,17 @@ def stream_task_sizes(config: TrainingConfig) -> tuple[list[int], list[FilterRep
         f"cannot tell how many examples the public label sets keep for a {kind!r} stream whose tasks hold labels "
         "outside their prior_labels; give [stream] task_sizes (training examples per task after label filtering)."
     )
+
+
+def _loadable_dataset(name: Any) -> bool:
+    """Whether the data layer knows the dataset name (it may still fail to read its files)."""
+    from dpcl.data.registry import _resolve
+
+    try:
+        _resolve(name)
+    except InvalidParameterError:
+        return False
+    return True
 
 
 def stream_unit_ids(config: TrainingConfig) -> list[Any] | None:

@@ -206,6 +206,16 @@ def test_audit_explicit_task_sizes_for_unbundled_dataset(tmp_path, capsys):
     assert payload["per_task"][1]["status"].startswith("empty task")
 
 
+def test_audit_of_a_dataset_dpcl_cannot_load_points_to_task_sizes(tmp_path, capsys):
+    text = COSINE_TEXT.replace('dataset = "digits"', 'dataset = "hospital-notes"')
+    code, out, err = _run(capsys, "audit", _write(tmp_path, text))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "unknown dataset 'hospital-notes'" in err and "give [stream] task_sizes" in err
+    text = COSINE_TEXT.replace('dataset = "digits"', f'dataset = "image_folder:{tmp_path / "none"}"')
+    code, out, err = _run(capsys, "audit", _write(tmp_path, text))
+    assert code == 2 and "does not exist" in err and "task_sizes" not in err  # a known loader: fix the path
+
+
 def test_audit_prior_filtering_reports_counts(tmp_path, capsys):
     """Label 1 is not in task 0's public set: its examples are dropped before training (Eq. 6)."""
     text = COSINE_TEXT.replace('label_space = "prior_const"', 'label_space = "prior"').replace(
