@@ -190,7 +190,9 @@ def _print_walkthrough(console: Any, result: dict[str, Any]) -> None:
     console.print(table)
     console.print(
         "All four are sound upper bounds (add/remove adjacency, one example as privacy unit). RDP is loose; PLD "
-        "and PRV (its upper bound, not its estimate) are tight; auto reports the tightest and names it."
+        "and PRV (its upper bound, not its estimate) are tight; auto reports the tightest of the accountants it "
+        "runs and names it (its PLD uses a coarser, faster discretisation than the pld row, so the two can differ "
+        "in the last digits; both are upper bounds)."
     )
 
     t = result["token_calibration"]
