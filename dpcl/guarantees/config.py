@@ -321,7 +321,13 @@ def parse_config(
     """Validate a config already parsed from TOML (a dict)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: a config must be a TOML table, got {type(raw).__name__}.")
-    _unknown("config", raw, ("privacy", "stream", "method", *RUNNER_SECTIONS))
+    sections = ("privacy", "stream", "method", *RUNNER_SECTIONS)
+    unknown = sorted(set(raw) - set(sections))
+    if unknown:
+        raise ConfigError(
+            f"unknown top-level section(s) or key(s) {', '.join(unknown)}; a config has the sections "
+            f"{', '.join(f'[{name}]' for name in sections)}."
+        )
     for name in RUNNER_SECTIONS:
         if name in raw and not isinstance(raw[name], Mapping):
             raise ConfigError(f"[{name}] must be a table, got {type(raw[name]).__name__}.")

@@ -77,7 +77,7 @@ def test_defaults_filled():
         (("method", "batch_size"), True, r"\[method\] batch_size must be int"),
         (("method", "aggregation"), "vote", r"\[method\] aggregation must be one of 'argmax'"),
         (("method", "lr"), 0.1, r"unknown \[method\] key\(s\) lr; allowed: epochs"),
-        (("extra",), {}, r"unknown \[config\] key\(s\) extra"),
+        (("extra",), {}, r"unknown top-level section\(s\) or key\(s\) extra; a config has the sections \[privacy\], \[stream\], \[method\]"),
         (("stream", "prior_labels"), [[0, 1]], r"\[stream\] prior_labels must give one label list per task \(2 tasks\)"),
         (("stream", "prior_labels"), [0, 1], r"\[stream\] prior_labels must be a list of per-task label lists"),
         (("stream", "prior_labels"), [[0, "a"], [2]], r"\[stream\] prior_labels\[0\] must contain integer labels"),
