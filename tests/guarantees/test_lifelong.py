@@ -320,18 +320,23 @@ def test_audit_passes_the_derived_sensitivity_and_catches_the_papers():
     assert paper.epsilon_lower_bound > epsilon
 
 
+def _l2dpml_config(task_sizes: list[int], disjoint_units: bool) -> dict:
+    """A raw l2dpml config (epsilon 4 per release, replace-one) over a stream of the given task sizes."""
+    return {
+        "privacy": {"epsilon": 4.0, "delta": 1e-5, "adjacency": "replace_one"},
+        "stream": {"dataset": "mine", "task_sizes": task_sizes, "label_space": "prior_const",
+                   "prior_labels": [0, 1], "disjoint_units": disjoint_units},
+        "method": {"name": "l2dpml"},
+    }
+
+
 def test_sequential_audit_composes_tasks_and_the_plan_note_does_not_claim_the_stream():
     """With disjoint_units = false the ledger composes the tasks (basic composition of pure-DP Laplace releases
     bounds it by 3 x 4 = 12); the plan's note must not state epsilon1 + epsilon2 for the whole stream then."""
     from dpcl.guarantees.audit_config import audit_config
     from dpcl.guarantees.config import parse_config
 
-    raw = {
-        "privacy": {"epsilon": 4.0, "delta": 1e-5, "adjacency": "replace_one"},
-        "stream": {"dataset": "mine", "task_sizes": [100, 100, 100], "label_space": "prior_const",
-                   "prior_labels": [0, 1], "disjoint_units": False},
-        "method": {"name": "l2dpml"},
-    }
+    raw = _l2dpml_config([100, 100, 100], disjoint_units=False)
     report = audit_config(parse_config(raw), [100, 100, 100])
     assert report.across_tasks == "sequential"
     assert 8.0 < report.epsilon <= 12.0 * (1 + 1e-9)  # more than two tasks' worth, at most the sum of three
@@ -349,12 +354,7 @@ def test_empty_task_is_not_refused_by_the_audit():
     from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 
     assert "previous release" in L2DPML_SPEC.plan_task({}, PRIVACY, 0, 1).noise[EMPTY_TASK_RELEASE_KEY]
-    raw = {
-        "privacy": {"epsilon": 4.0, "delta": 1e-5, "adjacency": "replace_one"},
-        "stream": {"dataset": "mine", "task_sizes": [100, 0, 100], "label_space": "prior_const",
-                   "prior_labels": [0, 1], "disjoint_units": True},
-        "method": {"name": "l2dpml"},
-    }
+    raw = _l2dpml_config([100, 0, 100], disjoint_units=True)
     report = audit_config(parse_config(raw), [100, 0, 100])
     assert report.sound and report.violations == ()
     assert report.per_task[1]["epsilon"] == 0.0 and report.per_task[1]["status"].startswith("empty task: previous")
