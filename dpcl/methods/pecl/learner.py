@@ -202,7 +202,7 @@ class LearnerConfig:
 
 
 #: In-process cache of pre-trained public models (pre-training reads only public text).
-_PRETRAINED: dict[tuple, tuple[dict[str, torch.Tensor], float]] = {}
+_PRETRAINED: dict[tuple, tuple[dict[str, torch.Tensor], float, torch.Tensor]] = {}
 
 
 @functools.lru_cache(maxsize=64)
@@ -247,11 +247,14 @@ class ContinualLM:
             lm = build_causal_lm(config.model, self.tokenizer, seed).to(self.device)
             key = (config.model, config.pretrain_steps, config.pretrain_learning_rate, seed, hash(tuple(public_texts)))
             if key in _PRETRAINED:  # same public corpus, same seed: the same pre-trained model, computed once
-                state, self.pretrain_loss = _PRETRAINED[key]
+                state, self.pretrain_loss, generator_state = _PRETRAINED[key]
                 lm.load_state_dict(state)
+                # the batch generator as pre-training left it: a cache hit trains on the same batches as a miss
+                self.generator.set_state(generator_state)
             else:
                 self.pretrain_loss = self._pretrain(lm, public_texts)
-                _PRETRAINED[key] = ({k: v.detach().clone() for k, v in lm.state_dict().items()}, self.pretrain_loss)
+                _PRETRAINED[key] = ({k: v.detach().clone() for k, v in lm.state_dict().items()}, self.pretrain_loss,
+                                    self.generator.get_state())
         for p in lm.parameters():
             p.requires_grad_(False)
         from peft import LoraConfig, get_peft_model
