@@ -10,8 +10,20 @@
    ledger, and only then calls :meth:`ContinualMethod.fit_task` with the task's
    label-filtered training data, its public output labels ``O_t`` and the plan;
 3. the runner saves :meth:`ContinualMethod.state_dict` as the task's checkpoint,
-   certifies it, and evaluates :meth:`ContinualMethod.predict` on the test
-   sets of the tasks seen so far.
+   certifies it, saves :meth:`ContinualMethod.curator_state_dict` as the task's
+   curator state (a separate, private file), and evaluates
+   :meth:`ContinualMethod.predict` on the test sets of the tasks seen so far.
+
+Release vs curator state. The checkpoint is the *release*: its SHA-256 is what
+the certificate certifies, so it must hold only what the DP guarantee covers --
+what the noised mechanisms produced, their post-processing, and public
+information (configuration, seeded initialisation, public labels ``O_t``, task
+sizes). Anything a method computed from the private data *without* noise and
+needs only to continue the stream (privacy-unit ids for the disjointness
+checks, raw statistics, exact counts) is *curator state*: it goes to
+:meth:`ContinualMethod.curator_state_dict`, which the runner keeps under
+``DIR/curator/`` (private, like the ledger; never published) and restores with
+:meth:`ContinualMethod.load_curator_state_dict` when a run resumes.
 
 A method never computes epsilon: it takes its noise (``sigma`` or
 ``noise_multiplier`` / ``sample_rate`` / ``steps``) from ``plan.noise`` and
@@ -207,11 +219,40 @@ class ContinualMethod(ABC):
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to predict and to continue the stream (torch tensors / numpy arrays)."""
+        """The release: what predicting needs, and only what the certificate covers (torch tensors, plain containers).
+
+        Nothing computed from the private data without noise belongs here (no
+        privacy-unit ids, raw counts or statistics of the private data): that
+        is :meth:`curator_state_dict`. Together the two restore the method.
+        """
 
     @abstractmethod
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (used to resume a run)."""
+        """Restore :meth:`state_dict` output (used to resume a run, with :meth:`load_curator_state_dict`)."""
+
+    def curator_state_dict(self) -> dict[str, Any]:
+        """Curator-side state: what continuing the stream needs but the DP guarantee does not cover.
+
+        E.g. the privacy-unit ids the disjointness checks compare against, raw
+        statistics of the private data. The runner writes it to
+        ``DIR/curator/taskNNN.state.pt`` (private: it must never be published),
+        records its SHA-256 in ``run.json`` and restores it on resume. Tensors,
+        numbers, strings and plain containers only (it is read with
+        ``torch.load(weights_only=True)``). Default: nothing.
+        """
+        return {}
+
+    def load_curator_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`curator_state_dict` output after :meth:`load_state_dict` (used to resume a run).
+
+        The default accepts only the empty state a method without curator state
+        writes; anything else is refused rather than ignored.
+        """
+        if dict(state):
+            raise InvalidParameterError(
+                f"method {self.name!r} keeps no curator state, but the curator state to restore holds "
+                f"{sorted(state)}; it belongs to another method or run."
+            )
 
     def _base_state(self) -> dict[str, Any]:
         return {"seen_labels": [bool(v) for v in self.seen_labels], "tasks_fitted": self.tasks_fitted}

@@ -23,6 +23,13 @@ layer ``W``. Training follows Alg. 2 with the soundness fixes derived in
   coefficients) enter the episodic memory; they are never recomputed, and the
   run checks (by digest) that they stay fixed and disjoint.
 
+The released checkpoint (:meth:`L2DPMLMethod.state_dict`) holds the trained
+weights and the memory's released coefficients; the privacy-unit ids of every
+task and of every memory batch, and the memory digests (computed over those ids),
+are curator state (:meth:`L2DPMLMethod.curator_state_dict`): the Laplace
+releases do not cover them, and they are only needed for the disjointness and
+fixed-memory checks of later tasks.
+
 The hidden layers of ``G`` between ``h1`` and ``h_pi`` keep their seeded random
 initialisation: training them on private data would read the data at every
 step, which the two Laplace releases do not cover (the paper's Alg. 1 does
@@ -217,7 +224,8 @@ class L2DPMLMethod(ContinualMethod):
         self.delta_r = reconstruction_sensitivity(self.n_features, self.input_range)
         self.delta_l = output_sensitivity(self.n_head_features, self.n_classes)
         self.memory: list[dict[str, Any]] = []
-        self.seen_units = np.zeros(0, dtype=np.int64)
+        #: privacy-unit ids of every task trained so far (curator state); None after a release-only restore
+        self.seen_units: np.ndarray | None = np.zeros(0, dtype=np.int64)
         self.reports: dict[int, dict[str, Any]] = {}
 
     # -- features --------------------------------------------------------
@@ -262,6 +270,12 @@ class L2DPMLMethod(ContinualMethod):
         plan: TaskPlan,
         progress: ProgressCallback | None = None,
     ) -> None:
+        if self.seen_units is None:
+            raise InvalidParameterError(
+                "this l2dpml model was restored from a released checkpoint only: continuing the stream needs its "
+                "curator state (privacy-unit ids of earlier tasks and memory batches); call "
+                "load_curator_state_dict with the state curator_state_dict returned."
+            )
         noise = self._task_noise(task_index, plan)
         private = noise["epsilon1"] is not None
         n = len(data)
@@ -424,7 +438,7 @@ self.memory, [_entry_digest(e) for e in self.memory])
                                                  replace=False)
         units = np.asarray(data.unit_ids)
         for i in np.sort(chosen):
-            entry = {"task": task_index, "batch": int(i), "units": units[batches[i]].copy(),
+            entry = {"task": task_index, "batch": int(i), "units": units[batches[i]].astype(np.int64),
                      "ae": None if ae is None else ae[i].clone(), "b_n": b_n[i].clone(), "q_n": q_n[i].clone()}
             entry["digest"] = _entry_digest(entry)
             self.memory.append(entry)
@@ -440,28 +454,63 @@ self.memory, [_entry_digest(e) for e in self.memory])
         return {"l2dpml": self.reports[task_index]}
 
     # -- state -----------------------------------------------------------
+    #: memory-entry keys that are released (the rest, ``units`` and ``digest``, is curator state)
+    _RELEASED_MEMORY_KEYS = ("task", "batch", "ae", "b_n", "q_n")
+
     def state_dict(self) -> dict[str, Any]:
+        """The release: weights, the memory's released coefficients and the certified reports; no unit ids."""
         return {
             **self._base_state(),
             "theta1": self.theta1.clone(),
             "hidden": [(w.clone(), b.clone()) for w, b in self.hidden],
             "W": self.W.clone(),
-            "memory": [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in e.items()}
-                       for e in self.memory],
-            "seen_units": self.seen_units.copy(),
+            "memory": [{k: (e[k].clone() if isinstance(e[k], torch.Tensor) else e[k])
+                        for k in self._RELEASED_MEMORY_KEYS} for e in self.memory],
             "reports": dict(self.reports),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a release; continuing the stream also needs :meth:`load_curator_state_dict`."""
         self._load_base_state(state)
         self.theta1 = state["theta1"].clone()
         self.hidden = [(w.clone(), b.clone()) for w, b in state["hidden"]]
         if coefficient_digest(*[t.numpy() for layer in self.hidden for t in layer]) != self._hidden_digest:
             raise InvalidParameterError("checkpoint hidden layers differ from this run's seeded initialisation.")
         self.W = state["W"].clone()
-        self.memory = [dict(e) for e in state["memory"]]
-        self.seen_units = np.asarray(state["seen_units"], dtype=np.int64).copy()
+        self.memory = [{k: e[k] for k in self._RELEASED_MEMORY_KEYS} for e in state["memory"]]
+        self.seen_units = None  # until load_curator_state_dict
         self.reports = dict(state["reports"])
+
+    def curator_state_dict(self) -> dict[str, Any]:
+        """Privacy-unit ids (every task's, each memory batch's) and the memory digests: private, never released."""
+        if self.seen_units is None:
+            raise InvalidParameterError(
+                "this l2dpml model has no curator state: load_curator_state_dict was not called."
+            )
+        return {
+            "seen_units": torch.as_tensor(self.seen_units, dtype=torch.int64).clone(),
+            "memory_units": [torch.as_tensor(np.asarray(e["units"], dtype=np.int64)) for e in self.memory],
+            "memory_digests": [str(e["digest"]) for e in self.memory],
+        }
+
+    def load_curator_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Attach the unit ids and digests to the restored memory; they must match its released coefficients."""
+        units = [np.asarray(torch.as_tensor(u), dtype=np.int64) for u in state["memory_units"]]
+        digests = [str(d) for d in state["memory_digests"]]
+        if len(units) != len(self.memory) or len(digests) != len(self.memory):
+            raise InvalidParameterError(
+                f"the curator state lists {len(units)} memory batches but the checkpoint holds {len(self.memory)}: "
+                "it belongs to another release."
+            )
+        entries = [{**e, "units": u, "digest": d} for e, u, d in zip(self.memory, units, digests)]
+        changed = [i for i, e in enumerate(entries) if _entry_digest(e) != e["digest"]]
+        if changed:
+            raise InvalidParameterError(
+                f"memory batch(es) {changed} of the checkpoint do not match the curator state's digests: "
+                "the curator state belongs to another release."
+            )
+        self.memory = entries
+        self.seen_units = np.asarray(torch.as_tensor(state["seen_units"]), dtype=np.int64).copy()
 
 
 # ---------------------------------------------------------------------------

@@ -7,6 +7,15 @@ serialised to memory and written with
 ``os.replace``), so a crash never leaves a half-written checkpoint. Loading uses
 ``torch.load(weights_only=True)`` (tensors and plain containers only) and
 first compares the file's SHA-256 with the one its certificate records.
+
+A checkpoint is the *release* a certificate covers. What a method needs to
+continue the stream but the DP guarantee does not cover (privacy-unit ids, raw
+statistics: :meth:`~dpcl.methods.base.ContinualMethod.curator_state_dict`) is
+written by :func:`save_curator_state` to a separate file under ``DIR/curator/``
+(private, curator-side like the ledger) and read back by
+:func:`load_curator_state` only when its SHA-256 matches the one ``run.json``
+records; a missing or altered file raises
+:class:`~dpcl.errors.LedgerCorruptError` (never a silent reset).
 """
 
 from __future__ import annotations
@@ -18,11 +27,13 @@ from typing import Any, Mapping
 
 import torch
 
-from dpcl.errors import InvalidParameterError, VerificationError
+from dpcl.errors import InvalidParameterError, LedgerCorruptError, VerificationError
 from dpcl.guarantees.atomic_io import sha256_file, write_bytes_atomic
 
 CHECKPOINT_FORMAT = "dpcl-checkpoint"
 CHECKPOINT_VERSION = 1
+CURATOR_STATE_FORMAT = "dpcl-curator-state"
+CURATOR_STATE_VERSION = 1
 
 
 def save_checkpoint(path: "str | os.PathLike[str]", *, method: str, task_index: int, state: Mapping[str, Any],
@@ -62,4 +73,59 @@ def load_checkpoint(path: "str | os.PathLike[str]", *, expected_sha256: str | No
         raise InvalidParameterError(f"{str(p)!r} is not a dpcl checkpoint.")
     if payload.get("version") != CHECKPOINT_VERSION:
         raise InvalidParameterError(f"checkpoint version {payload.get('version')!r} is not supported.")
+    return payload
+
+
+def save_curator_state(path: "str | os.PathLike[str]", *, method: str, task_index: int,
+                       state: Mapping[str, Any]) -> str:
+    """Write a method's curator state (private, never published) atomically; returns its SHA-256."""
+    payload = {
+        "format": CURATOR_STATE_FORMAT,
+        "version": CURATOR_STATE_VERSION,
+        "method": str(method),
+        "task_index": int(task_index),
+        "state": dict(state),
+    }
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    target = write_bytes_atomic(path, buffer.getvalue())
+    return sha256_file(target)
+
+
+def load_curator_state(path: "str | os.PathLike[str]", *, expected_sha256: str, method: str,
+                       task_index: int) -> dict[str, Any]:
+    """Read the curator state ``run.json`` records for release ``task_index``; refuse a missing or altered file.
+
+    Raises :class:`~dpcl.errors.LedgerCorruptError` (exit code 2) naming the
+    file: a resumed run never continues without the state it recorded (the
+    disjointness and fixed-memory checks would silently start from nothing).
+    """
+    p = Path(path)
+    remedy = (
+        "restore it from the run's backup (DIR/curator/ is private, curator-side state, like the ledger), "
+        "or start the run over in a new directory."
+    )
+    if not p.is_file():
+        raise LedgerCorruptError(
+            f"curator state {str(p)!r} of the release of task {task_index + 1} is missing: resuming without it "
+            f"would continue the stream without the state it recorded; {remedy}"
+        )
+    digest = sha256_file(p)
+    if digest != expected_sha256:
+        raise LedgerCorruptError(
+            f"curator state {str(p)!r} hashes to {digest} but run.json records {expected_sha256}: it was modified "
+            f"after the release of task {task_index + 1}; {remedy}"
+        )
+    try:
+        payload = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several unrelated types for a damaged file
+        raise LedgerCorruptError(f"curator state {str(p)!r} cannot be read ({exc}); {remedy}") from exc
+    if (not isinstance(payload, dict) or payload.get("format") != CURATOR_STATE_FORMAT
+            or payload.get("version") != CURATOR_STATE_VERSION):
+        raise LedgerCorruptError(f"{str(p)!r} is not a dpcl curator state of version {CURATOR_STATE_VERSION}; {remedy}")
+    if payload.get("method") != method or payload.get("task_index") != task_index:
+        raise LedgerCorruptError(
+            f"curator state {str(p)!r} was written by method {payload.get('method')!r} for task index "
+            f"{payload.get('task_index')!r}, not by {method!r} for task index {task_index}; {remedy}"
+        )
     return payload

@@ -13,9 +13,9 @@
    checked), **charge** the plan's events to the task ledger (before training,
    so a crash never loses spent budget), train the method
    (:meth:`~dpcl.methods.base.ContinualMethod.fit_task`) with a progress bar,
-   write the checkpoint atomically, record the release in the ledger, write its
-   certificate and verify it, evaluate on the test sets of tasks ``0..t`` and
-   save the run state atomically.
+   write the checkpoint (the release) and the method's curator state atomically,
+   record the release in the ledger, write its certificate and verify it,
+   evaluate on the test sets of tasks ``0..t`` and save the run state atomically.
 3. write ``metrics.json`` (accuracy matrix and every metric of
    :func:`dpcl.metrics.summarize`; final AA under ``average_accuracy``) and
    ``accuracy.png``.
@@ -26,11 +26,21 @@ Run directory::
     DIR/ledger.json                      the task ledger (TaskLedger), atomic
     DIR/checkpoints/task001.pt           one checkpoint per release, atomic
     DIR/certificates/task001.cert.json   one certificate per release, verified after writing
+    DIR/curator/task001.state.pt         curator state per release (private), atomic
     DIR/metrics.json, DIR/accuracy.png
+
+What may be published: ``checkpoints/`` and ``certificates/`` (each
+certificate covers its checkpoint and nothing else). ``curator/``,
+``ledger.json`` and ``run.json`` are the curator's: ``curator/`` holds what a
+method computed from the private data without noise and needs only to continue
+the stream (:meth:`~dpcl.methods.base.ContinualMethod.curator_state_dict`, e.g.
+privacy-unit ids, raw statistics), which no certificate covers.
 
 Resume: rerunning with the same ``DIR`` (same config file content and seed)
 restarts after the last task recorded in ``run.json``, from that task's
-checkpoint (its SHA-256 must match its certificate). The ledger is reopened, not
+checkpoint (its SHA-256 must match its certificate) and curator state (its
+SHA-256 must match the one ``run.json`` records; a missing or altered file is
+refused with :class:`~dpcl.errors.LedgerCorruptError`). The ledger is reopened, not
 reset: charges of a task that was interrupted stay charged and the retrained task
 is charged again (conservative: the interrupted attempt may have leaked).
 
@@ -65,12 +75,19 @@ from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
 
 RUN_STATE_FORMAT = "dpcl-run"
-RUN_STATE_VERSION = 1
+RUN_STATE_VERSION = 2  # 2: releases record their curator state (checkpoints of version 1 held it)
 NON_PRIVATE_FORMAT = "dpcl-non-private-release"
 
 NON_PRIVATE_STATEMENT = (
     "This checkpoint was trained WITHOUT differential privacy ([run] private = false): no noise was added and "
     "no gradient was clipped. It offers no privacy guarantee for its training data (epsilon is infinite)."
+)
+
+#: Stated in every certificate of a ``dpcl run``: what the certificate does not cover.
+CURATOR_STATE_ASSUMPTION = (
+    "The certificate covers the released checkpoint only. The run directory's curator/ files (method state "
+    "computed from the private data without noise, e.g. privacy-unit ids and raw statistics, kept to continue "
+    "the stream), ledger.json and run.json are curator-side and not covered: they must not be published."
 )
 
 
@@ -85,6 +102,8 @@ class ReleaseSummary:
     certificate: str
     examples: int
     filtered_out: int
+    curator_state: str
+    curator_sha256: str
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +114,8 @@ class ReleaseSummary:
             "certificate": self.certificate,
             "examples": self.examples,
             "filtered_out": self.filtered_out,
+            "curator_state": self.curator_state,
+            "curator_sha256": self.curator_sha256,
         }
 
     @classmethod
@@ -107,6 +128,8 @@ class ReleaseSummary:
             certificate=str(data["certificate"]),
             examples=int(data["examples"]),
             filtered_out=int(data["filtered_out"]),
+            curator_state=str(data["curator_state"]),
+            curator_sha256=str(data["curator_sha256"]),
         )
 
 
@@ -331,7 +354,7 @@ def run_training(
     device = resolve_device(device, config.method)
     try:
         from dpcl.methods.base import MethodSetup, method_class
-        from dpcl.runner.checkpoints import load_checkpoint, save_checkpoint
+        from dpcl.runner.checkpoints import load_checkpoint, load_curator_state, save_checkpoint, save_curator_state
     except ModuleNotFoundError as exc:  # torch missing
         raise MissingDependencyError(
             f"dpcl run needs {exc.name}; install the training extra: pip install torch==2.13.0 && pip install 'dpcl[train]'"
@@ -374,6 +397,13 @@ def run_training(
             raise ConfigError(f"{state_path} is damaged ({exc}); move the run directory away to start over.") from exc
         if state.get("format") != RUN_STATE_FORMAT:
             raise ConfigError(f"{state_path} is not a dpcl run state; use another --out directory.")
+        if state.get("version") != RUN_STATE_VERSION:
+            raise ConfigError(
+                f"{state_path} has run-state version {state.get('version')!r}, this dpcl writes version "
+                f"{RUN_STATE_VERSION}: runs of version 1 kept curator state (privacy-unit ids, raw statistics) inside "
+                "the released checkpoints and cannot be resumed; start the run over in a new --out directory "
+                "(and do not publish that run's checkpoints)."
+            )
         mismatch = [
             name
             for name, mine, recorded in (
@@ -439,6 +469,9 @@ def run_training(
         if payload["method"] != method_name or payload["task_index"] != last.task_index:
             raise ConfigError(f"checkpoint {last.checkpoint} does not belong to this run.")
         method.load_state_dict(payload["state"])
+        curator = load_curator_state(out / last.curator_state, expected_sha256=last.curator_sha256,
+                                     method=method_name, task_index=last.task_index)
+        method.load_curator_state_dict(curator["state"])
 
     def save_state() -> None:
         write_json_atomic(
@@ -486,6 +519,9 @@ def run_training(
             checkpoint, method=method_name, task_index=t, state=method.state_dict(),
             meta={"seed": seed, "config_sha256": digest, "dpcl_version": __version__},
         )
+        curator_file = out / "curator" / f"task{t + 1:03d}.state.pt"
+        curator_sha = save_curator_state(curator_file, method=method_name, task_index=t,
+                                         state=method.curator_state_dict())
         if private and ledger.charges:
             record = ledger.release(t, checkpoint_sha256=checkpoint_sha)
             from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
@@ -494,6 +530,7 @@ def run_training(
             assumptions = list(report.assumptions)
             assumptions += [a for a in plan.assumptions if a not in assumptions]
             assumptions += [a for a in noise_assumptions(reproducible) if a not in assumptions]
+            assumptions.append(CURATOR_STATE_ASSUMPTION)
             extra: dict[str, Any] = {
                 "seed": seed,
                 "reproducible_noise": reproducible,
@@ -538,6 +575,8 @@ def run_training(
                 certificate=certificate.relative_to(out).as_posix(),
                 examples=len(data),
                 filtered_out=prepared[t].filtered_out,
+                curator_state=curator_file.relative_to(out).as_posix(),
+                curator_sha256=curator_sha,
             )
         )
         save_state()

@@ -166,16 +166,59 @@ def test_learns_with_little_noise_and_not_with_a_tiny_budget(stream):
 
 
 def test_state_dict_round_trip(stream):
-    # continuing both copies on the same noise needs the reproducible-noise opt-in
+    # continuing both copies on the same noise needs the reproducible-noise opt-in; continuing needs the
+    # curator state (unit ids for the disjointness and fixed-memory checks) besides the release
     m = _method(reproducible_noise=True)
     _fit(m, stream.tasks[0])
     m2 = _method(reproducible_noise=True)
     m2.load_state_dict(m.state_dict())
     x = stream.tasks[0].test.features
     np.testing.assert_array_equal(m.scores(x), m2.scores(x))
+    m2.load_curator_state_dict(m.curator_state_dict())
     _fit(m, stream.tasks[1])
     _fit(m2, stream.tasks[1])
     np.testing.assert_array_equal(m.scores(x), m2.scores(x))
+    # the restored curator state still catches a unit shared with an earlier task
+    task = stream.tasks[2]
+    reused = np.asarray(task.train.unit_ids).copy()
+    reused[0] = stream.tasks[0].train.unit_ids[0]
+    plan = L2DPML_SPEC.plan_task(METHOD, PRIVACY, len(task.train.labels), task.index)
+    with pytest.raises(DisjointnessViolationError, match="earlier tasks"):
+        m2.fit_task(task.index, TrainingData(task.train.features, task.train.labels, reused), task.labels, plan)
+
+
+def test_release_holds_no_unit_ids_and_continuing_needs_the_curator_state(stream):
+    """The checkpoint is the Laplace release: unit ids (and digests over them) stay with the curator."""
+    m = _method()
+    for task in stream.tasks[:2]:
+        _fit(m, task)
+    release = m.state_dict()
+    assert "seen_units" not in release
+    assert all(set(e) == {"task", "batch", "ae", "b_n", "q_n"} for e in release["memory"])
+    units = [np.asarray(t.train.unit_ids) for t in stream.tasks[:2]]
+    for value in _leaves(release):
+        array = np.asarray(value.numpy() if isinstance(value, torch.Tensor) else value)
+        if array.dtype.kind in "iu" and array.size > 1:
+            assert not any(np.isin(array.ravel(), u).all() for u in units)
+    curator = m.curator_state_dict()
+    np.testing.assert_array_equal(curator["seen_units"].numpy(), np.concatenate(units))
+    restored = _method()
+    restored.load_state_dict(release)
+    with pytest.raises(InvalidParameterError, match="curator state"):
+        _fit(restored, stream.tasks[2])
+    bad = dict(curator, memory_units=[u + 1 for u in curator["memory_units"]])
+    with pytest.raises(InvalidParameterError, match="digests"):
+        restored.load_curator_state_dict(bad)
+    with pytest.raises(InvalidParameterError, match="memory batches"):
+        restored.load_curator_state_dict(dict(curator, memory_units=curator["memory_units"][:1]))
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
 
 
 vectors = st.lists(st.floats(-10, 10, allow_nan=False), min_size=4, max_size=4)

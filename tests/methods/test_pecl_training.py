@@ -143,9 +143,21 @@ def test_pecl_method_follows_the_plan_and_round_trips():
     assert scores.shape == (16, 4)
     assert set(method.predict(np.asarray(texts, dtype=object)).tolist()) <= {0, 1}
     state = method.state_dict()
+    # the release holds no statistic of the private text: those are curator state
+    assert not set(state) & {"token_counts", "omegas", "seen", "task_records"}
+    curator = method.curator_state_dict()
+    assert int(curator["token_counts"].sum()) == int(method.learner.token_stats.counts.sum()) > 0
     again = cls(setup)
     again.load_state_dict(state)
     assert np.allclose(again.scores(np.asarray(texts, dtype=object)), scores, atol=1e-5)
+    # continuing from the release alone would score tokens without the earlier tasks' counts: refused
+    texts1, labels1 = _tasks()[1]
+    plan1 = pt.PECL_SPEC.plan_task(setup.method, setup.privacy, len(texts1), 1)
+    with pytest.raises(InvalidParameterError, match="curator state"):
+        again.fit_task(1, _data(texts1, labels1), (2, 3), plan1)
+    again.load_curator_state_dict(curator)
+    np.testing.assert_array_equal(again.learner.token_stats.counts, method.learner.token_stats.counts)
+    assert again.learner.omegas == method.learner.omegas
     with pytest.raises(InvalidParameterError, match="raw texts"):
         method.scores(np.zeros((2, 3)))
 
@@ -355,3 +367,16 @@ def test_unlearning_term_uses_the_batchs_scores_and_token_losses(monkeypatch, un
             assert match
             seen_rows += 1
     assert seen_rows == TINY["epochs"] * 16
+
+
+def test_cached_pretraining_leaves_the_batch_generator_as_a_fresh_pretraining_does():
+    """A second learner in the same process reuses the pre-trained model; it must also train on the same batches
+    (the pre-training draws advance the seeded batch generator), so a run does not depend on what ran before it."""
+    from dpcl.methods.pecl import learner as learner_module
+
+    learner_module._PRETRAINED.clear()
+    fresh = ContinualLM(4, learner_config(**TINY), seed=5, public_texts=PUBLIC)
+    cached = ContinualLM(4, learner_config(**TINY), seed=5, public_texts=PUBLIC)
+    assert torch.equal(fresh.generator.get_state(), cached.generator.get_state())
+    untouched = torch.Generator().manual_seed(5).get_state()
+    assert not torch.equal(fresh.generator.get_state(), untouched)  # pre-training did draw from it

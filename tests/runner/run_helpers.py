@@ -55,3 +55,32 @@ def write_config(
     path = Path(directory) / name
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def write_l2dpml_config(directory: Path, *, name: str = "l2dpml.toml") -> Path:
+    """A two-task permuted-digits L2DP-ML config (one memory batch per task)."""
+    path = Path(directory) / name
+    path.write_text(
+        '[privacy]\nepsilon = 4.0\ndelta = 1e-5\nadjacency = "replace_one"\naccountant = "auto"\n'
+        '[stream]\ndataset = "digits"\nkind = "permuted"\nn_tasks = 3\nlabel_space = "prior_const"\n'
+        "prior_labels = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\ndisjoint_units = true\n"
+        '[method]\nname = "l2dpml"\nhidden_sizes = [8, 4]\nbatch_size = 200\nepochs = 3\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def write_pecl_config(directory: Path, *, name: str = "pecl.toml") -> Path:
+    """A tiny two-task PeCL config on fortune texts (one epoch, a one-layer model)."""
+    path = Path(directory) / name
+    path.write_text(
+        "[privacy]\nepsilon = 10.0\ndelta = 1e-6\nadjacency = \"replace_one\"\naccountant = \"auto\"\n"
+        "across_tasks = \"auto\"\n\n[stream]\ndataset = \"fortunes_texts\"\n"
+        "dataset_options = { categories = [\"food\", \"law\", \"science\", \"work\"], max_per_class = 6 }\n"
+        "tasks = [[0, 1], [2, 3]]\nlabel_space = \"prior\"\nprior_labels = [[0, 1], [2, 3]]\n"
+        "disjoint_units = true\n\n[method]\nname = \"pecl\"\nepsilon_lower = 1.0\nepsilon_upper = 10.0\n"
+        "epochs = 1\nbatch_size = 8\nmax_seq_len = 32\nlora_rank = 2\nn_layer = 1\nn_embd = 16\nn_head = 2\n"
+        "pretrain_steps = 2\n",
+        encoding="utf-8",
+    )
+    return path

@@ -18,6 +18,15 @@ and private).
 ``[method] pretrained_path`` loads a pre-trained causal LM and its tokenizer
 from a local directory instead of building the small model (see
 :mod:`dpcl.methods.pecl.learner`); the plan, TDP and certificates are the same.
+
+The released checkpoint (:meth:`PeCLMethod.state_dict`) holds the model and
+adapter names only. What the learner computed from the private text without
+noise -- the token frequency counts behind the sensitivity scores (eq. 1-3),
+the activation norms ``Omega_t`` of the clean text (eq. 8-9), the labels present
+in each task's data, and the per-task records (mean sensitivity score,
+``lambda_dyn``, ``Omega``, training losses, the sigma actually used and the
+longest sequence) -- is curator state (:meth:`PeCLMethod.curator_state_dict`),
+kept under the run directory's private ``curator/``.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.guarantees.per_token import PECL_KEYS
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
 from dpcl.methods.pecl.learner import ContinualLM, learner_config
+
+#: curator-state keys (:meth:`PeCLMethod.curator_state_dict`): computed from the private text without noise
+CURATOR_KEYS = ("token_counts", "omegas", "seen", "task_records", "batch_generator_state")
 
 #: method keys passed straight to the learner
 _LEARNER_KEYS = (
@@ -76,6 +88,8 @@ class PeCLMethod(ContinualMethod):
         )
         self.learner = ContinualLM(len(self.label_space), learner_config(**options), setup.seed, list(public.texts),
                                    reproducible_noise=setup.reproducible_noise)
+        #: set by a release-only restore (load_state_dict): training on needs load_curator_state_dict first
+        self._curator_missing = False
 
     def planned_work(self, plan: TaskPlan) -> int:
         return 1
@@ -98,6 +112,12 @@ class PeCLMethod(ContinualMethod):
             raise DisjointnessViolationError(
                 f"{overlap.size} training example(s) of task {task_index} are in the public pre-training corpus; "
                 "choose stream categories disjoint from the public ones."
+            )
+        if self._curator_missing:
+            raise InvalidParameterError(
+                "this pecl model was restored from a released checkpoint only: continuing the stream needs its "
+                "curator state (token counts, Omega values of earlier tasks); call load_curator_state_dict with "
+                "the state curator_state_dict returned."
             )
         self._check_plan(plan)
         self.learner.fit_task(task_index, list(data.texts), self.label_positions(data.labels))
@@ -142,20 +162,59 @@ class PeCLMethod(ContinualMethod):
         return self.learner.class_scores(_texts(features))
 
     def state_dict(self) -> dict[str, Any]:
+        """The release: model weights (TDP-trained adapters and head) and adapter names; no statistics of the data."""
         learner = self.learner
         return {
             **self._base_state(),
             "model": {k: v.detach().cpu() for k, v in learner.model.state_dict().items()},
             "adapters": [f"task_{k}" for k in range(int(learner.adapter.split("_")[1]) + 1)],
             "adapter": learner.adapter,
-            "token_counts": learner.token_stats.counts.copy(),
-            "omegas": list(learner.omegas),
-            "seen": learner.seen.copy(),
             "tasks_fitted_learner": learner.tasks_fitted,
+        }
+
+    def curator_state_dict(self) -> dict[str, Any]:
+        """Token counts, Omega values, labels present and task records of the private text: private, never released."""
+        learner = self.learner
+        if self._curator_missing:
+            raise InvalidParameterError("this pecl model has no curator state: load_curator_state_dict was not called.")
+        return {
+            "token_counts": torch.as_tensor(learner.token_stats.counts, dtype=torch.int64).clone(),
+            "omegas": [float(x) for x in learner.omegas],
+            "seen": torch.as_tensor(learner.seen, dtype=torch.bool).clone(),
             "task_records": [
                 {k: v for k, v in r.items() if isinstance(v, (int, float, str, dict))} for r in learner.task_records
             ],
+            # seeded batch-order generator (public draws); a resumed run continues with the same batches
+            "batch_generator_state": learner.generator.get_state(),
         }
+
+    def load_curator_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`curator_state_dict` output after :meth:`load_state_dict`."""
+        learner = self.learner
+        missing = [k for k in CURATOR_KEYS if k not in state]
+        if missing:
+            raise InvalidParameterError(f"the pecl curator state lacks {', '.join(missing)}.")
+        counts = np.asarray(torch.as_tensor(state["token_counts"]), dtype=np.int64)
+        if counts.ndim != 2 or counts.shape[1] != learner.token_stats.vocab_size:
+            raise InvalidParameterError(
+                f"the curator state's token counts have shape {counts.shape}, expected [tasks, "
+                f"{learner.token_stats.vocab_size}] for this model's vocabulary: it belongs to another run."
+            )
+        seen = np.asarray(torch.as_tensor(state["seen"]), dtype=bool)
+        if seen.shape != learner.seen.shape:
+            raise InvalidParameterError(f"the curator state covers {seen.size} labels, this model {learner.seen.size}.")
+        records = list(state["task_records"])
+        if len(records) != learner.tasks_fitted:
+            raise InvalidParameterError(
+                f"the curator state records {len(records)} tasks but the checkpoint {learner.tasks_fitted}: "
+                "it belongs to another release."
+            )
+        learner.token_stats.counts = counts.copy()
+        learner.omegas = [float(x) for x in state["omegas"]]
+        learner.seen = seen.copy()
+        learner.task_records = records
+        learner.generator.set_state(torch.as_tensor(state["batch_generator_state"], dtype=torch.uint8))
+        self._curator_missing = False
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._load_base_state(state)
@@ -173,8 +232,5 @@ class PeCLMethod(ContinualMethod):
         )
         if unexpected or [m for m in missing if "lora_" in m or m.startswith("head")]:
             raise InvalidParameterError(f"checkpoint does not match the pecl model (missing {missing[:3]}).")
-        learner.token_stats.counts = np.asarray(state["token_counts"], dtype=np.int64)
-        learner.omegas = [float(x) for x in state["omegas"]]
-        learner.seen = np.asarray(state["seen"], dtype=bool)
         learner.tasks_fitted = int(state["tasks_fitted_learner"])
-        learner.task_records = list(state["task_records"])
+        self._curator_missing = True  # until load_curator_state_dict
