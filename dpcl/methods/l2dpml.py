@@ -573,7 +573,15 @@ class AGEMClassifier(ContinualMethod):
     def _batches(self, n: int, rng: np.random.Generator) -> list[np.ndarray]:
         return [idx for _ in range(self.epochs) for idx in np.array_split(rng.permutation(n), max(1, n // self.batch_size))]
 
+    def _require_memory(self) -> None:
+        if self.mem_x is None:
+            raise InvalidParameterError(
+                f"this {self.name} model was restored from its release only: continuing the stream needs its "
+                "episodic memory; call load_curator_state_dict with the state curator_state_dict returned."
+            )
+
     def fit_task(self, task_index, data, output_labels, plan, progress=None) -> None:
+        self._require_memory()
         rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
         x = torch.as_tensor(np.asarray(data.features, dtype=np.float64))
         y = torch.as_tensor(self.label_positions(data.labels), dtype=torch.long)
@@ -594,11 +602,24 @@ class AGEMClassifier(ContinualMethod):
         self.tasks_fitted += 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self._base_state(), "model": self.model.state_dict(), "mem_x": self.mem_x, "mem_y": self.mem_y}
+        """The release: the model only (the replay memory holds raw training examples: curator state)."""
+        return {**self._base_state(), "model": self.model.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the model; continuing the stream also needs :meth:`load_curator_state_dict` (the memory)."""
         self._load_base_state(state)
         self.model.load_state_dict(state["model"])
+        self.mem_x, self.mem_y = None, None  # until load_curator_state_dict
+
+    def curator_state_dict(self) -> dict[str, Any]:
+        """The episodic memory: raw training examples and their labels (no DP guarantee covers them)."""
+        if self.mem_x is None:
+            raise InvalidParameterError(
+                f"this {self.name} model has no memory: load_curator_state_dict was not called."
+            )
+        return {"mem_x": self.mem_x.clone(), "mem_y": self.mem_y.clone()}
+
+    def load_curator_state_dict(self, state: Mapping[str, Any]) -> None:
         self.mem_x, self.mem_y = state["mem_x"].clone(), state["mem_y"].clone()
 
 
@@ -648,6 +669,7 @@ class DPSGDAGEMClassifier(AGEMClassifier):
     def fit_task(self, task_index, data, output_labels, plan, progress=None) -> None:
         from opacus.optimizers import DPOptimizer
 
+        self._require_memory()
         rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
         gen = self.noise_generator(task_index, device="cpu")  # Poisson masks + DP-SGD noise
         x = torch.as_tensor(np.asarray(data.features, dtype=np.float64))

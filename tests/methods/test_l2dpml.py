@@ -255,6 +255,26 @@ def test_agem_baselines_train_on_the_same_stream(stream):
         assert 0.0 <= acc <= 1.0
 
 
+def test_agem_release_holds_no_replay_memory(stream):
+    """The replay memory is raw training examples: curator state, not part of the released model."""
+    dp = _baseline(DPSGDAGEMClassifier, clip_norm=1.0)
+    task = stream.tasks[0]
+    dp.fit_task(task.index, _data(task), task.labels, TaskPlan((), {"noise_multiplier": 1.0}))
+    release = dp.state_dict()
+    assert set(release) == {"seen_labels", "tasks_fitted", "model"}
+    rows = torch.as_tensor(np.asarray(task.train.features, dtype=np.float64))
+    curator = dp.curator_state_dict()
+    assert len(curator["mem_y"]) == 32 and torch.isin(curator["mem_x"][:, 0], rows[:, 0]).all()
+    restored = _baseline(DPSGDAGEMClassifier, clip_norm=1.0)
+    restored.load_state_dict(release)
+    x = stream.tasks[1].test.features
+    np.testing.assert_array_equal(restored.scores(x), dp.scores(x))
+    with pytest.raises(InvalidParameterError, match="episodic memory"):
+        restored.fit_task(1, _data(stream.tasks[1]), stream.tasks[1].labels, TaskPlan((), {"noise_multiplier": 1.0}))
+    restored.load_curator_state_dict(curator)
+    assert torch.equal(restored.mem_x, dp.mem_x) and torch.equal(restored.mem_y, dp.mem_y)
+
+
 def test_dpcl_run_certifies_every_release_and_verify_accepts(tmp_path):
     from dpcl.cli import main
 
