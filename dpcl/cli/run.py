@@ -20,7 +20,9 @@ def register(subparsers: Any) -> None:
         description=(
             "Train the continual-learning run CONFIG.toml describes. The config is audited first (as `dpcl audit`); "
             "a refused config exits with code 3 before training. Writes DIR/metrics.json, DIR/accuracy.png, "
-            "DIR/ledger.json, DIR/checkpoints/ and DIR/certificates/ (one verified certificate per release). "
+            "DIR/ledger.json, DIR/run.json, DIR/checkpoints/ and DIR/certificates/ (one verified certificate per release) "
+            "and DIR/curator/. Publish checkpoints/ and certificates/ only: curator/, ledger.json and run.json hold "
+            "what the methods computed from the private data without noise and are not covered by any certificate. "
             "Rerunning with the same --out resumes after the last certified task."
         ),
     )
@@ -84,6 +86,7 @@ def print_summary(result: Any) -> None:
         console.print(f"resumed after task {result.resumed_after + 1}")
     console.print(f"certificates: {result.out_dir / 'certificates'}")
     console.print(f"run directory: {result.out_dir} (metrics.json, accuracy.png, ledger.json, checkpoints/)")
+    console.print("publish checkpoints/ with their certificates/ only; curator/, ledger.json and run.json are private")
 
 
 def quiet_accounting_logs() -> None:

@@ -83,7 +83,9 @@ DATA_DEPENDENCE_ASSUMPTION = (
     "guarantees hold only if those scores do not depend on the private data (computed from public data or "
     "themselves privatised). PeCL computes them from the private training text (model surprise, eq. 2, and "
     "cross-task token frequencies, eq. 3 of Zhan et al.), so as run the stated epsilons are conditional on "
-    "this assumption, not unconditional DP guarantees."
+    "this assumption, not unconditional DP guarantees. The same holds for the memory-sculpting weights: "
+    "lambda_dyn (eq. 11, from the task's mean score) and Omega_k (eq. 8, activation norms of the clean text) "
+    "are computed from the private text without noise and shape the released adapters."
 )
 
 #: What the guarantee covers (and what it does not).

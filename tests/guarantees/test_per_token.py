@@ -258,6 +258,7 @@ def test_pecl_spec_plan_uses_worst_token_at_true_sensitivity():
     assert reference_delta(8.0, 0.99 * sigma / math.sqrt(2), 1.0) > 1e-5
     assert plan.noise["sigma_min"] == pytest.approx(sigma)
     assert pt.DATA_DEPENDENCE_ASSUMPTION in plan.assumptions
+    assert "lambda_dyn" in pt.DATA_DEPENDENCE_ASSUMPTION and "Omega_k" in pt.DATA_DEPENDENCE_ASSUMPTION  # sculpting too
     assert plan.noise["per_token"]["sequence"]["length"] == 32
 
 
