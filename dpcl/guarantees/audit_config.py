@@ -198,7 +198,7 @@ def audit_config(
         for a in plan.assumptions:
             if a not in assumptions:
                 assumptions.append(a)
-        notes.extend(plan.notes)
+        notes.extend(n for n in plan.notes if n not in notes)  # methods repeat a note per task; state it once
 
     events_all = [e for _, _, p in plans if p is not None for e in p.events]
     adjacency = events_all[0].adjacency.value if events_all else privacy["adjacency"]

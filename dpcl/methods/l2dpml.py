@@ -227,6 +227,9 @@ class L2DPMLMethod(ContinualMethod):
         #: privacy-unit ids of every task trained so far (curator state); None after a release-only restore
         self.seen_units: np.ndarray | None = np.zeros(0, dtype=np.int64)
         self.reports: dict[int, dict[str, Any]] = {}
+        #: how tasks compose ("parallel" needs disjoint units across tasks); anything but an explicit
+        #: "sequential" (e.g. an unresolved "auto") is held to the stricter parallel precondition
+        self.across_tasks = "sequential" if setup.privacy.get("across_tasks") == "sequential" else "parallel"
 
     # -- features --------------------------------------------------------
     def _head_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -294,7 +297,7 @@ class L2DPMLMethod(ContinualMethod):
                     f"task {task_index}: inputs must lie in the declared input_range {self.input_range!r} "
                     f"{INPUT_RANGES[self.input_range]} ({rng_check.detail}); rescale the data, dpcl never clamps."
                 )
-            units = check_units(np.asarray(data.unit_ids), self.seen_units)
+            units = check_units(np.asarray(data.unit_ids), self.seen_units, across_tasks=self.across_tasks)
             if not units.met:
                 raise DisjointnessViolationError(f"task {task_index}: {units.statement} is violated ({units.detail}).")
             preconditions += [rng_check, units]

@@ -426,7 +426,7 @@ def run_training(
     label_space = tuple(sorted({o for s in label_sets for o in s}))
     setup = MethodSetup(
         method=config.method,
-        privacy=config.privacy,
+        privacy={**config.privacy, "across_tasks": across},  # resolved: the composition the ledger applies
         label_space=label_space,
         input_dim=int(prepared[0].features.shape[1]),
         seed=seed,

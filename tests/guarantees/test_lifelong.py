@@ -197,6 +197,11 @@ def test_preconditions_detect_violations():
     assert not check_units(np.array([1, 2, 2]), np.array([], dtype=int)).met
     assert not check_units(np.array([1, 2]), np.array([2, 5])).met
     assert check_units(np.array([1, 2]), np.array([3])).met
+    # sequential composition across tasks: a unit may return in a later task, never twice within one
+    assert check_units(np.array([1, 2]), np.array([2, 5]), across_tasks="sequential").met
+    assert not check_units(np.array([1, 2, 2]), np.array([], dtype=int), across_tasks="sequential").met
+    with pytest.raises(InvalidParameterError, match="across_tasks"):
+        check_units(np.array([1]), np.array([2]), across_tasks="auto")
     coeff = np.arange(4.0)
     entries = [{"task": 0, "units": np.array([1, 2]), "digest": coefficient_digest(coeff)},
                {"task": 1, "units": np.array([3]), "digest": coefficient_digest(coeff + 1)}]
@@ -342,6 +347,10 @@ def test_sequential_audit_composes_tasks_and_the_plan_note_does_not_claim_the_st
     assert 8.0 < report.epsilon <= 12.0 * (1 + 1e-9)  # more than two tasks' worth, at most the sum of three
     note = next(n for n in report.notes if n.startswith("Lifelong DP"))
     assert "Under parallel composition" in note and "under sequential composition the ledger composes" in note
+    # every task repeats the note: the report states it once; no assumption claims disjoint tasks
+    assert sum(n.startswith("Lifelong DP") for n in report.notes) == 1
+    assert not any("tasks hold disjoint units" in a for a in report.assumptions)
+    assert any("compose sequentially" in a for a in report.assumptions)
     raw["stream"]["disjoint_units"] = True
     assert audit_config(parse_config(raw), [100, 100, 100]).epsilon <= 4.0 * (1 + 1e-9)
 

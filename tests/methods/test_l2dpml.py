@@ -434,3 +434,28 @@ def test_report_does_not_publish_the_observed_input_extremes(stream):
     text = str(m.certificate_extra(0))
     for value in (x.min(), x.max()):
         assert f"{value:.6g}" not in text and f"{value:.4g}" not in text
+
+
+def test_sequential_composition_lets_a_unit_return_in_a_later_task(stream):
+    """Across tasks only parallel composition needs disjoint units; within a task each unit holds one example."""
+    task0, task1 = stream.tasks[0], stream.tasks[1]
+    returning = np.asarray(task1.train.unit_ids).copy()
+    returning[0] = task0.train.unit_ids[0]
+    data1 = TrainingData(task1.train.features, task1.train.labels, returning)
+    plan1 = L2DPML_SPEC.plan_task(METHOD, PRIVACY, len(task1.train.labels), task1.index)
+    sequential = _method(privacy={**PRIVACY, "across_tasks": "sequential"})
+    _fit(sequential, task0)
+    sequential.fit_task(task1.index, data1, task1.labels, plan1)
+    units = [p for p in sequential.reports[task1.index]["preconditions"] if p["name"] == "one_example_per_unit"]
+    assert units and units[0]["met"] and "1 units seen in earlier tasks (allowed)" in units[0]["detail"]
+    twice = returning.copy()
+    twice[1] = twice[0]
+    with pytest.raises(DisjointnessViolationError, match="1 repeated units in the task"):
+        _method(privacy={**PRIVACY, "across_tasks": "sequential"}).fit_task(
+            task1.index, TrainingData(task1.train.features, task1.train.labels, twice), task1.labels, plan1)
+    for across in ("parallel", "auto", None):  # anything but an explicit "sequential" keeps the strict check
+        privacy = PRIVACY if across is None else {**PRIVACY, "across_tasks": across}
+        strict = _method(privacy=privacy)
+        _fit(strict, task0)
+        with pytest.raises(DisjointnessViolationError, match="earlier tasks"):
+            strict.fit_task(task1.index, data1, task1.labels, plan1)
