@@ -45,7 +45,9 @@ class _SingleModelDPSGD(ContinualMethod):
         if self.adapter_dim < 0:
             raise InvalidParameterError(f"[method] adapter_dim must be >= 0, got {self.adapter_dim}.")
         #: initialisation only; noise and Poisson masks come from :meth:`noise_generator`
-        self.generator = torch.Generator(device=self.device).manual_seed(int(setup.seed))
+        # a CPU generator whatever the device: its state restores on any device, so a run resumed on
+        # another device initialises later models exactly as an uninterrupted run would
+        self.generator = torch.Generator(device="cpu").manual_seed(int(setup.seed))
         self.model = self._fresh_model()
 
     def _fresh_model(self) -> AdapterClassifier:
@@ -103,8 +105,7 @@ class _SingleModelDPSGD(ContinualMethod):
         self._load_base_state(state)
         self.model.load_state_dict(state["model"])
         self.model.eval()
-        if self.device.type == "cpu":
-            self.generator.set_state(state["generator_state"])
+        self.generator.set_state(state["generator_state"])
 
 
 class NaiveFineTuning(_SingleModelDPSGD):

@@ -108,7 +108,9 @@ class PeftEnsemble(ContinualMethod):
         if self.adapter_dim < 0:
             raise ConfigError(f"[method] adapter_dim must be >= 0, got {self.adapter_dim}.")
         #: initialisation only (adapter seeds); noise and Poisson masks come from :meth:`noise_generator`
-        self.generator = torch.Generator(device=self.device).manual_seed(int(setup.seed))
+        # a CPU generator whatever the device: its state restores on any device, so a run resumed on
+        # another device initialises later models exactly as an uninterrupted run would
+        self.generator = torch.Generator(device="cpu").manual_seed(int(setup.seed))
         self.models: list[AdapterClassifier] = []
         self.model_labels: list[tuple[int, ...]] = []
         #: raw-text mode (input_dim 0): members are LoRA adapters on MiniLM (dpcl.methods.lora_text)
@@ -135,7 +137,7 @@ class PeftEnsemble(ContinualMethod):
         if data.texts is None:
             raise InvalidParameterError("text mode needs the raw texts of the task (TrainingData.texts).")
         encoder = self._encoder()
-        encoder.reset_adapter(int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=self.device)))
+        encoder.reset_adapter(int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator)))
         member = TextMember(encoder, n_outputs).to(self.device)
         train_classifier(
             member,
@@ -253,5 +255,4 @@ class PeftEnsemble(ContinualMethod):
             model.eval()
             self.models.append(model)
             self.model_labels.append(tuple(int(o) for o in labels))
-        if self.device.type == "cpu":
-            self.generator.set_state(state["generator_state"])
+        self.generator.set_state(state["generator_state"])

@@ -108,6 +108,10 @@ def test_state_round_trip_predicts_identically(name):
     restored.load_state_dict(model.state_dict())
     _, _, x_test, _ = digits_split()
     np.testing.assert_array_equal(restored.predict(x_test), model.predict(x_test))
+    # the initialisation generator is a CPU generator on every device, so its state restores on any device
+    # and the next model is initialised as in the uninterrupted run
+    assert model.generator.device.type == "cpu"
+    assert torch.equal(restored.generator.get_state(), model.generator.get_state())
 
 
 def test_labels_outside_the_task_are_refused():
