@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -183,6 +184,16 @@ def load_fortunes_texts(
     )
 
 
+def check_encoding_options(cache_dir: object, batch_size: object) -> int:
+    """Refuse a ``cache_dir`` or ``batch_size`` :func:`load_fortunes` cannot use (also checked by ``dpcl audit``,
+    which reads only the texts); returns the batch size."""
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise InvalidParameterError(f"cache_dir must be a folder path, got {cache_dir!r}.")
+    if cache_dir is not None and Path(cache_dir).expanduser().exists() and not Path(cache_dir).expanduser().is_dir():
+        raise InvalidParameterError(f"cache_dir {str(cache_dir)!r} exists and is not a folder; give a folder path.")
+    return _check_int("batch_size", batch_size, 1)
+
+
 def load_fortunes(
     categories: Sequence[str] | None = None,
     *,
@@ -197,11 +208,12 @@ def load_fortunes(
     Features are read from the cache (``cache_dir``, default ``$DPCL_CACHE_DIR`` or
     ``~/.cache/dpcl``) when an entry with the same encoder id and texts exists;
     otherwise they are computed once and written atomically. ``meta["features_cache"]``
-    says ``"hit"`` or ``"miss"`` and ``meta["cache_file"]`` where the entry is.
+    says ``"hit"``, ``"miss"`` or ``"unwritable"`` (computed, the cache could not be written: a warning
+    says so) and ``meta["cache_file"]`` where the entry is.
     """
     from dpcl.data.encoder import encode_texts, encoder_id  # noqa: PLC0415 - keeps import light
 
-    batch_size = _check_int("batch_size", batch_size, 1)
+    batch_size = check_encoding_options(cache_dir, batch_size)
     texts = load_fortunes_texts(
         categories, min_count=min_count, max_per_class=max_per_class, fortunes_path=fortunes_path
     )
@@ -213,5 +225,14 @@ def load_fortunes(
     if features is None:
         status = "miss"
         features = encode_texts(texts.texts.tolist(), batch_size=batch_size)
-        save_cached_array(path, features)
+        try:
+            save_cached_array(path, features)
+        except OSError as exc:  # the cache only saves time: go on with the computed features, and say so
+            status = "unwritable"
+            warnings.warn(
+                f"cannot write the features cache {str(path)!r} ({exc.strerror or exc}); the features were computed "
+                "and are used, but will be computed again next time. Set $DPCL_CACHE_DIR or the dataset option "
+                "cache_dir to a writable folder.",
+                stacklevel=2,
+            )
     return texts.with_features(features, encoder=model, features_cache=status, cache_file=str(path))

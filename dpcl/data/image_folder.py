@@ -54,6 +54,20 @@ def image_folder_index(root: str | os.PathLike[str]) -> tuple[tuple[str, ...], l
     return tuple(p.name for p in class_dirs), files, labels
 
 
+def check_image_options(mode: object, size: object) -> None:
+    """Refuse a ``mode`` or ``size`` :func:`load_image_folder` cannot use (also checked by ``dpcl audit``,
+    which reads only the folder index)."""
+    if mode not in _MODES:
+        raise InvalidParameterError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}.")
+    if size is not None:
+        if (
+            not isinstance(size, (tuple, list))
+            or len(size) != 2
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in size)
+        ):
+            raise InvalidParameterError(f"size must be (height, width) with positive integers, got {size!r}.")
+
+
 def load_image_folder(
     root: str | os.PathLike[str], *, mode: str = "L", size: tuple[int, int] | None = None
 ) -> LabelledDataset:
@@ -65,15 +79,7 @@ def load_image_folder(
         size: ``(height, width)`` to resize every image to; None requires all images to
             share one size (a mismatch raises InvalidParameterError naming the file).
     """
-    if mode not in _MODES:
-        raise InvalidParameterError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}.")
-    if size is not None:
-        if (
-            not isinstance(size, (tuple, list))
-            or len(size) != 2
-            or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in size)
-        ):
-            raise InvalidParameterError(f"size must be (height, width) with positive integers, got {size!r}.")
+    check_image_options(mode, size)
     try:
         from PIL import Image  # noqa: PLC0415 - optional
     except ImportError as exc:

@@ -119,14 +119,17 @@ def dataset_labels(name: str, **options: Any) -> tuple[np.ndarray, np.ndarray, i
     loader, args, _ = _resolve(name)
     _check_options(name, loader, options)
     if loader is _fortunes or loader is _fortunes_texts:
-        from dpcl.data.fortunes import load_fortunes_texts  # noqa: PLC0415
+        from dpcl.data.fortunes import check_encoding_options, load_fortunes_texts  # noqa: PLC0415
 
+        if loader is _fortunes:  # the encoder's options, checked although no text is encoded here
+            check_encoding_options(options.get("cache_dir"), options.get("batch_size", 64))
         text_options = {k: v for k, v in options.items() if k not in ("cache_dir", "batch_size")}
         dataset = load_fortunes_texts(**text_options)
         return dataset.labels, dataset.unit_ids, dataset.n_classes
     if loader is _image_folder:
-        from dpcl.data.image_folder import image_folder_index  # noqa: PLC0415
+        from dpcl.data.image_folder import check_image_options, image_folder_index  # noqa: PLC0415
 
+        check_image_options(options.get("mode", "L"), options.get("size"))
         class_names, _, labels = image_folder_index(args[0])
         return labels, np.arange(labels.shape[0], dtype=np.int64), len(class_names)
     dataset = loader(*args, **options)

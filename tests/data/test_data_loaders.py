@@ -73,6 +73,37 @@ def test_image_folder_reads_pixels_exactly(tmp_path: Path) -> None:
     labels, units, n_classes = dataset_labels(f"image_folder:{tmp_path}")
     assert labels.tolist() == ds.labels.tolist() and n_classes == 2
     assert units.tolist() == ds.unit_ids.tolist()
+    # the audit reads only the index, and still refuses options the run's loader would refuse
+    with pytest.raises(InvalidParameterError, match="mode must be one of"):
+        dataset_labels(f"image_folder:{tmp_path}", mode="CMYK")
+    with pytest.raises(InvalidParameterError, match="size must be"):
+        dataset_labels(f"image_folder:{tmp_path}", size=[3, 0])
+
+
+def test_fortunes_encoder_options_are_checked_without_encoding(tmp_path: Path) -> None:
+    """``dpcl audit`` reads fortunes labels only; a batch size or cache folder the run would refuse is refused."""
+    with pytest.raises(InvalidParameterError, match="batch_size must be an integer >= 1"):
+        dataset_labels("fortunes", batch_size=0)
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("x")
+    with pytest.raises(InvalidParameterError, match="is not a folder"):
+        dataset_labels("fortunes", cache_dir=str(a_file))
+    with pytest.raises(InvalidParameterError, match="cache_dir must be a folder path"):
+        dataset_labels("fortunes", cache_dir=3)
+
+
+@needs_fortunes
+def test_unwritable_features_cache_warns_and_keeps_the_features(tmp_path: Path, monkeypatch) -> None:
+    from dpcl.data import fortunes
+
+    def refuse(path, array):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(fortunes, "save_cached_array", refuse)
+    with pytest.warns(UserWarning, match="cannot write the features cache .*Permission denied.*DPCL_CACHE_DIR"):
+        ds = load_dataset("fortunes", categories=["science"], max_per_class=3, cache_dir=tmp_path)
+    assert ds.meta["features_cache"] == "unwritable" and ds.features.shape == (3, 384)
+    assert np.all(np.isfinite(ds.features)) and not list(tmp_path.rglob("*.npy"))
 
 
 def test_image_folder_errors(tmp_path: Path) -> None:
