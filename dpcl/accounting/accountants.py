@@ -372,7 +372,9 @@ def _rdp_accountant(mech: _Mechanisms) -> Any:
     if mech.gauss_mus:
         acc.compose(dp_event.GaussianDpEvent(1.0 / mech.gaussian_mu_total()))
     for eps0, count in _grouped(mech.laplace):
-        acc.compose(dp_event.LaplaceDpEvent(1.0 / eps0), count)
+        # dp-accounting takes the noise multiplier b and uses eps0 = 1 / b: step b down one ulp so that
+        # the round trip 1 / fl(1 / eps0) can never come out below eps0 (rounding on the safe side)
+        acc.compose(dp_event.LaplaceDpEvent(math.nextafter(1.0 / eps0, 0.0)), count)
     for (z, q), count in _grouped_pairs(mech.sampled):
         acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), count)
     return acc
