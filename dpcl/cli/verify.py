@@ -1,4 +1,4 @@
-"""``dpcl verify CERT.json [--checkpoint PATH] [--json]``: check a privacy certificate.
+"""``dpcl verify CERT.json [CERT.json ...] [--checkpoint PATH] [--json]``: check privacy certificates.
 
 Recomputes epsilon from the certificate's events (with the accountant it names,
 within the stated relative tolerance) and re-hashes the checkpoint (named in the
@@ -9,6 +9,12 @@ is the statement of non-privacy a ``[run] private = false`` run writes
 certificate is malformed or when the certificate or checkpoint file is missing
 (nothing could be checked: the message says which file, and ``--checkpoint``
 points at another copy of the checkpoint).
+
+Several certificates (e.g. ``dpcl verify RUN/certificates/*.json``) are checked
+one after the other: every input file is checked first (exit 2 before any
+verdict), then each certificate is verified and reported, and the exit code is
+3 when any of them fails. ``--json`` then prints one object holding every
+report; ``--checkpoint`` needs exactly one certificate.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import sys
 from pathlib import Path
 
 from dpcl.cli.output import add_json_flag, emit
-from dpcl.guarantees.certificates import read_certificate, verify_certificate
+from dpcl.guarantees.certificates import VerificationReport, read_certificate, verify_certificate
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, VerificationError
 
 
@@ -27,12 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "verify",
         help="verify a privacy certificate against its events and checkpoint",
         description=(
-            "Recompute epsilon from a certificate's events and check the checkpoint's SHA-256. "
-            "Exit 0: valid; 3: a check failed, or the file states that its checkpoint is NOT private "
+            "Recompute epsilon from each certificate's events and check its checkpoint's SHA-256. "
+            "Exit 0: every certificate valid; 3: a check failed, or the file states that its checkpoint is NOT private "
             "([run] private = false); 2: malformed certificate, or the certificate or checkpoint file is missing."
         ),
     )
-    parser.add_argument("certificate", metavar="CERT.json", help="certificate written by dpcl run")
+    parser.add_argument(
+        "certificates", metavar="CERT.json", nargs="+",
+        help="certificate(s) written by dpcl run, e.g. RUN/certificates/*.json",
+    )
     parser.add_argument(
         "--checkpoint",
         metavar="PATH",
@@ -52,7 +61,9 @@ def check_input_files(certificate: str, checkpoint: str | None) -> None:
     """
     path = Path(certificate)
     if path.is_dir():
-        raise MalformedCertificateError(f"certificate {certificate!r} is a directory; give a certificate file.")
+        raise MalformedCertificateError(
+            f"certificate {certificate!r} is a directory; give certificate files (e.g. {certificate.rstrip('/')}/*.json)."
+        )
     if checkpoint is not None:
         if not Path(checkpoint).is_file():
             what = "is a directory" if Path(checkpoint).is_dir() else "does not exist"
@@ -68,25 +79,44 @@ def check_input_files(certificate: str, checkpoint: str | None) -> None:
             )
 
 
+def _table(report: VerificationReport) -> dict[str, object]:
+    payload = {
+        "verdict": "valid" if report.valid else "INVALID",
+        "stated epsilon": report.stated_epsilon,
+        "recomputed epsilon": report.recomputed_epsilon if report.recomputed_epsilon is not None else "n/a",
+        "delta": report.delta,
+        "relative tolerance": report.relative_tolerance,
+    }
+    for check in report.checks:
+        payload[f"check {check.name}"] = f"{'pass' if check.passed else 'FAIL'}: {check.detail}"
+    return payload
+
+
 def run_verify(args: argparse.Namespace) -> int:
-    check_input_files(args.certificate, args.checkpoint)
-    report = verify_certificate(args.certificate, checkpoint=args.checkpoint)
+    paths = list(args.certificates)
+    if args.checkpoint is not None and len(paths) > 1:
+        raise InvalidParameterError(
+            f"--checkpoint names the checkpoint of one certificate, but {len(paths)} certificates were given; "
+            "give one CERT.json with --checkpoint."
+        )
+    for path in paths:  # every input first: nothing is reported when a file is missing or malformed
+        check_input_files(path, args.checkpoint)
+    reports = [verify_certificate(path, checkpoint=args.checkpoint) for path in paths]
     if getattr(args, "json", False):
-        emit(args, "dpcl verify", report.to_dict())
+        if len(reports) == 1:
+            emit(args, "dpcl verify", reports[0].to_dict())
+        else:
+            emit(args, "dpcl verify", {"valid": all(r.valid for r in reports),
+                                       "certificates": [r.to_dict() for r in reports]})
     else:
-        payload = {
-            "verdict": "valid" if report.valid else "INVALID",
-            "stated epsilon": report.stated_epsilon,
-            "recomputed epsilon": report.recomputed_epsilon if report.recomputed_epsilon is not None else "n/a",
-            "delta": report.delta,
-            "relative tolerance": report.relative_tolerance,
-        }
-        for check in report.checks:
-            payload[f"check {check.name}"] = f"{'pass' if check.passed else 'FAIL'}: {check.detail}"
-        emit(args, f"dpcl verify {args.certificate}", payload)
-    if not report.valid:
-        failed = ", ".join(c.name for c in report.failed)
-        details = "; ".join(f"{c.name}: {' '.join(c.detail.split())}" for c in report.failed)
-        sys.stderr.write(f"dpcl verify: certificate does not verify; failed check(s): {failed} ({details})\n")
-        return VerificationError.exit_code
-    return 0
+        for path, report in zip(paths, reports):
+            emit(args, f"dpcl verify {path}", _table(report))
+        if len(reports) > 1:
+            bad = sum(not r.valid for r in reports)
+            print(f"{len(reports)} certificates: " + ("all valid" if not bad else f"{bad} do not verify"))
+    for path, report in zip(paths, reports):
+        if not report.valid:
+            failed = ", ".join(c.name for c in report.failed)
+            details = "; ".join(f"{c.name}: {' '.join(c.detail.split())}" for c in report.failed)
+            sys.stderr.write(f"dpcl verify: certificate {path} does not verify; failed check(s): {failed} ({details})\n")
+    return 0 if all(r.valid for r in reports) else VerificationError.exit_code

@@ -329,3 +329,26 @@ def test_verify_missing_or_wrong_input_files_exit_2(certificate, tmp_path, capsy
     assert "task0.ckpt" in err and "does not exist" in err and "--checkpoint" in err
     code, out, err = _run(capsys, "verify", str(path), "--checkpoint", str(tmp_path / "moved.ckpt"), "--json")
     assert code == 0, err
+
+
+def test_verify_several_certificates(certificate, tmp_path, capsys):
+    """`dpcl verify RUN/certificates/*.json`: every file checked, one verdict each, exit 3 if any fails."""
+    path, ckpt = certificate
+    second = path.with_name("task1.cert.json")
+    shutil.copy(path, second)
+    code, out, err = _run(capsys, "verify", str(path), str(second))
+    assert code == 0 and "2 certificates: all valid" in out and err == ""
+    code, out, _ = _run(capsys, "verify", str(path), str(second), "--json")
+    payload = json.loads(out)
+    assert code == 0 and payload["valid"] is True and [c["valid"] for c in payload["certificates"]] == [True, True]
+    data = json.loads(second.read_text())
+    data["guarantee"]["epsilon"] = 0.5
+    second.write_text(json.dumps(data))
+    code, out, err = _run(capsys, "verify", str(path), str(second))
+    assert code == 3 and "1 do not verify" in out
+    assert err.count("\n") == 1 and str(second) in err and "failed check(s): epsilon" in err
+    # inputs are checked before any verdict; --checkpoint belongs to one certificate
+    code, out, err = _run(capsys, "verify", str(path), str(tmp_path / "none.json"))
+    assert code == 2 and out == "" and "does not exist" in err
+    code, out, err = _run(capsys, "verify", str(path), str(second), "--checkpoint", str(ckpt))
+    assert code == 2 and out == "" and "--checkpoint" in err and err.count("\n") == 1
