@@ -110,4 +110,5 @@ def print_demo_run(console: Any, demo: dict[str, Any]) -> None:
         f"(stated {check['stated_epsilon']:.6g}), checkpoint hash matches: "
         + ("[bold green]valid[/]" if check["valid"] else "[bold red]INVALID[/]")
     )
-    console.print(f"Check it yourself: dpcl verify {demo['releases'][-1]['certificate']}", soft_wrap=True)
+    certificates = Path(demo["releases"][-1]["certificate"]).parent
+    console.print(f"Check them yourself: dpcl verify {certificates / '*.json'}", soft_wrap=True)
