@@ -136,6 +136,16 @@ def check_trials(trials: Any, *, minimum: int = 4) -> int:
     return t
 
 
+def check_seed(seed: Any, *, allow_none: bool = False) -> int | None:
+    """Seed of the random draws: a non-negative integer (or ``None`` where fresh entropy is allowed)."""
+    if seed is None and allow_none:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        allowed = "a non-negative integer" + (" or None" if allow_none else "")
+        raise InvalidParameterError(f"seed must be {allowed}, got {seed!r}.")
+    return int(seed)
+
+
 def epsilon_from_error_rates(false_positive_rate: Any, false_negative_rate: Any, delta: float) -> float | np.ndarray:
     """``max(log((1 - delta - FPR) / FNR), log((1 - delta - FNR) / FPR), 0)`` (Kairouz et al. 2015, Thm 2.1).
 
@@ -198,7 +208,10 @@ def _as_scores(name: str, values: Any, score: ScoreFunction | None) -> np.ndarra
             "to one number (e.g. dpcl.audit.blackbox.linear_score(direction))."
         )
     if array.dtype == bool or not np.issubdtype(array.dtype, np.number):
-        raise InvalidParameterError(f"scores of {name} must be numbers, got dtype {array.dtype}.")
+        raise InvalidParameterError(
+            f"scores of {name} must be numbers, got dtype {array.dtype}; return numeric outputs "
+            "(e.g. outputs.astype(float)) or pass a score function that does."
+        )
     scores = np.asarray(array, dtype=np.float64).reshape(array.shape[0] if array.ndim else 1, -1)
     if scores.shape[1] != 1:
         raise InvalidParameterError(f"the score function must return one number per output, got shape {array.shape}.")
@@ -293,6 +306,7 @@ def audit_scores(
     s_dp = _as_scores("scores_d_prime", scores_d_prime, None)
     if min(s_d.size, s_dp.size) < 4:
         raise InvalidParameterError("need at least 4 scores per input to audit.")
+    seed = check_seed(seed, allow_none=True)
     trials = min(s_d.size, s_dp.size)
     if thresholds is not None:
         grid = np.unique(np.asarray(thresholds, dtype=np.float64).ravel())
@@ -368,12 +382,14 @@ def audit_sampler(
     n = check_trials(trials)
     d = _check_delta(delta)
     conf = check_confidence(confidence)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise InvalidParameterError(f"seed must be a non-negative integer, got {seed!r}.")
+    seed = check_seed(seed)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise InvalidParameterError(f"chunk_size must be an integer >= 1 (outputs drawn per call), got {chunk_size!r}.")
+    chunk_size = int(chunk_size)
     alpha = 1.0 - conf
     a = alpha / 2
     rng_sel_d, rng_sel_dp, rng_bnd_d, rng_bnd_dp = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(4)
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
     h = min(n // 2, MAX_SELECTION_TRIALS)
     sel_d = _as_scores("M(D) outputs", sample_d(h, rng_sel_d), score)

@@ -74,9 +74,17 @@ class GaussianMechanism:
         return np.float64(0.0), np.float64(self.sensitivity)
 
     def epsilon(self, delta: float) -> float:
-        """The mechanism's exact epsilon at ``delta`` (Balle & Wang 2018, Thm 8), from the accounting core."""
-        from dpcl.accounting.gaussian import gaussian_epsilon
+        """The mechanism's exact epsilon at ``delta`` (Balle & Wang 2018, Thm 8), from the accounting core.
 
+        When ``sensitivity / sigma`` overflows a float no finite epsilon is representable: ``inf``
+        (an upper bound) is returned instead of the NaN the profile would give.
+        """
+        from dpcl.accounting.gaussian import gaussian_epsilon
+        from dpcl.accounting.validation import check_delta_scalar
+
+        check_delta_scalar("delta", delta)
+        if math.isinf(self.sensitivity / self.sigma):
+            return math.inf
         return float(gaussian_epsilon(self.sigma, delta, self.sensitivity))
 
 

@@ -124,6 +124,10 @@ def test_result_serialises():
         ({"trials": 10**9}, "trials"),
         ({"trials": 1000.5}, "trials"),
         ({"seed": -1}, "seed"),
+        ({"seed": True}, "seed"),
+        ({"chunk_size": 0}, "chunk_size"),  # used to ask the sampler for 0 outputs, over and over
+        ({"chunk_size": -5}, "chunk_size"),
+        ({"chunk_size": 2.5}, "chunk_size"),
     ],
 )
 def test_sampler_audit_refuses_bad_input(kwargs, word):
@@ -131,6 +135,21 @@ def test_sampler_audit_refuses_bad_input(kwargs, word):
     args = {"trials": 1000, "delta": 1e-5} | kwargs
     with pytest.raises(InvalidParameterError, match=word):
         audit_sampler(s_d, s_dp, args.pop("trials"), args.pop("delta"), **args)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "abc", True])
+def test_score_audit_refuses_bad_seed_with_a_typed_error(seed):
+    with pytest.raises(InvalidParameterError, match="seed"):
+        audit_scores(np.arange(10.0), np.arange(10.0) + 5, 0.0, seed=seed)
+
+
+def test_score_audit_accepts_none_seed():
+    assert audit_scores(np.arange(10.0), np.arange(10.0) + 5, 0.0, seed=None).epsilon_lower_bound >= 0
+
+
+def test_boolean_outputs_are_refused_with_a_hint():
+    with pytest.raises(InvalidParameterError, match="astype"):
+        audit_scores(np.arange(10) % 2 == 0, np.arange(10) % 3 == 0, 0.0)
 
 
 def test_non_finite_scores_are_refused():

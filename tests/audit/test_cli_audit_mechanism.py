@@ -134,3 +134,13 @@ def test_progress_bar_on_stderr_unless_json_or_quiet(capsys):
     for flag in ("--json", "--quiet"):
         code, out, err = _run(capsys, *argv, flag)
         assert code == 0 and err == ""
+
+
+def test_mechanism_epsilon_is_never_nan(capsys):
+    # sensitivity / sigma overflows a float: the exact epsilon is reported as inf (an upper bound), never NaN
+    code, out, _ = _run(
+        capsys, "gaussian", "--sigma", "1e-300", "--sensitivity", "1e300", "--claimed-epsilon", "1",
+        "--delta", "0.5", "--trials", "100", "--json",
+    )
+    assert code == 3
+    assert json.loads(out)["mechanism_epsilon"] in ("inf", float("inf"))

@@ -139,6 +139,17 @@ def test_plain_function_mechanism_and_explicit_neighbours():
         audit_mechanism(randomised_response, 0.0, trials=1000)
 
 
+def test_gaussian_epsilon_is_inf_not_nan_when_sensitivity_over_sigma_overflows():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for delta in (1e-5, 0.5, 0.9):
+            assert GaussianMechanism(1e-300, 1e300).epsilon(delta) == np.inf
+    with pytest.raises(InvalidParameterError, match="delta"):
+        GaussianMechanism(1e-300, 1e300).epsilon(1.0)
+
+
 @pytest.mark.parametrize(
     "call, word",
     [
