@@ -115,10 +115,16 @@ class LaplaceMechanism:
         return np.float64(0.0), np.float64(self.sensitivity)
 
     def epsilon(self, delta: float = 0.0) -> float:
-        """Pure epsilon ``sensitivity / scale`` (valid at every delta), from the accounting core."""
-        from dpcl.accounting.laplace import laplace_epsilon
+        """Pure epsilon ``sensitivity / scale`` (valid at every delta in [0, 1)), from the accounting core.
 
-        return float(laplace_epsilon(self.scale, self.sensitivity))
+        ``inf`` when ``sensitivity / scale`` overflows a float.
+        """
+        from dpcl.accounting.laplace import laplace_epsilon
+        from dpcl.accounting.validation import check_delta_scalar
+
+        check_delta_scalar("delta", delta, allow_zero=True)
+        with np.errstate(over="ignore"):
+            return float(laplace_epsilon(self.scale, self.sensitivity))
 
 
 MechanismLike = SamplingMechanism | Callable[[Any, int, np.random.Generator], np.ndarray]

@@ -19,6 +19,8 @@ import argparse
 import math
 import sys
 
+import numpy as np
+
 from dpcl.cli.numbers import parse_count, parse_delta, parse_positive
 from dpcl.cli.output import add_json_flag, emit
 
@@ -98,7 +100,8 @@ def run_audit_mechanism(args: argparse.Namespace) -> int:
 
         mechanism = LaplaceMechanism(parse_positive("--scale", args.scale), sensitivity)
         payload["scale"] = mechanism.scale
-        exact = mechanism.epsilon() if delta == 0 else float(laplace_epsilon_for_delta(mechanism.scale, delta, sensitivity))
+        with np.errstate(over="ignore", invalid="ignore"):  # sensitivity / scale may overflow: epsilon is then inf
+            exact = mechanism.epsilon() if delta == 0 else float(laplace_epsilon_for_delta(mechanism.scale, delta, sensitivity))
         exact_note = (
             "exact epsilon of this Laplace noise at delta, max(0, sensitivity/scale + 2 ln(1 - delta)) "
             "(the pure epsilon sensitivity/scale at delta = 0)"

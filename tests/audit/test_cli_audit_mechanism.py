@@ -144,3 +144,14 @@ def test_mechanism_epsilon_is_never_nan(capsys):
     )
     assert code == 3
     assert json.loads(out)["mechanism_epsilon"] in ("inf", float("inf"))
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("delta", ["0", "0.5"])
+def test_laplace_overflowing_epsilon_is_inf_without_warnings(capsys, delta):
+    code, out, err = _run(
+        capsys, "laplace", "--scale", "1e-310", "--sensitivity", "1e10", "--claimed-epsilon", "1",
+        "--delta", delta, "--trials", "1000", "--json",
+    )
+    assert code == 3 and "Warning" not in err
+    assert json.loads(out)["mechanism_epsilon"] in ("inf", float("inf"))

@@ -139,6 +139,17 @@ def test_plain_function_mechanism_and_explicit_neighbours():
         audit_mechanism(randomised_response, 0.0, trials=1000)
 
 
+def test_laplace_epsilon_checks_delta_and_overflows_to_inf_quietly():
+    import warnings
+
+    assert LaplaceMechanism(0.5, 1.0).epsilon(0.3) == 2.0
+    with pytest.raises(InvalidParameterError, match="delta"):
+        LaplaceMechanism(0.5, 1.0).epsilon(1.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert LaplaceMechanism(1e-310, 1e10).epsilon() == np.inf
+
+
 def test_gaussian_epsilon_is_inf_not_nan_when_sensitivity_over_sigma_overflows():
     import warnings
 
