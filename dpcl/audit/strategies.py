@@ -210,9 +210,14 @@ def neighbouring_datasets(
     if norm not in NORMS:
         raise InvalidParameterError(f"norm must be one of {NORMS}, got {norm!r}.")
     for name, value, low in (("min_size", min_size, 1), ("max_size", max_size, 1), ("dim", dim, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}.")
     if max_size < min_size:
         raise InvalidParameterError(f"max_size must be >= min_size, got {max_size} < {min_size}.")
-    bound = _range("norm_bound", norm_bound, norm_bound)[0]
-    return _pairs(adjacency, min_size, max_size, dim, norm, bound)
+    try:
+        bound = float(norm_bound)
+    except (TypeError, ValueError):
+        bound = math.nan
+    if isinstance(norm_bound, bool) or not math.isfinite(bound) or bound <= 0:
+        raise InvalidParameterError(f"norm_bound must be a finite number > 0, got {norm_bound!r}.")
+    return _pairs(adjacency, int(min_size), int(max_size), int(dim), norm, bound)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from audit_reference import gaussian_sigma_closed_form
-from hypothesis import given
+from hypothesis import given, settings
 
 from dpcl.accounting.events import GaussianEvent
 from dpcl.accounting.validation import check_delta, check_positive
@@ -84,3 +84,14 @@ def test_records_on_the_norm_boundary_are_generated():
 def test_invalid_strategy_arguments_are_refused(make, word):
     with pytest.raises(InvalidParameterError, match=word):
         make()
+
+
+def test_norm_bound_error_names_the_argument():
+    with pytest.raises(InvalidParameterError, match=r"norm_bound must be a finite number > 0, got inf"):
+        neighbouring_datasets(norm_bound=float("inf"))
+
+
+@settings(max_examples=5, deadline=None)
+@given(pair=neighbouring_datasets(min_size=np.int64(2), max_size=np.int64(3), dim=np.int64(2)))
+def test_numpy_integer_sizes_are_accepted(pair):
+    assert 2 <= len(pair.dataset) <= 3 and pair.dataset.shape[1] == 2
