@@ -389,10 +389,11 @@ def sequence_guarantee(
     true_delta = float(gaussian_delta(remark_eps, 1.0, sensitivity=mu))
     sound = bool(true_delta <= remark_delta)
     notes = [
-        "Remark 1 of Zhan et al. is not the advanced composition theorem (Dwork, Rothblum & Vadhan 2010): "
-        "it drops the L*eps*(e^eps - 1) term, adds sum(eps_i), and charges delta + delta' where composing "
-        "L (eps_i, delta) mechanisms costs L*delta + delta'. It is also computed from the claimed eps_i of "
-        "one release, which the paper's sigma_i do not achieve (sensitivity 2C, classic formula at eps >= 1).",
+        "Remark 1 of Zhan et al.: its epsilon expression is implied by heterogeneous advanced composition "
+        "(Kairouz, Oh & Viswanath 2017, Thm 3.5), but it charges delta + delta' where composing L "
+        "(eps_i, delta) mechanisms costs 1 - (1 - delta')(1 - delta)^L, about L*delta + delta', and it is "
+        "computed from the claimed eps_i of one release, which the paper's sigma_i do not achieve "
+        "(sensitivity 2C, classic formula at eps >= 1, one perturbation per epoch).",
     ]
     if not sound:
         notes.append(
