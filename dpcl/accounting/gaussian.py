@@ -287,6 +287,10 @@ def _epsilon_from_mu(mu: np.ndarray, delta: np.ndarray) -> np.ndarray:
     log_target = np.log(delta)
     at_zero, _ = _log_delta(np.zeros_like(mu), mu)
     need = at_zero > log_target  # otherwise epsilon = 0 already suffices
+    # mu = inf (sensitivity / sigma overflowed): delta(eps) = 1 for every eps, so no finite epsilon holds
+    infinite = need & np.isinf(mu)
+    out[infinite] = np.inf
+    need &= ~infinite
     if not np.any(need):
         return out
     m, lt = mu[need], log_target[need]
@@ -397,7 +401,9 @@ def gaussian_delta(epsilon: Any, sigma: Any, sensitivity: Any = 1.0) -> float | 
     sig = check_positive("sigma", sigma)
     sens = check_positive("sensitivity", sensitivity)
     (eps, sig, sens), scalar = broadcast_together(("epsilon", "sigma", "sensitivity"), eps, sig, sens)
-    log_d, _ = _log_delta(eps, sens / sig)
+    with np.errstate(over="ignore"):  # sensitivity / sigma may overflow: mu = inf is handled (delta = 1)
+        mu = sens / sig
+    log_d, _ = _log_delta(eps, mu)
     return _scalar_or_array(np.exp(log_d), scalar)
 
 
@@ -424,7 +430,9 @@ def gaussian_epsilon(sigma: Any, delta: Any, sensitivity: Any = 1.0) -> float | 
     dlt = check_delta("delta", delta)
     sens = check_positive("sensitivity", sensitivity)
     (sig, dlt, sens), scalar = broadcast_together(("sigma", "delta", "sensitivity"), sig, dlt, sens)
-    return _scalar_or_array(_epsilon_from_mu(sens / sig, dlt), scalar)
+    with np.errstate(over="ignore"):  # sensitivity / sigma may overflow: mu = inf gives epsilon = inf
+        mu = sens / sig
+    return _scalar_or_array(_epsilon_from_mu(mu, dlt), scalar)
 
 
 def gdp_epsilon(mu: Any, delta: Any) -> float | np.ndarray:

@@ -439,3 +439,15 @@ def test_inverse_mills_ratio_is_convex_where_the_trapezoid_bound_uses_it() -> No
     for x in np.linspace(-45.0, 8.0, 400):
         xm = mpmath.mpf(float(x))
         assert lam(xm + h) - 2 * lam(xm) + lam(xm - h) > 0
+
+
+def test_overflowing_sensitivity_over_sigma_gives_infinite_epsilon_not_nan():
+    """sensitivity / sigma = inf: delta(eps) = 1 for every eps. At delta >= 0.5 the tail start mu*z + mu^2/2
+    was inf - inf = NaN; every delta must give epsilon = inf, without RuntimeWarnings."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eps = gaussian_epsilon(1e-300, np.array([1e-5, 0.4, 0.5, 0.6, 0.99]), sensitivity=1e300)
+        assert np.all(np.isinf(eps)) and np.all(eps > 0)
+        assert gaussian_delta(5.0, 1e-300, sensitivity=1e300) == 1.0
