@@ -429,8 +429,9 @@ class TaskLedger:
                 continue
             shared = np.intersect1d(keys, _unit_keys(ids), assume_unique=False)
             if shared.size:
+                reading = f"task {tasks[0]}" if len(tasks) == 1 else "tasks " + ", ".join(str(t) for t in tasks)
                 raise DisjointnessViolationError(
-                    f"tasks {list(tasks)} and {other} are declared to hold disjoint privacy units but share "
+                    f"{reading} and task {other} are declared to hold disjoint privacy units but share "
                     f"unit {str(shared[0])!r} ({shared.size} shared in all); parallel composition (Thm 4.4) does not "
                     "apply. Remove the shared units or use across_tasks = 'sequential'."
                 )

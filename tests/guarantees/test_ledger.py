@@ -128,7 +128,7 @@ def test_union_training_refused_under_sequential():
 def test_disjointness_checked_and_shared_unit_named():
     ledger = _ledger("parallel")
     ledger.charge(0, _gauss(2.0), unit_ids=np.array([1, 2, 3, 4]))
-    with pytest.raises(DisjointnessViolationError, match="'3'"):
+    with pytest.raises(DisjointnessViolationError, match="^task 1 and task 0 are declared .* share unit '3'"):
         ledger.charge(1, _gauss(2.0), unit_ids=np.array([7, 3, 9]))
     assert len(ledger.charges) == 1  # refused charge is not recorded
     ledger.charge(1, _gauss(2.0), unit_ids=np.array([7, 8, 9]))
