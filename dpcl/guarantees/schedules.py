@@ -196,6 +196,22 @@ def calibration_accountant_for(accountant: str, adjacency: Adjacency) -> str:
     return accountant
 
 
+def _accountant_advice(accountant: str, adjacency: Adjacency) -> str:
+    """What to change when the configured accountant cannot calibrate a task's DP-SGD run.
+
+    Never suggests the accountant that just failed: under replace-one only PLD applies (so
+    'pld'/'auto'); under add/remove 'auto' tries every sound accountant and keeps the tightest.
+    """
+    if accountant == "auto" or (accountant == "pld" and adjacency is Adjacency.REPLACE_ONE):
+        return "Change the budget (epsilon, delta) or the schedule (epochs, batch_size)."
+    if adjacency is Adjacency.REPLACE_ONE:
+        return "Set [privacy] accountant = 'pld' or 'auto'."
+    return (
+        "Set [privacy] accountant = 'auto' (it uses the tightest accountant that applies), "
+        "or change the budget (epsilon, delta) or the schedule (epochs, batch_size)."
+    )
+
+
 # -- specs ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CosineSpec:
@@ -272,8 +288,9 @@ class DpSgdSpec:
             calibration = _calibrate_dpsgd(eps, delta, q, steps, calibration_accountant, adjacency.value)
         except UnsupportedEventError as exc:
             raise ConfigError(
-                f"[privacy] accountant = {accountant!r} cannot account DP-SGD under {adjacency.value!r} "
-                f"adjacency ({exc}); use accountant = 'pld' or 'auto'."
+                f"[privacy] accountant = {accountant!r} cannot account task {task_index}'s DP-SGD run "
+                f"(q={q:.6g}, {steps} steps, {adjacency.value!r} adjacency, epsilon={eps:g}, delta={delta:g}): {exc} "
+                + _accountant_advice(accountant, adjacency)
             ) from None
         event = dpsgd_events(calibration.noise_multiplier, q, steps, adjacency=adjacency.value, unit="example")
         return TaskPlan(

@@ -66,3 +66,20 @@ def test_invalid_inputs():
         COSINE.plan_task({}, {"delta": 1e-5}, 10, 0)
     with pytest.raises(ConfigError, match=r"\[method\] epochs is required"):
         NAIVE.plan_task({"batch_size": 8, "max_grad_norm": 1.0}, PRIVACY, 10, 0)
+
+
+def test_accountant_refusal_never_advises_the_accountant_that_failed():
+    # PLD's grid-size guard refuses epsilon = 1e6 at q = 0.1, 50 steps; the old message ended in
+    # "use accountant = 'pld' or 'auto'" although the config already said 'pld'.
+    method = {"epochs": 5, "batch_size": 50, "max_grad_norm": 1.0}
+    pld = {"epsilon": 1e6, "delta": 1e-5, "adjacency": "add_remove", "accountant": "pld"}
+    with pytest.raises(ConfigError) as info:
+        NAIVE.plan_task(method, pld, 500, 0)
+    message = str(info.value)
+    assert "accountant = 'pld'" in message and "task 0" in message
+    assert "'pld' or 'auto'" not in message
+    assert "accountant = 'auto'" in message
+    # under replace-one only PLD has a sound analysis: rdp is told to switch to pld or auto
+    rdp = {"epsilon": 1.0, "delta": 1e-5, "adjacency": "replace_one", "accountant": "rdp"}
+    with pytest.raises(ConfigError, match=r"accountant = 'pld' or 'auto'\.$"):
+        NAIVE.plan_task(method, rdp, 500, 0)
