@@ -150,8 +150,11 @@ def audit_config(
     notes: list[str] = []
     assumptions: list[str] = []
 
+    # first task from which the releases are not (epsilon, delta < 1)-DP at all (Prop. 4.6 / F.1): no bound exists
+    not_dp_from: int | None = None
     if stream["label_space"] == "data":
         violations.append(PROP_4_6_COUNTEREXAMPLE)
+        not_dp_from = 0
     else:
         # the public label sets dpcl run filters with (refused here exactly as the run would refuse them)
         output_label_sets(stream["label_space"], stream.get("prior_labels"), len(sizes))
@@ -187,6 +190,7 @@ def audit_config(
                     f"so it would release nothing: {PROP_F_1_COUNTEREXAMPLE}"
                 )
                 plans.append((t, 0, None))
+                not_dp_from = t if not_dp_from is None else not_dp_from
                 continue
             raise ConfigError(f"[method] cannot plan task {t}: {exc}") from None
         if n_plan == 0:
@@ -194,6 +198,7 @@ def audit_config(
                 require_proper_release(plan.noise, spec.name, t)
             except LabelSpaceViolationError as exc:
                 violations.append(str(exc))
+                not_dp_from = t if not_dp_from is None else not_dp_from
         plans.append((t, n_plan, plan))
         for a in plan.assumptions:
             if a not in assumptions:
@@ -275,6 +280,19 @@ def audit_config(
         per_task.append(entry)
     if no_sound_bound:
         epsilon = None
+    if not_dp_from is not None:
+        # The ledger's numbers bound the noisy releases, but what the config releases alongside them (output
+        # labels read from the data, or nothing on an empty task) is not DP for any epsilon: state no number.
+        epsilon = None
+        for entry in per_task:
+            if entry["task"] >= not_dp_from:
+                for key in ("epsilon", "release_epsilon", "cumulative_epsilon"):
+                    entry.pop(key, None)
+                entry.setdefault("status", "not DP: no epsilon bounds this release (see violations)")
+        notes.append(
+            f"no epsilon is reported from task {not_dp_from} on: the releases are not differentially private for any "
+            "epsilon and delta < 1 (see violations); the per-task noise shown is what the method would add."
+        )
 
     total = privacy.get("total_epsilon")
     if total is not None and epsilon is not None and epsilon > total and not stopped:

@@ -77,6 +77,11 @@ def test_label_space_from_data_is_a_violation():
     report = audit_config(_cfg(stream__label_space="data"), SIZES)
     assert not report.sound and report.exit_code == 3
     assert "Prop. 4.6" in report.violations[0]
+    # not DP for any epsilon: no number is stated, for the stream or any release
+    assert report.epsilon is None and report.to_dict()["epsilon"] is None
+    for entry in report.per_task:
+        assert "epsilon" not in entry and "cumulative_epsilon" not in entry
+        assert entry["status"].startswith("not DP")
 
 
 def test_parallel_without_disjoint_units_is_a_violation_and_accounted_sequentially():
@@ -132,6 +137,10 @@ def test_method_releasing_nothing_on_empty_task_is_a_violation():
     cfg = type(cfg)(privacy=cfg.privacy, stream=cfg.stream, method={"name": "silent"}, spec=_SilentSpec(), raw={})
     report = audit_config(cfg, [100, 0, 90])
     assert not report.sound and "Prop. F.1" in report.violations[0] and "task 1" in report.violations[0]
+    # task 0's release was DP; from the silent task on, no epsilon bounds the stream
+    assert report.epsilon is None
+    assert report.per_task[0]["cumulative_epsilon"] > 0
+    assert all("cumulative_epsilon" not in entry for entry in report.per_task[1:])
 
 
 def test_unit_ids_checked_when_declared_disjoint():
