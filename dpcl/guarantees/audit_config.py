@@ -278,6 +278,8 @@ def audit_config(
             entry["cumulative_epsilon"] = 0.0
             epsilon = 0.0
         per_task.append(entry)
+    if epsilon is None and stopped and not no_sound_bound:
+        epsilon = 0.0  # the privacy filter refused the first task: nothing is released, nothing is spent
     if no_sound_bound:
         epsilon = None
     if not_dp_from is not None:

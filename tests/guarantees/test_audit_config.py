@@ -105,6 +105,14 @@ def test_total_epsilon_filter_refuses_the_overspending_task():
     assert ok.sound and ok.filter["stream"]["admitted"] == 3
 
 
+def test_filter_refusing_the_first_task_releases_nothing_so_epsilon_is_zero():
+    # total_epsilon below one task's cost: nothing is trained or released, so 0 is a sound bound (not "none")
+    report = audit_config(_cfg(stream__disjoint_units=False, privacy__total_epsilon=0.5), SIZES)
+    assert not report.sound and "refused by the privacy filter" in report.violations[0]
+    assert report.per_task[0]["status"] == "refused by the privacy filter"
+    assert report.epsilon == 0.0
+
+
 def test_total_epsilon_with_parallel_guards_each_task():
     report = audit_config(_cfg(privacy__total_epsilon=1.2), SIZES)
     assert report.sound and set(report.filter) == {"task0", "task1", "task2"}
