@@ -264,6 +264,12 @@ def _parse_stream(section: Mapping[str, Any], data_stream_keys: Iterable[str] | 
             raise ConfigError(
                 f"[stream] task_sizes gives {len(sizes)} sizes for {len(out['tasks'])} tasks; give one per task."
             )
+        n_tasks = section.get("n_tasks")
+        if isinstance(n_tasks, int) and not isinstance(n_tasks, bool) and n_tasks != len(sizes):
+            # the audit plans one task per size: fewer sizes than tasks would leave tasks unaccounted
+            raise ConfigError(
+                f"[stream] task_sizes gives {len(sizes)} sizes but n_tasks = {n_tasks}; give one size per task."
+            )
         out["task_sizes"] = sizes
     return out
 

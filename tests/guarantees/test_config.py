@@ -134,6 +134,18 @@ def test_load_config_file_errors(tmp_path):
     assert cfg.to_dict()["stream"]["task_sizes"] == [5, 6]
 
 
+def test_task_sizes_must_cover_every_task_of_an_n_tasks_stream():
+    # a permuted stream of 6 tasks audited from 4 sizes would leave 2 tasks' releases out of a sequential epsilon
+    raw = copy.deepcopy(BASE)
+    raw["stream"].pop("tasks", None)
+    raw["stream"].update(task_sizes=[500, 500, 500, 500], n_tasks=6, kind="permuted", label_space="prior_const",
+                         prior_labels=[0, 1, 2, 3])
+    with pytest.raises(ConfigError, match=r"task_sizes gives 4 sizes but n_tasks = 6"):
+        parse_config(raw, data_stream_keys=("n_tasks", "kind"))
+    raw["stream"]["n_tasks"] = 4
+    assert parse_config(raw, data_stream_keys=("n_tasks", "kind")).n_tasks == 4
+
+
 def test_run_section_defaults_and_keys():
     cfg = parse_config(BASE)
     assert dict(cfg.run) == {"private": True, "reproducible_noise": False} and cfg.private is True
