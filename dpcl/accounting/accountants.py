@@ -475,7 +475,11 @@ def _profile_epsilons(mu: np.ndarray, q: np.ndarray, deltas: np.ndarray) -> np.n
     """
     base_delta = np.minimum(deltas / q, 0.5)
     base = gdp_epsilon(np.broadcast_to(mu, np.broadcast(mu, base_delta).shape), base_delta)
-    return np.where(q < 1.0, np.log1p(q * np.expm1(base)), base)
+    # log(1 + q(e^eps - 1)) = eps + log(q + (1 - q) e^-eps): the second form cannot overflow for large eps
+    with np.errstate(over="ignore"):
+        small = np.log1p(q * np.expm1(np.minimum(base, 1.0)))
+    large = base + np.log(q + (1.0 - q) * np.exp(-base))
+    return np.where(q < 1.0, np.where(base <= 1.0, small, large), base)
 
 
 def _basic(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:

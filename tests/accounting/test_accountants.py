@@ -461,3 +461,15 @@ def test_rdp_laplace_event_never_rounds_epsilon0_down(scale: float, sensitivity:
     ((stored, _),) = mech.laplace
     event = _rdp_accountant(mech).ledger  # one event: the ledger is that event
     assert 1.0 / event.noise_multiplier >= stored
+
+
+def test_subsampled_amplification_at_huge_epsilon_is_finite_without_warnings() -> None:
+    """log(1 + q(e^eps - 1)) overflowed to inf (with a RuntimeWarning) for eps > ~709; it is eps + log(q + ...)."""
+    import warnings
+
+    event = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=0.0005, sample_rate=0.01), 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        basic = compute_epsilon(event, DELTA, "basic").epsilon
+    # per step: base epsilon of mu = 2000 at delta share d/q, amplified ~ base + log(q); ten steps add up
+    assert math.isfinite(basic) and 10 * (2000.0**2 / 2 + math.log(0.01)) < basic < 10 * (2000.0**2 / 2 + 2000.0 * 6)
