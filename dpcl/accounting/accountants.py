@@ -275,21 +275,21 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
         )
         notes.append(f"pld: Gaussian mechanisms merged exactly into one with mu = {mu:.6g} (Dong, Roth & Su 2022, Cor. 3.3).")
     for eps0, count in _grouped(mech.laplace):
-        plds.append(
+        plds.append(_self_compose(
             pld_lib.from_laplace_mechanism(
                 parameter=1.0, sensitivity=eps0, pessimistic_estimate=True,
                 value_discretization_interval=interval,
-            ).self_compose(count)
+            ), count)
         )
     relation = (
         NeighborRel.REPLACE_ONE if mech.adjacency is Adjacency.REPLACE_ONE else NeighborRel.ADD_OR_REMOVE_ONE
     )
     for (z, q), count in _grouped_pairs(mech.sampled):
-        plds.append(
+        plds.append(_self_compose(
             pld_lib.from_gaussian_mechanism(
                 standard_deviation=z, sensitivity=1.0, pessimistic_estimate=True,
                 value_discretization_interval=interval, sampling_prob=q, neighboring_relation=relation,
-            ).self_compose(count)
+            ), count)
         )
     total = plds[0]
     for other in plds[1:]:
@@ -301,6 +301,33 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
             "(counted as infinite loss) exceeds delta. Use a larger delta or accountant 'rdp' or 'exact'."
         )
     return eps, tuple(notes)
+
+
+#: Self-compositions of a sparse PLD are split into blocks of this many copies (see :func:`_self_compose`).
+_SPARSE_SELF_COMPOSE_BLOCK = 1024
+
+
+def _self_compose(pld: Any, count: int) -> Any:
+    """``pld`` composed with itself ``count`` times, as ``pld.self_compose(count)``.
+
+    Works around a cost in dp-accounting (0.6.0): a sparse PMF (at most 1000 loss
+    values, e.g. DP-SGD at a tiny sampling rate) evaluates ``size ** count`` as a
+    Python integer before it switches to the dense FFT path, which takes about a
+    minute at count = 1e7 and never ends at 1e9. Composing a block of 1024 copies
+    first (that power is small) gives a dense PMF whenever the PMF has two or
+    more loss values; the rest is the dense FFT self-composition. Every step is
+    dp-accounting's own pessimistic composition, so the result stays an upper
+    bound (each extra step may move at most its 1e-15 truncated tail mass to
+    infinity). Dense PMFs take the direct path unchanged.
+    """
+    from dp_accounting.pld import pld_pmf
+
+    sparse = isinstance(getattr(pld, "_pmf_remove", None), pld_pmf.SparsePLDPmf)
+    if not sparse or count <= _SPARSE_SELF_COMPOSE_BLOCK:
+        return pld.self_compose(count)
+    blocks, rest = divmod(count, _SPARSE_SELF_COMPOSE_BLOCK)
+    out = pld.self_compose(_SPARSE_SELF_COMPOSE_BLOCK).self_compose(blocks)
+    return out.compose(pld.self_compose(rest)) if rest else out
 
 
 #: PLD refuses events whose RDP epsilon / interval exceeds this (grid points of the
