@@ -71,12 +71,22 @@ class LoraTextEncoder(nn.Module):
         self.hidden_size = int(base.config.hidden_size)
 
     def reset_adapter(self, seed: int) -> None:
-        """Fresh LoRA weights (A random, B zero: the adapter starts as the identity), drawn from ``seed``."""
+        """Fresh LoRA weights (A random, B zero: the adapter starts as the identity), drawn from ``seed``.
+
+        The draw runs on the CPU whatever the encoder's device (on CUDA it would come from the GPU's global
+        generator, another stream), so a seed gives the same adapter on every device and a run resumed on
+        another device initialises its later members as an uninterrupted run would.
+        """
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             for module in self.encoder.modules():
                 if hasattr(module, "reset_lora_parameters") and hasattr(module, "lora_A"):
+                    device = module.lora_A["default"].weight.device
+                    module.lora_A.to("cpu")
+                    module.lora_B.to("cpu")
                     module.reset_lora_parameters("default", True)
+                    module.lora_A.to(device)
+                    module.lora_B.to(device)
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.state_dict().items() if "lora_" in k}

@@ -80,3 +80,47 @@ def test_empty_text_task_releases_a_proper_classifier():
     model = PeftEnsemble(setup_for(METHOD, label_space=(0, 1, 2), input_dim=0))
     model.fit_task(0, _data(np.zeros(0, np.int64)), (1, 2), plan)
     assert set(np.unique(model.predict(np.asarray(TEXTS[:4], dtype=object)))) <= {1, 2}
+
+
+def _reset_adapter_draws(encoder, seed):
+    """The LoRA state ``reset_adapter(seed)`` gives, and the devices of the tensors its random init drew into."""
+    drawn = []
+    original = torch.nn.init.kaiming_uniform_
+
+    def spy(tensor, *args, **kwargs):
+        drawn.append(tensor.device.type)
+        return original(tensor, *args, **kwargs)
+
+    torch.nn.init.kaiming_uniform_ = spy
+    try:
+        encoder.reset_adapter(seed)
+    finally:
+        torch.nn.init.kaiming_uniform_ = original
+    return encoder.adapter_state(), drawn
+
+
+def test_reset_adapter_draws_on_the_cpu_and_depends_only_on_the_seed():
+    """The LoRA init is drawn on the CPU (a CUDA draw would use another generator), a function of the seed alone."""
+    from dpcl.methods.lora_text import LoraTextEncoder
+
+    encoder = LoraTextEncoder(2)
+    first, drawn = _reset_adapter_draws(encoder, 3)
+    torch.rand(5)  # the global generator's position does not matter
+    again, _ = _reset_adapter_draws(encoder, 3)
+    other, _ = _reset_adapter_draws(encoder, 4)
+    assert drawn and set(drawn) == {"cpu"}
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first if "lora_A" in k)
+    assert all(not v.any() for k, v in first.items() if "lora_B" in k)  # B = 0: the adapter starts as the identity
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_reset_adapter_gives_the_same_lora_init_on_cuda_as_on_cpu():
+    from dpcl.methods.lora_text import LoraTextEncoder
+
+    on_cpu, _ = _reset_adapter_draws(LoraTextEncoder(2), 7)
+    encoder = LoraTextEncoder(2).to("cuda")
+    on_cuda, drawn = _reset_adapter_draws(encoder, 7)
+    assert set(drawn) == {"cpu"}
+    assert all(p.is_cuda for p in encoder.parameters())
+    assert all(torch.equal(on_cpu[k], on_cuda[k]) for k in on_cpu)
