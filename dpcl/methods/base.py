@@ -155,6 +155,11 @@ class ContinualMethod(ABC):
             )
         return positions
 
+    @property
+    def compute_device(self) -> str:
+        """The device this method computes on: ``setup.device``, unless the method always uses the CPU."""
+        return str(self.setup.device)
+
     # -- privacy-relevant randomness ---------------------------------------
     def noise_generator(self, task_index: int, stream: int = 0, device: Any = None) -> Any:
         """A fresh ``torch.Generator`` for task ``task_index``'s noise / Poisson masks (never stored in a checkpoint).

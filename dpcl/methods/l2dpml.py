@@ -231,6 +231,11 @@ class L2DPMLMethod(ContinualMethod):
         #: "sequential" (e.g. an unresolved "auto") is held to the stricter parallel precondition
         self.across_tasks = "sequential" if setup.privacy.get("across_tasks") == "sequential" else "parallel"
 
+    @property
+    def compute_device(self) -> str:
+        """Always the CPU: the coefficient fits are small closed-form float64 problems (``--device`` is ignored)."""
+        return "cpu"
+
     # -- features --------------------------------------------------------
     def _head_features(self, x: torch.Tensor) -> torch.Tensor:
         """``[h_pi, 1]`` in ``[-1, 1]^(p+1)``: ``h1 = tanh(theta1^T x)`` then fixed tanh layers."""

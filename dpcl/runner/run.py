@@ -434,6 +434,7 @@ def run_training(
         reproducible_noise=reproducible,
     )
     method = cls(setup)
+    device = method.compute_device  # what metrics and certificates record (l2dpml computes on the CPU only)
 
     ledger = None
     if private:

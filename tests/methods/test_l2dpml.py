@@ -459,3 +459,12 @@ def test_sequential_composition_lets_a_unit_return_in_a_later_task(stream):
         _fit(strict, task0)
         with pytest.raises(DisjointnessViolationError, match="earlier tasks"):
             strict.fit_task(task1.index, data1, task1.labels, plan1)
+
+
+def test_l2dpml_reports_that_it_computes_on_the_cpu():
+    """--device cuda does not move L2DP-ML; metrics and certificates record the device it really used."""
+    asked_cuda = L2DPMLMethod(MethodSetup(method=METHOD, privacy=PRIVACY, label_space=tuple(range(10)),
+                                          input_dim=64, seed=0, device="cuda"))
+    assert asked_cuda.compute_device == "cpu"
+    other = method_class("cosine")(MethodSetup(method={}, privacy=PRIVACY, label_space=(0, 1), input_dim=4, seed=0))
+    assert other.compute_device == "cpu"  # the default: setup.device
