@@ -17,7 +17,7 @@ from dpcl.methods.noise_source import (  # noqa: E402
 )
 from dpcl.runner import run_training  # noqa: E402
 from dpcl.runner.checkpoints import load_checkpoint  # noqa: E402
-from run_helpers import write_config  # noqa: E402
+from run_helpers import write_config, write_pecl_config  # noqa: E402
 
 TWO_TASKS = "[[0, 1], [2, 3]]"
 
@@ -141,23 +141,8 @@ def test_l2dpml_certificates_carry_the_thm2_terms_and_preconditions(tmp_path):
         assert extra["laplace_scales"]["output"] == pytest.approx(extra["sensitivities"]["delta_L"] / 5.0)
 
 
-def _pecl_config(tmp_path):
-    path = tmp_path / "pecl.toml"
-    path.write_text(
-        "[privacy]\nepsilon = 10.0\ndelta = 1e-6\nadjacency = \"replace_one\"\naccountant = \"auto\"\n"
-        "across_tasks = \"auto\"\n\n[stream]\ndataset = \"fortunes_texts\"\n"
-        "dataset_options = { categories = [\"food\", \"law\", \"science\", \"work\"], max_per_class = 6 }\n"
-        "tasks = [[0, 1], [2, 3]]\nlabel_space = \"prior\"\nprior_labels = [[0, 1], [2, 3]]\n"
-        "disjoint_units = true\n\n[method]\nname = \"pecl\"\nepsilon_lower = 1.0\nepsilon_upper = 10.0\n"
-        "epochs = 1\nbatch_size = 8\nmax_seq_len = 32\nlora_rank = 2\nn_layer = 1\nn_embd = 16\nn_head = 2\n"
-        "pretrain_steps = 2\n",
-        encoding="utf-8",
-    )
-    return path
-
-
 def test_pecl_trains_on_raw_texts_through_dpcl_run_and_certifies(tmp_path):
-    result = run_training(_pecl_config(tmp_path), tmp_path / "out", quiet=True)
+    result = run_training(write_pecl_config(tmp_path), tmp_path / "out", quiet=True)
     assert result.complete and len(result.releases) == 2
     assert _all_verify(result)
     # evaluated on the test texts of every task seen so far
@@ -169,7 +154,7 @@ def test_pecl_trains_on_raw_texts_through_dpcl_run_and_certifies(tmp_path):
 
 
 def test_pecl_on_a_stream_without_texts_is_refused_by_name(tmp_path):
-    path = _pecl_config(tmp_path)
+    path = write_pecl_config(tmp_path)
     text = path.read_text().replace('dataset = "fortunes_texts"', 'dataset = "digits"')
     text = "\n".join(line for line in text.splitlines() if not line.startswith("dataset_options"))
     path.write_text(text + "\n")
