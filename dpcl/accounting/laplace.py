@@ -42,12 +42,18 @@ def laplace_scale(epsilon: Any, sensitivity: Any = 1.0) -> float | np.ndarray:
     return _out(sens / eps, scalar)
 
 
+def _epsilon0(sensitivity: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``Delta / b``; a quotient that overflows is ``inf`` (no finite epsilon), without a RuntimeWarning."""
+    with np.errstate(over="ignore"):
+        return sensitivity / scale
+
+
 def laplace_epsilon(scale: Any, sensitivity: Any = 1.0) -> float | np.ndarray:
     """Pure epsilon = Delta / b of Lap(b) noise on an l1-sensitivity-Delta query. Vectorised."""
     b = check_positive("scale", scale)
     sens = check_positive("sensitivity", sensitivity)
     (b, sens), scalar = broadcast_together(("scale", "sensitivity"), b, sens)
-    return _out(sens / b, scalar)
+    return _out(_epsilon0(sens, b), scalar)
 
 
 def laplace_delta(epsilon: Any, scale: Any, sensitivity: Any = 1.0) -> float | np.ndarray:
@@ -60,7 +66,7 @@ def laplace_delta(epsilon: Any, scale: Any, sensitivity: Any = 1.0) -> float | n
     b = check_positive("scale", scale)
     sens = check_positive("sensitivity", sensitivity)
     (eps, b, sens), scalar = broadcast_together(("epsilon", "scale", "sensitivity"), eps, b, sens)
-    eps0 = sens / b
+    eps0 = _epsilon0(sens, b)
     delta = np.where(eps < eps0, -np.expm1(np.minimum(eps - eps0, 0.0) / 2.0), 0.0)
     return _out(delta, scalar)
 
@@ -75,10 +81,12 @@ def laplace_epsilon_for_delta(scale: Any, delta: Any, sensitivity: Any = 1.0) ->
     dlt = check_delta("delta", delta)
     sens = check_positive("sensitivity", sensitivity)
     (b, dlt, sens), scalar = broadcast_together(("scale", "delta", "sensitivity"), b, dlt, sens)
-    eps0 = sens / b
+    eps0 = _epsilon0(sens, b)
     eps = np.maximum(eps0 + 2.0 * np.log1p(-dlt), 0.0)
     for _ in range(8):
-        too_small = (eps < eps0) & (-np.expm1(np.minimum(eps - eps0, 0.0) / 2.0) > dlt)
+        below = eps < eps0
+        gap = np.subtract(eps, eps0, out=np.zeros_like(eps), where=below)  # eps - eps0 < 0 where below (never inf - inf)
+        too_small = below & (-np.expm1(gap / 2.0) > dlt)
         if not np.any(too_small):
             break
         eps = np.where(too_small, np.nextafter(eps, np.inf) * (1 + 1e-15), eps)

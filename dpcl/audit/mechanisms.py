@@ -83,8 +83,6 @@ class GaussianMechanism:
         from dpcl.accounting.validation import check_delta_scalar
 
         check_delta_scalar("delta", delta)
-        if math.isinf(self.sensitivity / self.sigma):
-            return math.inf
         return float(gaussian_epsilon(self.sigma, delta, self.sensitivity))
 
 
@@ -123,8 +121,7 @@ class LaplaceMechanism:
         from dpcl.accounting.validation import check_delta_scalar
 
         check_delta_scalar("delta", delta, allow_zero=True)
-        with np.errstate(over="ignore"):
-            return float(laplace_epsilon(self.scale, self.sensitivity))
+        return float(laplace_epsilon(self.scale, self.sensitivity))
 
 
 MechanismLike = SamplingMechanism | Callable[[Any, int, np.random.Generator], np.ndarray]

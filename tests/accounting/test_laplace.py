@@ -84,3 +84,13 @@ def test_mismatched_shapes_raise_a_typed_error_naming_the_parameters() -> None:
         laplace_epsilon_for_delta(np.ones(3), np.full(2, 1e-5))
     with pytest.raises(InvalidParameterError, match=r"scale must be > 0 and finite, got -1.0 \(element 1"):
         laplace_epsilon([1.0, -1.0])
+
+
+def test_overflowing_sensitivity_over_scale_is_infinite_epsilon_without_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert laplace_epsilon(1e-300, 1e300) == math.inf
+        assert laplace_epsilon_for_delta(1e-300, 0.5, 1e300) == math.inf
+        assert laplace_delta(5.0, 1e-300, 1e300) == 1.0
