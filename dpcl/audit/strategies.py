@@ -158,6 +158,10 @@ def _bounded_records(n: int, dim: int, norm: str, bound: float) -> st.SearchStra
 
     def build(args: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         v, r = args
+        # rescale each direction to max |v_i| = 1 first: the norm of a tiny vector (e.g. entries 1e-160)
+        # loses precision in its squares and let records exceed the bound
+        peak = np.max(np.abs(v), axis=1, keepdims=True)
+        v = np.divide(v, peak, out=np.zeros_like(v), where=peak > 0)
         lengths = np.linalg.norm(v, ord=order, axis=1)
         scale = np.divide(r * bound * (1.0 - NORM_MARGIN), lengths, out=np.zeros(n), where=lengths > 0)
         return v * scale[:, None]
