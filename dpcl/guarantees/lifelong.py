@@ -80,6 +80,7 @@ from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 from dpcl.guarantees.method_schema import (
     MethodKey,
+    ReleaseCoverage,
     TaskPlan,
     method_value,
     nonnegative,
@@ -599,6 +600,14 @@ ASSUMPTIONS: tuple[str, ...] = (
 )
 
 
+#: Why an L2DP-ML checkpoint is covered by its charged Laplace releases.
+L2DPML_RELEASE = ReleaseCoverage.post_processing(
+    "The checkpoint holds the auto-encoder and output-layer weights minimised on the Laplace-perturbed polynomial "
+    "objectives (functional mechanism) of the charged releases, episodic-memory re-use of released coefficients, "
+    "and hidden layers fixed at their seeded initialisation: a post-processing of the charged Laplace releases."
+)
+
+
 @dataclass(frozen=True)
 class L2DPMLSpec:
     """MethodSpec of ``[method] name = "l2dpml"`` (see :mod:`dpcl.guarantees.method_schema`).
@@ -660,6 +669,7 @@ class L2DPMLSpec:
                 EMPTY_TASK_RELEASE_KEY: "previous release (post-processing; no data read)",
             },
             assumptions=ASSUMPTIONS,
+            release=L2DPML_RELEASE,
             notes=(
                 f"Lifelong DP (Lai et al., Thm 2, re-derived): epsilon1 + epsilon2 = {e1:.6g} + {e2:.6g} "
                 f"= {e1 + e2:.6g}, delta = 0, replace-one, per {unit}; this task's examples: {task_epsilon:.6g}. "

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 from dpcl.accounting.events import PrivacyEvent
-from dpcl.errors import ConfigError
+from dpcl.errors import ConfigError, InvalidParameterError
 
 
 class _Required:
@@ -46,19 +46,113 @@ class MethodKey:
 
 
 @dataclass(frozen=True)
+class ReleaseCoverage:
+    """Whether the released checkpoint is a post-processing of the plan's charged events.
+
+    A certificate's headline guarantee is the guarantee of the released
+    checkpoint. It may state an epsilon only when everything the checkpoint
+    holds was computed from the charged (noisy) releases, from public data and
+    from configuration: then the checkpoint is a post-processing of the
+    releases and inherits their guarantee. ``covered=True`` must say why in
+    ``basis`` (one sentence); ``covered=False`` must list every reason in
+    ``reasons`` (e.g. weights trained on clean private targets, noise scales
+    computed from the private data). Build it with :meth:`post_processing` or
+    :meth:`not_covered`.
+    """
+
+    covered: bool
+    basis: str = ""
+    reasons: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.covered, bool):
+            raise InvalidParameterError(f"ReleaseCoverage.covered must be true or false, got {self.covered!r}.")
+        reasons = tuple(str(r).strip() for r in self.reasons)
+        object.__setattr__(self, "reasons", reasons)
+        object.__setattr__(self, "basis", str(self.basis).strip())
+        if self.covered and (not self.basis or reasons):
+            raise InvalidParameterError(
+                "a covered release must state its basis (why the checkpoint is a post-processing of the charged "
+                "releases) and no reasons against it."
+            )
+        if not self.covered and (not reasons or not all(reasons)):
+            raise InvalidParameterError(
+                "a release that is not covered must list every reason why (non-empty sentences), so that "
+                "certificates and audits can state them."
+            )
+
+    @classmethod
+    def post_processing(cls, basis: str) -> "ReleaseCoverage":
+        """The checkpoint is a post-processing of the charged releases, for the reason ``basis``."""
+        return cls(covered=True, basis=basis)
+
+    @classmethod
+    def not_covered(cls, *reasons: str) -> "ReleaseCoverage":
+        """The checkpoint is not a post-processing of the charged releases, for each of ``reasons``."""
+        return cls(covered=False, reasons=tuple(reasons))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"covered": self.covered, "basis": self.basis, "reasons": list(self.reasons)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ReleaseCoverage":
+        return cls(covered=data["covered"], basis=data.get("basis", ""), reasons=tuple(data.get("reasons", ())))
+
+
+@dataclass(frozen=True)
+class ScopedPlan:
+    """Events whose guarantee covers something narrower than the checkpoint (e.g. one input release).
+
+    ``name`` identifies the statement across tasks (its events are composed
+    across tasks like the headline's, in a ledger of their own); ``scope`` is
+    the sentence that says what the guarantee covers and what it does not.
+    Such a statement never becomes a certificate's headline.
+    """
+
+    name: str
+    scope: str
+    events: tuple[PrivacyEvent, ...]
+
+    def __post_init__(self) -> None:
+        if not str(self.name).strip() or not str(self.scope).strip():
+            raise InvalidParameterError("a scoped guarantee needs a name and a scope sentence saying what it covers.")
+        events = tuple(self.events)
+        if not events or not all(isinstance(e, PrivacyEvent) for e in events):
+            raise InvalidParameterError(f"scoped guarantee {self.name!r} needs one or more PrivacyEvent objects.")
+        object.__setattr__(self, "events", events)
+
+
+@dataclass(frozen=True)
 class TaskPlan:
     """What a method does to one task's data, privacy-wise.
 
-    ``events`` are charged to the task's data in the ledger; ``noise`` holds the
+    ``events`` are charged to the task's data in the ledger: they are what the
+    released checkpoint's guarantee is computed from. ``noise`` holds the
     calibrated parameters the method must use (e.g. ``sigma`` or
     ``noise_multiplier``, ``sample_rate``, ``steps``); ``assumptions`` are plain
-    sentences copied into certificates.
+    sentences copied into certificates. ``release`` states whether the
+    checkpoint is a post-processing of ``events`` (:class:`ReleaseCoverage`);
+    a plan without it (``None``) can be trained but never certified.
+    ``scoped`` holds statements about narrower releases (:class:`ScopedPlan`).
     """
 
     events: tuple[PrivacyEvent, ...]
     noise: Mapping[str, Any]
     assumptions: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    release: ReleaseCoverage | None = None
+    scoped: tuple[ScopedPlan, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.release is not None and not isinstance(self.release, ReleaseCoverage):
+            raise InvalidParameterError(f"TaskPlan.release must be a ReleaseCoverage or None, got {self.release!r}.")
+        scoped = tuple(self.scoped)
+        if not all(isinstance(s, ScopedPlan) for s in scoped):
+            raise InvalidParameterError("TaskPlan.scoped must hold ScopedPlan objects.")
+        names = [s.name for s in scoped]
+        if len(set(names)) != len(names):
+            raise InvalidParameterError(f"TaskPlan.scoped names must be distinct, got {names}.")
+        object.__setattr__(self, "scoped", scoped)
 
 
 class MethodSpec(Protocol):

@@ -60,6 +60,8 @@ from dpcl.accounting.validation import check_count, check_delta, check_positive
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import (
     MethodKey,
+    ReleaseCoverage,
+    ScopedPlan,
     TaskPlan,
     method_value,
     nonnegative,
@@ -94,6 +96,29 @@ SCOPE_ASSUMPTION = (
     "privacy unit, every token perturbed (also score-0 tokens, which the paper leaves noise-free). Model "
     "weights trained on them are a post-processing of that release only where the training targets "
     "(next tokens, labels) are public; in language modelling the targets are the clean private tokens."
+)
+
+#: Why the checkpoint of PeCL as in the paper is not covered by the per-token releases (one reason each).
+PAPER_CLEAN_TARGETS_REASON = (
+    "The LoRA adapters and the classification head are trained on the clean private next-token targets and "
+    "class labels; only the input embeddings are perturbed, so the weights are not a post-processing of the "
+    "noisy input release."
+)
+PAPER_SCORES_REASON = (
+    "The per-token sensitivity scores (eq. 1-3 of Zhan et al.: model surprise and cross-task token frequencies) "
+    "that set every token's noise scale are computed from the private text without noise."
+)
+PAPER_SCULPTING_REASON = (
+    "The memory-sculpting weights lambda_dyn (eq. 11, from the task's mean score) and Omega_k (eq. 8, activation "
+    "norms of the clean text) are computed from the private text without noise and shape the released adapters."
+)
+PAPER_RELEASE = ReleaseCoverage.not_covered(PAPER_CLEAN_TARGETS_REASON, PAPER_SCORES_REASON, PAPER_SCULPTING_REASON)
+
+#: Name and scope of the per-token statement (a release of perturbed input embeddings, not the checkpoint).
+INPUT_EMBEDDINGS_SCOPE_NAME = "input_embeddings"
+INPUT_EMBEDDINGS_SCOPE = (
+    "The release of the perturbed (clipped, Gaussian-noised) input embeddings of the training tokens, one token "
+    "replaced as the privacy unit; it does not cover the model weights trained on them."
 )
 
 CALIBRATIONS = ("analytic", "paper")
@@ -608,8 +633,9 @@ class PeCLSpec:
             )
         if task_index == 0:  # the paper's Remark 1 discussion is the same for every task: stated once
             notes.extend(summary["sequence"]["notes"])
+        token = token_event(sigma_min, v["clip_norm"], v["epochs"])
         return TaskPlan(
-            events=(token_event(sigma_min, v["clip_norm"], v["epochs"]),),
+            events=(token,),
             noise={
                 "calibration": v["calibration"],
                 "epsilon_lower": lower,
@@ -624,6 +650,8 @@ class PeCLSpec:
             assumptions=(DATA_DEPENDENCE_ASSUMPTION, SCOPE_ASSUMPTION)
             + ((PRETRAINED_PUBLIC_ASSUMPTION,) if v["pretrained_path"] else ()),
             notes=tuple(notes),
+            release=PAPER_RELEASE,
+            scoped=(ScopedPlan(INPUT_EMBEDDINGS_SCOPE_NAME, INPUT_EMBEDDINGS_SCOPE, (token,)),),
         )
 
 

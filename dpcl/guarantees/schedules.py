@@ -55,6 +55,7 @@ from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 from dpcl.guarantees.method_schema import (
     REQUIRED,
     MethodKey,
+    ReleaseCoverage,
     TaskPlan,
     method_value,
     nonnegative_int,
@@ -95,6 +96,24 @@ NAIVE_ASSUMPTION = (
     "Naive fine-tuning starts task t from the previous release, a post-processing of earlier releases; "
     "task t's data is read only by task t's DP-SGD run."
 )
+#: Why a cosine checkpoint is covered by its charged Gaussian releases.
+COSINE_RELEASE = ReleaseCoverage.post_processing(
+    "The checkpoint holds the noisy per-class sums of l2-normalised features (and the prototypes normalised from "
+    "them): a post-processing of the charged Gaussian releases, with the public encoder, the public output labels "
+    "and the configuration."
+)
+#: Why a checkpoint trained by DP-SGD is covered by its charged DP-SGD runs.
+DPSGD_RELEASE = ReleaseCoverage.post_processing(
+    "Every parameter in the checkpoint that saw private data was updated only by the charged DP-SGD steps (per-example "
+    "clipped gradients plus Gaussian noise), starting from a data-independent initialisation or an earlier release: "
+    "a post-processing of the charged DP-SGD runs."
+)
+#: An empty task's DP-SGD release: nothing is read, the initialisation (or the previous release) is released.
+EMPTY_DPSGD_RELEASE = ReleaseCoverage.post_processing(
+    "The task is empty after label filtering: the checkpoint is the data-independent initialisation or a "
+    "post-processing of earlier releases; no private data of this task is read."
+)
+
 NON_CL_ASSUMPTION = (
     "Non-CL retrains on the union of all tasks seen so far at every release; every release is charged to "
     "every task it read."
@@ -241,6 +260,7 @@ class CosineSpec:
                 EMPTY_TASK_RELEASE_KEY: "noise-only class sums",
             },
             assumptions=(PUBLIC_ENCODER_ASSUMPTION, COSINE_SENSITIVITY_ASSUMPTION),
+            release=COSINE_RELEASE,
             notes=(
                 f"task {task_index}: Gaussian noise sigma={sigma:.6g} on the per-class feature sums "
                 f"(sensitivity {sensitivity:g}, {adjacency.value}) gives epsilon={achieved:.6g} at delta={delta:.3g} "
@@ -279,6 +299,7 @@ class DpSgdSpec:
                 assumptions=assumptions,
                 notes=(f"task {task_index} is empty after label filtering: the data-independent initialisation "
                        "is released (Prop. F.1) and nothing is charged.",),
+                release=EMPTY_DPSGD_RELEASE,
             )
         from dpcl.accounting.dpsgd import dpsgd_events
 
@@ -305,6 +326,7 @@ class DpSgdSpec:
                 EMPTY_TASK_RELEASE_KEY: "initialisation",
             },
             assumptions=assumptions,
+            release=DPSGD_RELEASE,
             notes=(
                 f"task {task_index}: DP-SGD on {n} examples, q={q:.6g}, {steps} steps, noise multiplier "
                 f"{calibration.noise_multiplier:.6g} -> epsilon={calibration.epsilon:.6g} at delta={delta:.3g} "

@@ -502,9 +502,10 @@ def run_training(
             if plan.events:
                 ledger.charge(tasks_read, plan.events, unit_ids=data.unit_ids, label=f"{method_name} task {t}")
         else:
-            from dpcl.guarantees.method_schema import TaskPlan
+            from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
 
-            plan = TaskPlan(events=(), noise={}, assumptions=(NON_PRIVATE_STATEMENT,))
+            plan = TaskPlan(events=(), noise={}, assumptions=(NON_PRIVATE_STATEMENT,),
+                            release=ReleaseCoverage.not_covered(NON_PRIVATE_STATEMENT))
         with tqdm(
             total=method.planned_work(plan),
             desc=f"task {t + 1}/{n_tasks}",
