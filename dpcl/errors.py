@@ -63,6 +63,11 @@ class VerificationError(PrivacyViolationError):
     """A certificate does not verify (stated epsilon, events or checkpoint hash disagree)."""
 
 
+class UndeclaredReleaseError(PrivacyViolationError):
+    """A plan does not declare whether its released checkpoint is covered (``TaskPlan.release is None``):
+    such a release can be trained but never certified."""
+
+
 class MissingDependencyError(DpclError):
     """An optional dependency or data source is missing; the message gives the install command."""
 

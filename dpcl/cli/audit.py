@@ -2,7 +2,9 @@
 
 Exit codes: 0 when the config is sound, 3 when it has a privacy violation
 (label space from the data, budget over ``total_epsilon``, overlapping units
-declared disjoint...), 2 when the config is invalid (missing or unknown key,
+declared disjoint, a private run of a method whose checkpoint is not covered by
+its charged events -- PeCL as in the paper -- ...) or when it asks for a
+non-private run (``[run] private = false``), 2 when the config is invalid (missing or unknown key,
 wrong type, out-of-range value).
 
 Task sizes come from ``[stream] task_sizes`` when given (sizes after label
@@ -18,7 +20,7 @@ from typing import Any
 
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.errors import ConfigError, InvalidParameterError
-from dpcl.guarantees.audit_config import AuditReport, audit_config
+from dpcl.guarantees.audit_config import NOT_COVERED_PREFIX, AuditReport, audit_config
 from dpcl.guarantees.config import TrainingConfig, load_config
 from dpcl.guarantees.label_space import FilterReport, filter_task, output_label_sets
 
@@ -133,12 +135,32 @@ NOT_PRIVATE_VIOLATION = (
 )
 
 
-def non_private_report(report: AuditReport) -> AuditReport:
-    """The audit of a ``[run] private = false`` config: no epsilon anywhere, one violation saying why.
+NOT_PRIVATE_NOT_COVERED_VIOLATION = (
+    "the run is NOT private: [run] private = false runs the method's plan as it is, and its released checkpoint "
+    "is not covered by any charged release, so it has no differential-privacy guarantee (epsilon is infinite). "
+    "Why: {reasons} The statements in scoped_guarantees hold only for what their scope names, never for the "
+    "checkpoint."
+)
 
-    The method's plan is still checked (so a broken config is still refused), but no private epsilon
-    is reported: the run adds no noise, so none of the planned costs would hold.
+
+def non_private_report(report: AuditReport) -> AuditReport:
+    """The audit of a ``[run] private = false`` config: no epsilon for the checkpoint, one violation saying why.
+
+    For a method whose checkpoint is covered by its plan, the run adds no noise (a non-private reference
+    run): the plan is still checked (so a broken config is still refused), but no planned epsilon holds.
+    For a plan that is not covered (PeCL as in the paper), the run trains the plan as it is: the per-task
+    noise and the scoped statements stay in the report, the checkpoint has no guarantee.
     """
+    if report.release is not None and not report.release["covered"]:
+        reasons = " ".join(report.release["reasons"])
+        return AuditReport(
+            **{
+                **report.__dict__,
+                "epsilon": None,
+                "violations": (NOT_PRIVATE_NOT_COVERED_VIOLATION.format(reasons=reasons),) + report.violations,
+                "private": False,
+            }
+        )
     per_task = tuple(
         {
             **{k: v for k, v in entry.items() if k not in ("epsilon", "release_epsilon", "cumulative_epsilon", "noise")},
@@ -157,13 +179,19 @@ def non_private_report(report: AuditReport) -> AuditReport:
                       "apply it: no noise is added, so no planned epsilon holds.",),
             "filter": {},
             "private": False,
+            "scoped_guarantees": (),
         }
     )
 
 
 def _table_payload(report: AuditReport) -> dict[str, Any]:
-    if not report.private:
+    if not report.private and report.sound:
         verdict, no_epsilon = "NOT PRIVATE", "none: not private (epsilon is infinite)"
+    elif not report.private:
+        verdict = "NOT PRIVATE" if not report.violations[0].startswith(NOT_COVERED_PREFIX) else (
+            "PRIVACY VIOLATION: NOT PRIVATE"
+        )
+        no_epsilon = "none: the checkpoint is not private (epsilon is infinite)"
     else:
         verdict, no_epsilon = ("sound" if report.sound else "PRIVACY VIOLATION"), "no sound bound"
     payload: dict[str, Any] = {
@@ -189,9 +217,22 @@ def _table_payload(report: AuditReport) -> dict[str, Any]:
         for key in ("epsilon", "release_epsilon", "cumulative_epsilon"):
             if entry.get(key) is not None:
                 parts.append(f"{key}={entry[key]:.6g}")
+        for name, value in entry.get("scoped", {}).items():
+            parts.append(f"scoped {name}: cumulative_epsilon={value:.6g}")
         if "status" in entry:
             parts.append(entry["status"])
         payload[f"task {entry['task']}"] = ", ".join(parts)
+    if report.release is not None and not report.release["covered"]:
+        payload["checkpoint"] = "NOT PRIVATE: no epsilon bounds the released checkpoint\n" + "\n".join(
+            f"- {r}" for r in report.release["reasons"]
+        )
+    elif report.release is not None and report.private:
+        payload["checkpoint"] = "private: " + report.release["basis"]
+    for scoped in report.scoped_guarantees:
+        payload[f"scoped {scoped['name']}"] = (
+            f"epsilon={scoped['epsilon']:.6g}, delta={scoped['delta']:g}, {scoped['adjacency']} / {scoped['unit']}, "
+            f"accountant {scoped['accountant']}, {scoped['across_tasks']}: {scoped['scope']}"
+        )
     payload["assumptions"] = "\n".join(f"- {a}" for a in report.assumptions)
     if report.violations:
         payload["violations"] = "\n".join(f"- {v}" for v in report.violations)
@@ -218,6 +259,6 @@ def run_audit(args: argparse.Namespace) -> int:
     if not report.sound:
         more = f" (and {len(report.violations) - 1} more, listed in the output)" if len(report.violations) > 1 else ""
         first = " ".join(report.violations[0].split())
-        kind = "" if not report.private else "privacy violation: "
+        kind = "privacy violation: " if report.private or report.violations[0].startswith(NOT_COVERED_PREFIX) else ""
         sys.stderr.write(f"dpcl audit: {kind}{first}{more}\n")
     return report.exit_code

@@ -1,11 +1,14 @@
 """``dpcl verify CERT.json [CERT.json ...] [--checkpoint PATH] [--json]``: check privacy certificates.
 
 Recomputes epsilon from the certificate's events (with the accountant it names,
-within the stated relative tolerance) and re-hashes the checkpoint (named in the
+within the stated relative tolerance) -- the headline's when the checkpoint is
+private, and every scoped statement's -- and re-hashes the checkpoint (named in the
 certificate relative to itself; ``--checkpoint`` overrides). Exit 0 when every
-check passes, 3 when one fails (the failed checks are named) or when the file
-is the statement of non-privacy a ``[run] private = false`` run writes
-(``taskNNN.nonprivate-cert.json``: the checkpoint is NOT private), 2 when the
+check passes, also for a valid certificate whose checkpoint is NOT private
+(``private: false`` in ``--json``, a ``NOT PRIVATE`` line in the table); 3 when a
+check fails (the failed checks are named) or when the file is the legacy
+statement of non-privacy that ``[run] private = false`` runs wrote before
+certificate version 2 (``taskNNN.nonprivate-cert.json``); 2 when the
 certificate is malformed or when the certificate or checkpoint file is missing
 (nothing could be checked: the message says which file, and ``--checkpoint``
 points at another copy of the checkpoint).
@@ -34,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="verify a privacy certificate against its events and checkpoint",
         description=(
             "Recompute epsilon from each certificate's events and check its checkpoint's SHA-256. "
-            "Exit 0: every certificate valid; 3: a check failed, or the file states that its checkpoint is NOT private "
-            "([run] private = false); 2: malformed certificate, or the certificate or checkpoint file is missing."
+            "Exit 0: every certificate valid (a valid certificate may state that its checkpoint is NOT private: "
+            "the output says so); 3: a check failed, or the file is a legacy non-private statement "
+            "(taskNNN.nonprivate-cert.json); 2: malformed certificate, or the certificate or checkpoint file is missing."
         ),
     )
     parser.add_argument(
@@ -80,16 +84,32 @@ def check_input_files(certificate: str, checkpoint: str | None) -> None:
 
 
 def _table(report: VerificationReport) -> dict[str, object]:
-    payload = {
-        "verdict": "valid" if report.valid else "INVALID",
-        "stated epsilon": report.stated_epsilon,
-        "recomputed epsilon": report.recomputed_epsilon if report.recomputed_epsilon is not None else "n/a",
-        "delta": report.delta,
-        "relative tolerance": report.relative_tolerance,
-    }
+    payload: dict[str, object] = {"verdict": "valid" if report.valid else "INVALID"}
+    if report.private:
+        payload.update(
+            {
+                "checkpoint privacy": "private",
+                "stated epsilon": report.stated_epsilon,
+                "recomputed epsilon": report.recomputed_epsilon if report.recomputed_epsilon is not None else "n/a",
+                "delta": report.delta,
+                "relative tolerance": report.relative_tolerance,
+            }
+        )
+    else:
+        payload["checkpoint privacy"] = "NOT PRIVATE: no epsilon bounds the released checkpoint"
+        payload["reasons"] = "\n".join(f"- {r}" for r in report.reasons)
+    for scoped in report.scoped:
+        again = "n/a" if scoped.recomputed_epsilon is None else repr(scoped.recomputed_epsilon)
+        payload[f"scoped {scoped.name}"] = (
+            f"stated epsilon {scoped.stated_epsilon!r}, recomputed {again}, delta {scoped.delta:g}, "
+            f"{scoped.adjacency} / {scoped.unit}: {scoped.scope}"
+        )
     for check in report.checks:
         payload[f"check {check.name}"] = f"{'pass' if check.passed else 'FAIL'}: {check.detail}"
-    return payload
+    # the table is rendered by rich: "[run]", "[privacy]"... are text, not markup
+    from rich.markup import escape
+
+    return {key: escape(value) if isinstance(value, str) else value for key, value in payload.items()}
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -113,7 +133,15 @@ def run_verify(args: argparse.Namespace) -> int:
             emit(args, f"dpcl verify {path}", _table(report))
         if len(reports) > 1:
             bad = sum(not r.valid for r in reports)
-            print(f"{len(reports)} certificates: " + ("all valid" if not bad else f"{bad} do not verify"))
+            not_private = sum(r.valid and not r.private for r in reports)
+            print(
+                f"{len(reports)} certificates: " + ("all valid" if not bad else f"{bad} do not verify")
+                + (f"; {not_private} valid but NOT PRIVATE (their checkpoints have no DP guarantee)" if not_private else "")
+            )
+        for path, report in zip(paths, reports):
+            if report.valid and not report.private:
+                print(f"NOT PRIVATE: {path} verifies, and states that its checkpoint has no differential-privacy "
+                      "guarantee (see its reasons)")
     for path, report in zip(paths, reports):
         if not report.valid:
             failed = ", ".join(c.name for c in report.failed)

@@ -10,7 +10,15 @@ with every privacy violation it finds:
 * a method that releases nothing for an empty task (Prop. F.1);
 * ``across_tasks = "parallel"`` while ``disjoint_units = false`` (Thm 4.4 needs disjoint units);
 * training on the union of tasks whose units may be shared (needs group privacy);
-* a stream that exceeds ``total_epsilon`` (the privacy filter refuses a task).
+* a stream that exceeds ``total_epsilon`` (the privacy filter refuses a task);
+* a private run (``[run] private = true``, the default) of a method whose released checkpoint is not
+  covered by its charged events (:class:`~dpcl.guarantees.method_schema.ReleaseCoverage`, e.g. PeCL as in
+  the paper: one violation per reason), or whose plan does not declare its coverage at all.
+
+The report's headline (``epsilon``, ``private``) is about the released checkpoint: a plan that is not
+covered gets ``private: false`` and no epsilon. Statements about narrower releases
+(:class:`~dpcl.guarantees.method_schema.ScopedPlan`) are composed across tasks in ledgers of their own and
+reported in ``scoped_guarantees``.
 
 Whatever the violations, the reported epsilon is a sound bound for what the
 config would do, or ``None`` when no sound bound exists; the verdict is
@@ -42,8 +50,24 @@ from dpcl.guarantees.label_space import (
     require_proper_release,
 )
 from dpcl.guarantees.ledger import TaskLedger
+from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
 
-__all__ = ["AuditReport", "audit_config", "resolve_across_tasks"]
+__all__ = ["AuditReport", "audit_config", "combined_release", "resolve_across_tasks", "NOT_COVERED_PREFIX"]
+
+#: Start of the violation stated for each reason why a private run's checkpoint is not covered.
+NOT_COVERED_PREFIX = (
+    "the config asks for a private run ([run] private = true) but the released checkpoint is NOT private: "
+)
+NOT_COVERED_HINT = (
+    "The method's checkpoint is not a post-processing of any charged release, so no epsilon bounds it. Use a "
+    "method (or [method] setting) whose checkpoint is covered, or set [run] private = false to run it as a "
+    "non-private run whose certificates say so (its scoped statements are still stated)."
+)
+UNDECLARED_VIOLATION = (
+    "method {name!r} does not declare whether its released checkpoint is covered by its charged events "
+    "(TaskPlan.release is None), so its releases can never be certified; the method's plan must state a "
+    "ReleaseCoverage."
+)
 
 DISJOINT_ASSUMPTION = (
     "Tasks hold disjoint privacy units: no person/unit contributes data to two tasks (Tobaben et al., Thm 4.4)."
@@ -74,8 +98,18 @@ class AuditReport:
     notes: tuple[str, ...] = ()
     total_epsilon: float | None = None
     filter: dict[str, Any] = field(default_factory=dict)
-    #: False for a ``[run] private = false`` config (no noise at all: ``epsilon`` is None, one violation says so).
+    #: False when the released checkpoint has no DP guarantee: a ``[run] private = false`` config, or a plan whose
+    #: checkpoint is not covered by its charged events (``epsilon`` is None; ``release`` says why).
     private: bool = True
+    #: The stream's :class:`ReleaseCoverage` as a dict (``covered``, ``basis``, ``reasons``); None when undeclared.
+    release: dict[str, Any] | None = None
+    #: Statements about narrower releases: name, scope, epsilon, delta, adjacency, unit, accountant, across_tasks.
+    scoped_guarantees: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def covered(self) -> bool:
+        """Whether the plan declares the released checkpoint covered by its charged events."""
+        return bool(self.release and self.release["covered"])
 
     @property
     def sound(self) -> bool:
@@ -89,6 +123,9 @@ class AuditReport:
         return {
             "sound": self.sound,
             "private": self.private,
+            "covered": self.covered,
+            "release": None if self.release is None else dict(self.release),
+            "scoped_guarantees": [dict(x) for x in self.scoped_guarantees],
             "epsilon": self.epsilon,
             "delta": self.delta,
             "across_tasks": self.across_tasks,
@@ -116,6 +153,18 @@ def resolve_across_tasks(requested: str, disjoint_units: bool) -> tuple[str, lis
             "across_tasks = 'sequential' or make the tasks' units disjoint."
         ]
     return requested, []
+
+
+def combined_release(plans: Sequence[TaskPlan]) -> ReleaseCoverage | None:
+    """The coverage of a stream's releases: covered when every task's plan is covered (bases joined),
+    otherwise not covered with every distinct reason; None when a plan leaves it undeclared."""
+    coverages = [p.release for p in plans]
+    if not coverages or any(c is None for c in coverages):
+        return None
+    reasons = list(dict.fromkeys(r for c in coverages if not c.covered for r in c.reasons))
+    if reasons:
+        return ReleaseCoverage.not_covered(*reasons)
+    return ReleaseCoverage.post_processing(" ".join(dict.fromkeys(c.basis for c in coverages)))
 
 
 def _check_sizes(task_sizes: Sequence[int], n_tasks: int) -> list[int]:
@@ -225,6 +274,7 @@ def audit_config(
     )
     reports = {r.task_index: r for r in (filter_reports or ())}
     per_task: list[dict[str, Any]] = []
+    scoped_ledgers: dict[str, tuple[str, TaskLedger]] = {}
     epsilon: float | None = None
     accountant_used = privacy["accountant"]
     stopped = False
@@ -246,8 +296,8 @@ def audit_config(
             continue
         if n_plan == 0:
             entry["status"] = "empty task: " + str(plan.noise.get("empty_task_release", "nothing released"))
+        tasks_read = list(range(t + 1)) if spec.reuses_past_tasks else [t]
         if plan.events:
-            tasks_read = list(range(t + 1)) if spec.reuses_past_tasks else [t]
             try:
                 ledger.charge(tasks_read, plan.events, label=f"{spec.name} task {t}")
             except BudgetExceededError as exc:
@@ -277,6 +327,17 @@ def audit_config(
         else:
             entry["cumulative_epsilon"] = 0.0
             epsilon = 0.0
+        for scoped_plan in plan.scoped:  # statements about narrower releases, composed in ledgers of their own
+            if scoped_plan.name not in scoped_ledgers:
+                first = scoped_plan.events[0]
+                scoped_ledgers[scoped_plan.name] = (
+                    scoped_plan.scope,
+                    TaskLedger(delta=privacy["delta"], across_tasks=across, accountant=privacy["accountant"],
+                               adjacency=first.adjacency, unit=first.unit),
+                )
+            scoped_ledger = scoped_ledgers[scoped_plan.name][1]
+            scoped_ledger.charge(tasks_read, scoped_plan.events, label=f"{spec.name} task {t} ({scoped_plan.name})")
+            entry.setdefault("scoped", {})[scoped_plan.name] = scoped_ledger.release(t).guarantee.epsilon
         per_task.append(entry)
     if epsilon is None and stopped and not no_sound_bound:
         epsilon = 0.0  # the privacy filter refused the first task: nothing is released, nothing is spent
@@ -294,6 +355,30 @@ def audit_config(
         notes.append(
             f"no epsilon is reported from task {not_dp_from} on: the releases are not differentially private for any "
             "epsilon and delta < 1 (see violations); the per-task noise shown is what the method would add."
+        )
+
+    coverage = combined_release([p for _, _, p in plans if p is not None])
+    if coverage is None:
+        violations.append(UNDECLARED_VIOLATION.format(name=spec.name))
+    elif not coverage.covered and getattr(config, "private", True):
+        violations.extend(NOT_COVERED_PREFIX + reason for reason in coverage.reasons)
+    covered = coverage is not None and coverage.covered
+    if not covered:
+        # the headline is the checkpoint: whatever the charged events bound, nothing bounds the checkpoint
+        epsilon = None
+        accountant_used = "none (not private)"
+        for entry in per_task:
+            for key in ("epsilon", "release_epsilon", "cumulative_epsilon"):
+                entry.pop(key, None)
+            entry.setdefault("status", "checkpoint not private: no epsilon bounds it (see release)")
+        if coverage is not None:
+            notes.append(NOT_COVERED_HINT)
+    scoped_guarantees = []
+    for name, (scope, scoped_ledger) in scoped_ledgers.items():
+        g = scoped_ledger.guarantee()
+        scoped_guarantees.append(
+            {"name": name, "scope": scope, "epsilon": g.epsilon, "delta": g.delta, "adjacency": g.adjacency,
+             "unit": g.unit, "accountant": g.accountant, "across_tasks": g.across_tasks}
         )
 
     total = privacy.get("total_epsilon")
@@ -333,4 +418,7 @@ def audit_config(
         notes=tuple(notes),
         total_epsilon=total,
         filter=filter_state,
+        private=covered,
+        release=None if coverage is None else coverage.to_dict(),
+        scoped_guarantees=tuple(scoped_guarantees),
     )

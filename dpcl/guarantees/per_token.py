@@ -635,7 +635,7 @@ class PeCLSpec:
             notes.extend(summary["sequence"]["notes"])
         token = token_event(sigma_min, v["clip_norm"], v["epochs"])
         return TaskPlan(
-            events=(token,),
+            events=(),
             noise={
                 "calibration": v["calibration"],
                 "epsilon_lower": lower,

@@ -27,11 +27,12 @@ Run directory::
     DIR/checkpoints/task001.pt           one checkpoint per release, atomic
     DIR/certificates/task001.cert.json   one certificate per release, verified after writing
     DIR/curator/task001.state.pt         curator state per release (private), atomic
+    DIR/scoped/NAME.ledger.json          one ledger per scoped statement (private), atomic
     DIR/metrics.json, DIR/accuracy.png
 
 What may be published: ``checkpoints/`` and ``certificates/`` (each
 certificate covers its checkpoint and nothing else). ``curator/``,
-``ledger.json`` and ``run.json`` are the curator's: ``curator/`` holds what a
+``ledger.json``, ``scoped/`` and ``run.json`` are the curator's: ``curator/`` holds what a
 method computed from the private data without noise and needs only to continue
 the stream (:meth:`~dpcl.methods.base.ContinualMethod.curator_state_dict`, e.g.
 privacy-unit ids, raw statistics), which no certificate covers.
@@ -44,11 +45,20 @@ refused with :class:`~dpcl.errors.LedgerCorruptError`). The ledger is reopened, 
 reset: charges of a task that was interrupted stay charged and the retrained task
 is charged again (conservative: the interrupted attempt may have leaked).
 
-Non-private reference runs (the paper's "non-DP" column) are written as
-``[run] private = false``: no noise, no clipping, no ledger charges; every
-release gets a statement ``taskNNN.nonprivate-cert.json`` saying the checkpoint
-is NOT differentially private (it is deliberately not a dpcl certificate, so
-``dpcl verify`` never accepts it).
+Scoped statements (:class:`~dpcl.guarantees.method_schema.ScopedPlan`, e.g. PeCL's per-token
+guarantee of its perturbed input embeddings) are charged before training, like the headline's events,
+to one :class:`~dpcl.guarantees.ledger.TaskLedger` per scope name, ``DIR/scoped/NAME.ledger.json``
+(curator-side like ``ledger.json``, written atomically, composed across tasks like the headline and
+reopened on resume), and stated in every certificate's ``scoped_guarantees``.
+
+Non-private runs are written as ``[run] private = false``. For a method whose
+checkpoint its plan covers, that is a reference run (the paper's "non-DP"
+column): no noise, no clipping, no charges. For a plan that does not cover
+the checkpoint (PeCL as in the paper; a private run of it is refused), the
+plan is trained as it is (with its noise) and its scoped events are charged to
+the scoped ledgers. Either way every release gets a version-2 certificate
+``taskNNN.cert.json`` with ``private: false`` and its reasons (and the scoped
+statements, if any), which ``dpcl verify`` accepts (exit 0, ``NOT PRIVATE``).
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,17 +82,24 @@ from dpcl.errors import (
     MissingDependencyError,
     PrivacyViolationError,
 )
-from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
+from dpcl.guarantees.atomic_io import read_json, write_json_atomic
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
 
 RUN_STATE_FORMAT = "dpcl-run"
 RUN_STATE_VERSION = 2  # 2: releases record their curator state (checkpoints of version 1 held it)
-NON_PRIVATE_FORMAT = "dpcl-non-private-release"
 
 NON_PRIVATE_STATEMENT = (
     "This checkpoint was trained WITHOUT differential privacy ([run] private = false): no noise was added and "
     "no gradient was clipped. It offers no privacy guarantee for its training data (epsilon is infinite)."
 )
+#: First reason of a ``[run] private = false`` run of a plan that does not cover its checkpoint.
+NOT_COVERED_RUN_STATEMENT = (
+    "This checkpoint was trained by a run with [run] private = false of a method whose released checkpoint is not "
+    "covered by any charged release: it offers no differential-privacy guarantee for its training data (epsilon is "
+    "infinite), for the reasons below. The noise of the method's plan was applied; what it protects is stated in "
+    "scoped_guarantees, each for its scope only."
+)
+_SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 #: Stated in every certificate of a ``dpcl run``: what the certificate does not cover.
 CURATOR_STATE_ASSUMPTION = (
@@ -292,25 +310,6 @@ def _config_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _non_private_statement(path: Path, *, task: int, method: str, checkpoint: Path, config: Mapping[str, Any]) -> None:
-    write_json_atomic(
-        path,
-        {
-            "format": NON_PRIVATE_FORMAT,
-            "private": False,
-            "epsilon": "inf",
-            "statement": NON_PRIVATE_STATEMENT,
-            "release": {"task_index": task, "method": method},
-            "checkpoint": {
-                "path": Path(os.path.relpath(checkpoint.resolve(), path.resolve().parent)).as_posix(),
-                "sha256": sha256_file(checkpoint),
-            },
-            "dpcl_version": __version__,
-            "config": dict(config),
-        },
-    )
-
-
 def run_training(
     config_path: "str | Path",
     out_dir: "str | Path",
@@ -436,10 +435,13 @@ def run_training(
     method = cls(setup)
     device = method.compute_device  # what metrics and certificates record (l2dpml computes on the CPU only)
 
+    from dpcl.guarantees.ledger import TaskLedger
+
+    # a private run is refused by the audit unless its plan covers the checkpoint; a non-private run of a plan
+    # that does not cover it trains the plan as it is (with its noise), one of a plan that does is noise-free.
+    trains_plan = private or not report.covered
     ledger = None
     if private:
-        from dpcl.guarantees.ledger import TaskLedger
-
         ledger = TaskLedger.open(
             out / "ledger.json",
             must_exist=bool(releases),  # a resumed run never starts an empty ledger: that would forget spent budget
@@ -463,6 +465,43 @@ def run_training(
                 "(or from another run), so resuming would forget budget already spent. Restore the run's own ledger, "
                 "or start the run over in a new directory."
             )
+    scoped_ledgers: dict[str, TaskLedger] = {}
+
+    def scoped_ledger(name: str, adjacency: Any, unit: str) -> TaskLedger:
+        """The ledger of scope ``name`` (DIR/scoped/NAME.ledger.json), opened once, resumed when it exists."""
+        if name not in scoped_ledgers:
+            if not _SCOPE_NAME.fullmatch(name):
+                raise InvalidParameterError(
+                    f"scoped statement name {name!r} must be letters, digits, '_', '.' or '-' (it names a ledger file)."
+                )
+            scoped_ledgers[name] = TaskLedger.open(
+                out / "scoped" / f"{name}.ledger.json",
+                must_exist=any(name in report.per_task[r.task_index].get("scoped", {}) for r in releases),
+                delta=config.privacy["delta"],
+                across_tasks=across,
+                accountant=config.privacy["accountant"],
+                adjacency=adjacency,
+                unit=unit,
+                metadata={"config": config.to_dict(), "method": method_name, "seed": seed, "scope_name": name,
+                          "reproducible_noise": reproducible},
+            )
+        return scoped_ledgers[name]
+
+    if trains_plan and releases:  # every scoped ledger a released task charged must exist and record that release
+        for entry in report.scoped_guarantees:
+            name = entry["name"]
+            needed = sorted(r.task_index for r in releases if name in report.per_task[r.task_index].get("scoped", {}))
+            if not needed:
+                continue
+            opened = scoped_ledger(name, entry["adjacency"], entry["unit"])
+            missing = sorted(set(needed) - set(opened.released_tasks()))
+            if missing:
+                raise LedgerCorruptError(
+                    f"{str(out / 'scoped' / (name + '.ledger.json'))!r} has no record of the release(s) of task(s) "
+                    f"{', '.join(str(t + 1) for t in missing)} that {str(state_path)!r} lists: resuming would forget "
+                    "budget already spent. Restore the run's own scoped ledger, or start the run over in a new directory."
+                )
+
     if releases:
         last = releases[-1]
         expected = _recorded_checkpoint_hash(out / last.certificate)
@@ -497,14 +536,20 @@ def run_training(
     start = 0 if not releases else releases[-1].task_index + 1
     for t in range(start, n_tasks):
         data, outputs, tasks_read = _release_data(prepared, t, spec.reuses_past_tasks)
-        if private:
+        if trains_plan:
             plan = spec.plan_task(config.method, config.privacy, len(data), t)
-            if plan.events:
+            if private and plan.events:
                 ledger.charge(tasks_read, plan.events, unit_ids=data.unit_ids, label=f"{method_name} task {t}")
+            for scoped_plan in plan.scoped:  # charged before training too
+                first = scoped_plan.events[0]
+                scoped_ledger(scoped_plan.name, first.adjacency, first.unit).charge(
+                    tasks_read, scoped_plan.events, unit_ids=data.unit_ids,
+                    label=f"{method_name} task {t} ({scoped_plan.name})",
+                )
         else:
             from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
 
-            plan = TaskPlan(events=(), noise={}, assumptions=(NON_PRIVATE_STATEMENT,),
+            plan = TaskPlan(events=(), noise={}, assumptions=(),
                             release=ReleaseCoverage.not_covered(NON_PRIVATE_STATEMENT))
         with tqdm(
             total=method.planned_work(plan),
@@ -524,46 +569,60 @@ def run_training(
         curator_file = out / "curator" / f"task{t + 1:03d}.state.pt"
         curator_sha = save_curator_state(curator_file, method=method_name, task_index=t,
                                          state=method.curator_state_dict())
-        if private and ledger.charges:
-            record = ledger.release(t, checkpoint_sha256=checkpoint_sha)
-            from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
+        from dpcl.guarantees.certificates import (
+            ScopedLedger,
+            certificate_from_ledger,
+            non_private_certificate,
+            verify_certificate,
+            write_certificate,
+        )
 
-            certificate = out / "certificates" / f"task{t + 1:03d}.cert.json"
-            assumptions = list(report.assumptions)
-            assumptions += [a for a in plan.assumptions if a not in assumptions]
-            assumptions += [a for a in noise_assumptions(reproducible) if a not in assumptions]
-            assumptions.append(CURATOR_STATE_ASSUMPTION)
-            extra: dict[str, Any] = {
-                "seed": seed,
-                "reproducible_noise": reproducible,
-                "plan_notes": list(plan.notes),
-                "device": device,
-            }
-            if hasattr(method, "certificate_extra"):  # e.g. L2DP-ML: Thm 2 terms and checked preconditions
-                extra.update(method.certificate_extra(t))
-            cert = certificate_from_ledger(
-                ledger,
-                method=method_name,
-                label_space=config.stream["label_space"],
-                assumptions=assumptions,
-                checkpoint=checkpoint,
-                config=config.to_dict(),
-                label_filtering=describe_filtering(filter_reports[: t + 1]),
-                extra=extra,
-            )
-            write_certificate(certificate, cert)
-            verify_certificate(certificate).raise_if_invalid()
-            cumulative: float | None = record.guarantee.epsilon
-        elif private:
+        if private and not ledger.charges:
             raise PrivacyViolationError(
                 f"release {t} reads no private data and nothing was charged yet; dpcl cannot certify a release "
                 "without a charged mechanism. Check the stream: its first task is empty after label filtering."
             )
+        scoped: dict[str, ScopedLedger] = {}
+        for scoped_plan in plan.scoped:
+            scoped_ledgers[scoped_plan.name].release(t, checkpoint_sha256=checkpoint_sha)
+            scoped[scoped_plan.name] = ScopedLedger(scoped_plan.scope, scoped_ledgers[scoped_plan.name])
+        certificate = out / "certificates" / f"task{t + 1:03d}.cert.json"
+        assumptions = list(report.assumptions)
+        assumptions += [a for a in plan.assumptions if a not in assumptions]
+        if trains_plan:
+            assumptions += [a for a in noise_assumptions(reproducible) if a not in assumptions]
+        assumptions.append(CURATOR_STATE_ASSUMPTION)
+        extra: dict[str, Any] = {
+            "seed": seed,
+            "reproducible_noise": reproducible,
+            "plan_notes": list(plan.notes),
+            "device": device,
+        }
+        if hasattr(method, "certificate_extra"):  # e.g. L2DP-ML: Thm 2 terms and checked preconditions
+            extra.update(method.certificate_extra(t))
+        common: dict[str, Any] = dict(
+            method=method_name,
+            label_space=config.stream["label_space"],
+            assumptions=assumptions,
+            scoped=scoped,
+            checkpoint=checkpoint,
+            config=config.to_dict(),
+            label_filtering=describe_filtering(filter_reports[: t + 1]),
+            extra=extra,
+        )
+        cumulative: float | None = None
+        if private:
+            record = ledger.release(t, checkpoint_sha256=checkpoint_sha)
+            cert = certificate_from_ledger(ledger, release=plan.release, **common)
+            cumulative = record.guarantee.epsilon
         else:
-            certificate = out / "certificates" / f"task{t + 1:03d}.nonprivate-cert.json"
-            _non_private_statement(certificate, task=t, method=method_name, checkpoint=checkpoint,
-                                   config=config.to_dict())
-            cumulative = None
+            reasons = (
+                (NON_PRIVATE_STATEMENT,) if not trains_plan
+                else (NOT_COVERED_RUN_STATEMENT,) + tuple(plan.release.reasons if plan.release is not None else ())
+            )
+            cert = non_private_certificate(release_task=t, reasons=reasons, **common)
+        write_certificate(certificate, cert)
+        verify_certificate(certificate).raise_if_invalid()
 
         accuracies = tuple(
             method.accuracy(prepared[j].test_features, prepared[j].test_labels) for j in range(t + 1)

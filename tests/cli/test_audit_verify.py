@@ -18,6 +18,9 @@ from dpcl.guarantees import ledger as ledger_module
 from dpcl.guarantees.atomic_io import sha256_file
 from dpcl.guarantees.certificates import certificate_from_ledger, write_certificate
 from dpcl.guarantees.ledger import TaskLedger
+from dpcl.guarantees.method_schema import ReleaseCoverage
+
+COVERED = ReleaseCoverage.post_processing("The checkpoint is a post-processing of the charged noisy releases.")
 
 
 def _load_reference():
@@ -244,7 +247,7 @@ def certificate(tmp_path):
     ledger.charge(0, GaussianEvent(sigma=3.0))
     ledger.release(0, checkpoint_sha256=sha256_file(ckpt))
     cert = certificate_from_ledger(
-        ledger, method="cosine", label_space="prior", assumptions=["Public encoder."], checkpoint=ckpt
+        ledger, release=COVERED, method="cosine", label_space="prior", assumptions=["Public encoder."], checkpoint=ckpt
     )
     path = run / "task0.cert.json"
     write_certificate(path, cert)
@@ -289,20 +292,24 @@ def test_verify_malformed_exit_2(tmp_path, capsys):
     assert code == 2 and out == "" and "not valid JSON" in err and err.count("\n") == 1
 
 
-def test_verify_non_private_statement_exit_3(tmp_path, capsys):
-    """The statement a `[run] private = false` release carries is not a certificate: verify says plainly that
-    the checkpoint is NOT private (exit 3), not that the file is malformed (exit 2)."""
+def test_verify_legacy_non_private_statement_exit_3(tmp_path, capsys):
+    """The statement `[run] private = false` releases carried before certificate version 2 is not a certificate
+    (no content hash, nothing to recompute): verify still refuses it, saying plainly that the checkpoint is NOT
+    private (exit 3), not that the file is malformed (exit 2). Runs now write v2 certificates with private false."""
     from dpcl.guarantees.certificates import NON_PRIVATE_FORMAT
-    from dpcl.runner import run as runner
 
-    assert runner.NON_PRIVATE_FORMAT == NON_PRIVATE_FORMAT
     ckpt = tmp_path / "checkpoints" / "task001.pt"
     ckpt.parent.mkdir()
     ckpt.write_bytes(b"weights trained without noise")
     statement = tmp_path / "certificates" / "task001.nonprivate-cert.json"
     statement.parent.mkdir()
-    runner._non_private_statement(statement, task=0, method="cosine", checkpoint=ckpt, config={"run": {"private": False}})
-    assert json.loads(statement.read_text())["format"] == NON_PRIVATE_FORMAT
+    statement.write_text(json.dumps({  # as dpcl run wrote it before certificate version 2
+        "format": NON_PRIVATE_FORMAT, "private": False, "epsilon": "inf",
+        "statement": "This checkpoint was trained WITHOUT differential privacy ([run] private = false).",
+        "release": {"task_index": 0, "method": "cosine"},
+        "checkpoint": {"path": "../checkpoints/task001.pt", "sha256": "0" * 64},
+        "dpcl_version": "0.1.0", "config": {"run": {"private": False}},
+    }))
     for extra in ((), ("--json",)):
         code, out, err = _run(capsys, "verify", str(statement), *extra)
         assert code == 3 and out == ""

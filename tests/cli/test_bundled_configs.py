@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import dpcl
 from dpcl.cli import main
+from dpcl.guarantees.method_schema import get_method_spec
 
 CONFIGS = sorted((Path(dpcl.__file__).parent / "configs").glob("*.toml"))
 REPO = Path(__file__).resolve().parents[2]
@@ -28,11 +30,34 @@ def test_configs_are_bundled():
     assert {"cosine", "peft_ensemble", "naive", "non_cl"} <= names
 
 
+def _is_paper_pecl(path: Path) -> bool:
+    """PeCL as in the paper: ``[method] training = "paper"``, or no ``training`` key while the PeCL spec has none
+    (before the DP-SGD variant of PeCL existed, every PeCL config was the paper's method)."""
+    method = tomllib.loads(path.read_text())["method"]
+    if method.get("name") != "pecl":
+        return False
+    if "training" in method:
+        return method["training"] == "paper"
+    return "training" not in {k.name for k in get_method_spec("pecl").keys}
+
+
+PAPER_CONFIG = Path(dpcl.__file__).parent / "configs" / "pecl_paper.toml"
+
+
+def test_pecl_paper_config_is_the_papers_method():
+    assert PAPER_CONFIG in CONFIGS and _is_paper_pecl(PAPER_CONFIG)
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_bundled_config_passes_audit(capsys, path):
     code, payload, err = _audit(capsys, path)
+    if _is_paper_pecl(path):  # a private run of it is a privacy violation (test below)
+        assert code == 3 and payload["private"] is False and payload["covered"] is False, err
+        return
     assert code == 0, err
     assert payload["sound"] is True and payload["violations"] == []
+    # the headline is the checkpoint: every bundled config but the paper's PeCL certifies a covered checkpoint
+    assert payload["private"] is True and payload["covered"] is True and payload["release"]["basis"]
     assert payload["epsilon"] is not None and payload["epsilon"] > 0
     assert payload["assumptions"]
     cumulative = [p["cumulative_epsilon"] for p in payload["per_task"] if "cumulative_epsilon" in p]
@@ -54,6 +79,35 @@ def test_bundled_config_passes_audit(capsys, path):
         assert [p["trained_on_examples"] for p in payload["per_task"]] == sorted(
             p["trained_on_examples"] for p in payload["per_task"]
         )
+
+
+def test_pecl_paper_config_is_a_privacy_violation_naming_each_reason(capsys, tmp_path):
+    """PeCL as in the paper claims privacy but its checkpoint is trained on clean targets with data-dependent
+    scores: `dpcl audit` exits 3 naming every reason; the per-token statement survives only as a scoped one."""
+    code, payload, err = _audit(capsys, PAPER_CONFIG)
+    assert code == 3 and payload["sound"] is False
+    assert payload["private"] is False and payload["epsilon"] is None and payload["covered"] is False
+    violations = " ".join(payload["violations"])
+    assert "clean private next-token targets and class labels" in violations  # clean targets/labels
+    assert "sensitivity scores" in violations and "computed from the private text without noise" in violations
+    assert "lambda_dyn" in violations and "Omega_k" in violations
+    assert len(payload["violations"]) == 3 and all("NOT private" in v for v in payload["violations"])
+    assert "privacy violation" in err and err.count("\n") == 1
+    assert all("cumulative_epsilon" not in entry for entry in payload["per_task"])
+    (scoped,) = payload["scoped_guarantees"]
+    assert scoped["name"] == "input_embeddings" and scoped["unit"] == "token" and "input embeddings" in scoped["scope"]
+    assert 0 < scoped["epsilon"] <= 10.0 * (1 + 1e-6)  # calibrated to epsilon_upper = 10 per token
+    code = main(["audit", str(PAPER_CONFIG)])
+    out = capsys.readouterr().out
+    assert code == 3 and "NOT PRIVATE" in out and "scoped input_embeddings" in out
+    # [run] private = false: a non-private research run with the paper's noise; still NOT private, scoped kept
+    research = tmp_path / "pecl_paper_research.toml"
+    research.write_text(PAPER_CONFIG.read_text() + "\n[run]\nprivate = false\n")
+    code, payload, err = _audit(capsys, research)
+    assert code == 3 and payload["private"] is False and payload["epsilon"] is None
+    assert "NOT private" in payload["violations"][0] and "clean private next-token targets" in payload["violations"][0]
+    assert payload["scoped_guarantees"][0]["epsilon"] == pytest.approx(scoped["epsilon"], rel=1e-12)
+    assert any("noise" in entry for entry in payload["per_task"])  # the paper's noise is applied
 
 
 ISSUE_EXAMPLE = """

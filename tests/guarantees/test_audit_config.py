@@ -13,6 +13,7 @@ from dpcl.guarantees import ledger as ledger_module
 from dpcl.guarantees.audit_config import audit_config, resolve_across_tasks
 from dpcl.guarantees.config import parse_config
 from dpcl.guarantees.label_space import FilterReport
+from dpcl.guarantees.method_schema import ReleaseCoverage
 from dpcl.guarantees.method_schema import MethodKey, TaskPlan
 
 from .reference import gaussian_profile_epsilon, reference_compute
@@ -135,9 +136,10 @@ class _SilentSpec:
     def plan_task(self, method, privacy, n_examples, task_index):
         from dpcl.accounting.events import GaussianEvent
 
+        covered = ReleaseCoverage.post_processing("The weights are a post-processing of the noisy release.")
         if n_examples == 0:
-            return TaskPlan(events=(), noise={"empty_task_release": "nothing"})
-        return TaskPlan(events=(GaussianEvent(sigma=5.0),), noise={"sigma": 5.0})
+            return TaskPlan(events=(), noise={"empty_task_release": "nothing"}, release=covered)
+        return TaskPlan(events=(GaussianEvent(sigma=5.0),), noise={"sigma": 5.0}, release=covered)
 
 
 def test_method_releasing_nothing_on_empty_task_is_a_violation():

@@ -21,10 +21,13 @@ from dpcl.guarantees.certificates import (
     write_certificate,
 )
 from dpcl.guarantees.ledger import TaskLedger
+from dpcl.guarantees.method_schema import ReleaseCoverage
 
 from .reference import gaussian_profile_epsilon, reference_compute
 
 DELTA = 1e-5
+
+COVERED = ReleaseCoverage.post_processing("The checkpoint is a post-processing of the charged noisy releases.")
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +48,7 @@ def certified(tmp_path):
         ledger.release(t, checkpoint_sha256=sha256_file(ckpt))
         cert = certificate_from_ledger(
             ledger,
+            release=COVERED,
             method="cosine",
             label_space="prior_const",
             assumptions=["Feature extractor pre-trained on public data."],
@@ -162,9 +166,9 @@ def test_build_refuses_missing_assumptions_or_mismatched_hash(tmp_path):
     ckpt.write_bytes(b"abc")
     ledger.release(0, checkpoint_sha256="0" * 64)
     with pytest.raises(InvalidParameterError, match="assumption"):
-        certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=[" "])
+        certificate_from_ledger(ledger, release=COVERED, method="cosine", label_space="prior", assumptions=[" "])
     with pytest.raises(InvalidParameterError, match="hashes to"):
-        certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=["x."], checkpoint=ckpt)
+        certificate_from_ledger(ledger, release=COVERED, method="cosine", label_space="prior", assumptions=["x."], checkpoint=ckpt)
 
 
 @pytest.mark.parametrize("reseal", [False, True])
@@ -245,7 +249,7 @@ def _parallel_certificate(tmp_path, config):
     for t in range(2):
         ledger.charge(t, GaussianEvent(sigma=3.0 + t))
     ledger.release(1)
-    cert = certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=["x."], config=config)
+    cert = certificate_from_ledger(ledger, release=COVERED, method="cosine", label_space="prior", assumptions=["x."], config=config)
     return write_certificate(tmp_path / "c.cert.json", cert)
 
 
@@ -270,8 +274,8 @@ def test_certificate_of_an_earlier_release_states_that_release_filter_state(tmp_
     for t, sigma in enumerate([3.0, 4.0, 5.0]):
         ledger.charge(t, GaussianEvent(sigma=sigma))
         ledger.release(t)
-    first = certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=["x."], release_index=0)
-    last = certificate_from_ledger(ledger, method="cosine", label_space="prior", assumptions=["x."])
+    first = certificate_from_ledger(ledger, release=COVERED, method="cosine", label_space="prior", assumptions=["x."], release_index=0)
+    last = certificate_from_ledger(ledger, release=COVERED, method="cosine", label_space="prior", assumptions=["x."])
     # GDP filter: spent mu is sqrt(sum 1/sigma^2) of the admitted charges (closed form)
     assert first["filter"]["stream"]["spent"]["mu"] == pytest.approx(1 / 3.0, rel=1e-12)
     assert last["filter"]["stream"]["spent"]["mu"] == pytest.approx(np.sqrt(1 / 9 + 1 / 16 + 1 / 25), rel=1e-12)

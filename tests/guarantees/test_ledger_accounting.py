@@ -16,10 +16,13 @@ from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
 from dpcl.accounting.dpsgd import dpsgd_events
 from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
 from dpcl.guarantees.ledger import TaskLedger
+from dpcl.guarantees.method_schema import ReleaseCoverage
 from dpcl.guarantees.schedules import PEFT_ENSEMBLE
 
 DELTA = 1e-5
 RUNS = [(2.0, 0.1, 8), (1.5, 0.2, 5), (2.5, 0.05, 10)]  # (noise multiplier, q, steps) per task
+
+COVERED = ReleaseCoverage.post_processing("The checkpoint is a post-processing of the charged noisy releases.")
 
 
 def _pld_epsilon(runs, delta=DELTA):
@@ -81,7 +84,7 @@ def test_certificate_with_dpsgd_events_recomputes(tmp_path, accountant):
     ckpt = tmp_path / "model.bin"
     ckpt.write_bytes(b"weights")
     ledger.release(2)
-    cert = certificate_from_ledger(ledger, method="peft_ensemble", label_space="prior", assumptions=["x."])
+    cert = certificate_from_ledger(ledger, release=COVERED, method="peft_ensemble", label_space="prior", assumptions=["x."])
     path = write_certificate(tmp_path / "c.json", cert)
     report = verify_certificate(path)
     assert report.valid, report.failed

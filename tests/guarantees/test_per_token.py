@@ -248,7 +248,8 @@ def test_pecl_spec_plan_uses_worst_token_at_true_sensitivity():
     assert all(k.help for k in spec.keys)
     method = {"calibration": "analytic", "epochs": 2, "clip_norm": 0.5, "epsilon_upper": 8.0, "max_seq_len": 32}
     plan = spec.plan_task(method, {"delta": 1e-5}, n_examples=100, task_index=0)
-    (event,) = plan.events
+    (event,) = plan.scoped[0].events  # the per-token statement is scoped to the input embeddings
+    assert plan.events == ()
     assert event.count == 2
     assert event.event.sensitivity == pytest.approx(1.0)
     assert event.event.adjacency.value == "replace_one" and event.event.unit == "token"
@@ -264,7 +265,7 @@ def test_pecl_spec_plan_uses_worst_token_at_true_sensitivity():
 
 def test_pecl_spec_paper_calibration_reports_true_epsilon():
     plan = pt.PECL_SPEC.plan_task({"calibration": "paper"}, {"delta": 1e-6}, n_examples=10, task_index=3)
-    sigma = plan.events[0].event.sigma
+    sigma = plan.scoped[0].events[0].event.sigma
     assert sigma == pytest.approx(math.sqrt(2 * math.log(1.25e6)) / 10.0)
     true_eps = plan.noise["per_token"]["epsilon"]
     assert true_eps == pytest.approx(reference_epsilon(sigma, 1e-6, 2.0), rel=1e-6)
@@ -300,7 +301,7 @@ def test_pecl_spec_refuses_keys_the_learner_would_refuse_only_at_training(method
 def test_pecl_spec_n_head_is_not_checked_against_a_loaded_model():
     """With pretrained_path the model's own config decides its heads; n_embd/n_head are unused."""
     plan = pt.PECL_SPEC.plan_task({"n_embd": 64, "n_head": 3, "pretrained_path": "/some/model"}, {"delta": 1e-6}, 10, 0)
-    assert plan.events
+    assert plan.scoped[0].events
 
 
 def test_pecl_spec_budget_check_against_privacy_epsilon():
@@ -313,44 +314,53 @@ def test_pecl_spec_budget_check_against_privacy_epsilon():
     # guarantee, the Remark 1 discussion is stated once, with task 0
     first = pt.PECL_SPEC.plan_task({}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
     later = pt.PECL_SPEC.plan_task({}, {"delta": 1e-6, "epsilon": 10.0}, 99, 2)
-    assert later.events == first.events
+    assert later.scoped == first.scoped and later.events == first.events == ()
     assert any(n.startswith("sequence-level guarantee") for n in later.notes)
     assert not any("Remark 1" in n for n in later.notes) and any("Remark 1" in n for n in first.notes)
 
 
 @pytest.mark.parametrize("calibration", ["analytic", "paper"])
-def test_pecl_release_certificate_states_true_per_token_guarantee_and_verifies(tmp_path, calibration):
+def test_pecl_paper_certificate_is_not_private_and_scopes_the_true_per_token_guarantee(tmp_path, calibration):
+    """The paper's checkpoint is covered by no charged event: its certificate says private false with the
+    plan's reasons; the per-token statement is a scoped guarantee (input embeddings), recomputed by verify."""
     from dpcl.cli import main
-    from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
+    from dpcl.guarantees.certificates import ScopedLedger, non_private_certificate, verify_certificate, write_certificate
     from dpcl.guarantees.ledger import TaskLedger
 
     method = {"calibration": calibration, "epochs": 3, "max_seq_len": 16}
     privacy = {"delta": 1e-6, "epsilon": 10.0}
-    ledger = TaskLedger(delta=1e-6, across_tasks="parallel", adjacency="replace_one", unit="token")
+    scoped = TaskLedger(delta=1e-6, across_tasks="parallel", adjacency="replace_one", unit="token")
     for t in range(3):
         plan = pt.PECL_SPEC.plan_task(method, privacy, n_examples=20, task_index=t)
-        ledger.charge(t, plan.events, unit_ids=np.arange(20) + 100 * t, label=f"pecl task {t}")
+        assert plan.events == () and not plan.release.covered
+        (statement,) = plan.scoped
+        scoped.charge(t, statement.events, unit_ids=np.arange(20) + 100 * t, label=f"pecl task {t}")
+        scoped.release(t)
     checkpoint = tmp_path / "task003.pt"
     checkpoint.write_bytes(b"weights")
-    ledger.release(2)
     first = pt.PECL_SPEC.plan_task(method, privacy, 20, 0)
-    cert = certificate_from_ledger(
-        ledger, method="pecl", label_space="prior", assumptions=list(first.assumptions), checkpoint=checkpoint,
-        extra={"plan_notes": list(first.notes)},
+    cert = non_private_certificate(
+        release_task=2, method="pecl", label_space="prior", assumptions=list(first.assumptions),
+        reasons=first.release.reasons, checkpoint=checkpoint, extra={"plan_notes": list(first.notes)},
+        scoped={statement.name: ScopedLedger(statement.scope, scoped)},
     )
     path = write_certificate(tmp_path / "task003.cert.json", cert)
-    verify_certificate(path).raise_if_invalid()
+    assert verify_certificate(path).raise_if_invalid().private is False
     assert main(["verify", str(path)]) == 0
+    assert cert["guarantee"]["private"] is False and cert["guarantee"]["epsilon"] is None
+    assert cert["guarantee"]["reasons"] == list(pt.PAPER_RELEASE.reasons)
+    (entry,) = cert["scoped_guarantees"]
+    assert entry["name"] == pt.INPUT_EMBEDDINGS_SCOPE_NAME and entry["scope"] == pt.INPUT_EMBEDDINGS_SCOPE
     sigma = first.noise["sigma_min"]
     # parallel over tasks (disjoint fortunes): the worst token over 3 perturbations, at sensitivity 2C
-    assert cert["guarantee"]["epsilon"] == pytest.approx(reference_epsilon(sigma / math.sqrt(3), 1e-6, 2.0), rel=1e-6)
-    assert cert["guarantee"]["unit"] == "token" and cert["guarantee"]["adjacency"] == "replace_one"
+    assert entry["epsilon"] == pytest.approx(reference_epsilon(sigma / math.sqrt(3), 1e-6, 2.0), rel=1e-6)
+    assert entry["unit"] == "token" and entry["adjacency"] == "replace_one"
     assert pt.DATA_DEPENDENCE_ASSUMPTION in cert["assumptions"]
     if calibration == "paper":
-        assert cert["guarantee"]["epsilon"] > 10.0
+        assert entry["epsilon"] > 10.0
     else:
-        assert cert["guarantee"]["epsilon"] <= 10.0 * (1 + 1e-6)
-    # a certificate whose stated epsilon is lowered no longer verifies
-    cert["guarantee"]["epsilon"] = cert["guarantee"]["epsilon"] * 0.5
+        assert entry["epsilon"] <= 10.0 * (1 + 1e-6)
+    # a certificate whose stated scoped epsilon is lowered no longer verifies
+    entry["epsilon"] = entry["epsilon"] * 0.5
     bad = write_certificate(tmp_path / "bad.cert.json", cert)
     assert main(["verify", str(bad)]) == 3

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -399,7 +401,7 @@ def test_noise_without_events_is_refused(stream):
         _method().fit_task(0, _data(task), task.labels, TaskPlan(events=(), noise={"epsilon2": 1.0}))
 
 
-def test_dpcl_run_non_private_l2dpml_writes_statements_not_certificates(tmp_path):
+def test_dpcl_run_non_private_l2dpml_writes_not_private_certificates(tmp_path):
     from dpcl.cli import main
 
     config = tmp_path / "l2dpml.toml"
@@ -411,8 +413,10 @@ def test_dpcl_run_non_private_l2dpml_writes_statements_not_certificates(tmp_path
         "[run]\nprivate = false\n"
     )
     assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
-    assert len(list((tmp_path / "run" / "certificates").glob("*.nonprivate-cert.json"))) == 2
-    assert not list((tmp_path / "run" / "certificates").glob("*.cert.json"))
+    certificates = sorted((tmp_path / "run" / "certificates").glob("*.cert.json"))
+    assert len(certificates) == 2
+    assert main(["verify", *map(str, certificates), "--json"]) == 0
+    assert all(json.loads(c.read_text())["guarantee"]["private"] is False for c in certificates)
 
 
 def test_raw_text_streams_are_refused_by_name():

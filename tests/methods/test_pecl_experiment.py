@@ -16,7 +16,7 @@ from dpcl.accounting.events import ComposedEvent  # noqa: E402
 from dpcl.methods.pecl.experiment import _dpsgd_epsilon, fortunes_text_stream, markdown_table  # noqa: E402
 
 pytestmark = pytest.mark.torch
-CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl.toml"
+PAPER_CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl_paper.toml"
 
 
 def _records():
@@ -58,14 +58,17 @@ def test_fortunes_text_stream_is_class_incremental_and_disjoint_from_public():
     assert not private & set(public)
 
 
-def test_bundled_config_audits_as_sound(capsys):
+def test_bundled_paper_config_audits_its_scoped_per_token_guarantee(capsys):
+    """PeCL as in the paper: its checkpoint is not private (a private run is a violation, exit 3); the per-token
+    guarantee is stated for the input-embedding release only."""
     import json
 
     from dpcl.cli import main
 
-    assert main(["audit", str(CONFIG), "--json"]) == 0
+    assert main(["audit", str(PAPER_CONFIG), "--json"]) == 3
     report = json.loads(capsys.readouterr().out)
-    assert report["epsilon"] == pytest.approx(10.0, rel=1e-6)
+    assert report["private"] is False and report["epsilon"] is None
+    assert report["scoped_guarantees"][0]["epsilon"] == pytest.approx(10.0, rel=1e-6)
     text = json.dumps(report)
     assert "do not depend on the private data" in text and "replace_one" in text
 

@@ -196,7 +196,8 @@ def test_dpcl_run_with_pretrained_path_writes_verified_per_token_certificates(mo
         "dataset_options = { categories = [\"food\", \"law\", \"science\", \"work\"], max_per_class = 6 }\n"
         "tasks = [[0, 1], [2, 3]]\nlabel_space = \"prior\"\nprior_labels = [[0, 1], [2, 3]]\n"
         "disjoint_units = true\n\n[method]\nname = \"pecl\"\nepsilon_lower = 1.0\nepsilon_upper = 10.0\n"
-        f"epochs = 1\nbatch_size = 8\nmax_seq_len = 16\nlora_rank = 2\npretrained_path = {model_dir!r}\n",
+        f"epochs = 1\nbatch_size = 8\nmax_seq_len = 16\nlora_rank = 2\npretrained_path = {model_dir!r}\n"
+        "\n[run]\nprivate = false\n",  # PeCL as in the paper: its checkpoint is not private, a private run is refused
         encoding="utf-8",
     )
     result = run_training(config, tmp_path / "out", quiet=True)
@@ -204,14 +205,15 @@ def test_dpcl_run_with_pretrained_path_writes_verified_per_token_certificates(mo
     for release in result.releases:
         assert verify_certificate(result.out_dir / release.certificate).valid
     cert = read_certificate(result.last_certificate)
-    g = cert["guarantee"]
+    assert cert["guarantee"]["private"] is False  # the per-token statement is scoped to the input embeddings
+    (g,) = cert["scoped_guarantees"]
     assert cert["release"]["method"] == "pecl" and g["adjacency"] == "replace_one" and g["unit"] == "token"
     assert cert["config"]["method"]["pretrained_path"] == model_dir
     from dpcl.guarantees.per_token import PRETRAINED_PUBLIC_ASSUMPTION
 
     assert PRETRAINED_PUBLIC_ASSUMPTION in cert["assumptions"]
     assert any(n.startswith("per-token guarantee") for n in cert["extra"]["plan_notes"])
-    event = cert["events"][-1]["events"][0]["event"]
+    event = g["events"][-1]["events"][0]["event"]
     assert event["kind"] == "gaussian" and event["sensitivity"] == 2.0
     # Balle & Wang (2018) Thm 8 written out here: the certified epsilon has delta(epsilon) = 1e-6 at mu = 2 / sigma
     from scipy.stats import norm

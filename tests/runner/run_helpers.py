@@ -70,8 +70,12 @@ def write_l2dpml_config(directory: Path, *, name: str = "l2dpml.toml") -> Path:
     return path
 
 
-def write_pecl_config(directory: Path, *, name: str = "pecl.toml") -> Path:
-    """A tiny two-task PeCL config on fortune texts (one epoch, a one-layer model)."""
+def write_pecl_config(directory: Path, *, name: str = "pecl.toml", private: bool = False) -> Path:
+    """A tiny two-task config of PeCL as in the paper on fortune texts (one epoch, a one-layer model).
+
+    Its checkpoint is not covered by any charged release, so a private run of it is refused: by default it is
+    a ``[run] private = false`` research run (the paper's noise, the per-token statement scoped to the input
+    embeddings, certificates with ``private: false``)."""
     path = Path(directory) / name
     path.write_text(
         "[privacy]\nepsilon = 10.0\ndelta = 1e-6\nadjacency = \"replace_one\"\naccountant = \"auto\"\n"
@@ -80,7 +84,7 @@ def write_pecl_config(directory: Path, *, name: str = "pecl.toml") -> Path:
         "tasks = [[0, 1], [2, 3]]\nlabel_space = \"prior\"\nprior_labels = [[0, 1], [2, 3]]\n"
         "disjoint_units = true\n\n[method]\nname = \"pecl\"\nepsilon_lower = 1.0\nepsilon_upper = 10.0\n"
         "epochs = 1\nbatch_size = 8\nmax_seq_len = 32\nlora_rank = 2\nn_layer = 1\nn_embd = 16\nn_head = 2\n"
-        "pretrain_steps = 2\n",
+        "pretrain_steps = 2\n" + ("" if private else "\n[run]\nprivate = false\n"),
         encoding="utf-8",
     )
     return path

@@ -142,6 +142,8 @@ def test_l2dpml_certificates_carry_the_thm2_terms_and_preconditions(tmp_path):
 
 
 def test_pecl_trains_on_raw_texts_through_dpcl_run_and_certifies(tmp_path):
+    """PeCL as in the paper, [run] private = false: trained with the paper's noise; each certificate says the
+    checkpoint is NOT private and states the per-token guarantee scoped to the input embeddings."""
     result = run_training(write_pecl_config(tmp_path), tmp_path / "out", quiet=True)
     assert result.complete and len(result.releases) == 2
     assert _all_verify(result)
@@ -149,8 +151,25 @@ def test_pecl_trains_on_raw_texts_through_dpcl_run_and_certifies(tmp_path):
     assert [len(r.accuracies) for r in result.releases] == [1, 2]
     assert all(0.0 <= a <= 1.0 for r in result.releases for a in r.accuracies)
     cert = read_certificate(result.last_certificate)
-    assert cert["release"]["method"] == "pecl" and cert["guarantee"]["adjacency"] == "replace_one"
-    assert OS_ENTROPY_ASSUMPTION in cert["assumptions"]
+    assert cert["release"]["method"] == "pecl" and cert["guarantee"]["private"] is False
+    assert cert["guarantee"]["epsilon"] is None and cert["events"] == []
+    assert any("clean private next-token targets" in r for r in cert["guarantee"]["reasons"])
+    (scoped,) = cert["scoped_guarantees"]
+    assert scoped["name"] == "input_embeddings" and scoped["adjacency"] == "replace_one" and scoped["unit"] == "token"
+    assert [c["tasks"] for c in scoped["events"]] == [[0], [1]]  # composed across tasks, parallel
+    assert scoped["across_tasks"] == "parallel" and 0 < scoped["epsilon"] <= 10.0 * (1 + 1e-6)
+    assert (result.out_dir / "scoped" / "input_embeddings.ledger.json").is_file()
+    assert not (result.out_dir / "ledger.json").exists()
+    assert OS_ENTROPY_ASSUMPTION in cert["assumptions"]  # the paper's noise was drawn
+
+
+def test_private_run_of_the_papers_pecl_is_refused_before_training(tmp_path):
+    from dpcl.errors import PrivacyViolationError
+
+    with pytest.raises(PrivacyViolationError, match="clean private next-token targets") as refused:
+        run_training(write_pecl_config(tmp_path, private=True), tmp_path / "out", quiet=True)
+    assert "sensitivity scores" in str(refused.value) and refused.value.exit_code == 3
+    assert not (tmp_path / "out" / "checkpoints").exists()
 
 
 def test_pecl_on_a_stream_without_texts_is_refused_by_name(tmp_path):

@@ -17,9 +17,10 @@ from dpcl.errors import (  # noqa: E402
     PrivacyViolationError,
     VerificationError,
 )
-from dpcl.guarantees.certificates import NonPrivateReleaseError, read_certificate, verify_certificate  # noqa: E402
+from dpcl.guarantees.certificates import read_certificate, verify_certificate  # noqa: E402
 from dpcl.guarantees.ledger import TaskLedger  # noqa: E402
 from dpcl.runner import run_training  # noqa: E402
+from dpcl.runner.run import NON_PRIVATE_STATEMENT  # noqa: E402
 from run_helpers import write_config  # noqa: E402
 
 
@@ -197,13 +198,15 @@ def test_non_private_run_says_it_is_not_private(tmp_path):
     result = run_training(config, tmp_path / "out", quiet=True)
     assert not result.private and result.metrics["epsilon_per_task"] == "inf"
     assert not (tmp_path / "out" / "ledger.json").exists()
-    statement = json.loads((tmp_path / "out" / result.releases[-1].certificate).read_text())
-    assert statement["private"] is False and "WITHOUT differential privacy" in statement["statement"]
-    assert "cert" in result.releases[-1].certificate
-    # dpcl verify never accepts it: it is refused as a statement of non-privacy (exit 3)
-    with pytest.raises(NonPrivateReleaseError, match="NOT differentially private") as refused:
-        verify_certificate(tmp_path / "out" / result.releases[-1].certificate)
-    assert refused.value.exit_code == 3
+    assert not (tmp_path / "out" / "scoped").exists()
+    for release in result.releases:  # a v2 certificate that says, verified, that the checkpoint is NOT private
+        assert release.certificate.endswith(".cert.json") and release.cumulative_epsilon is None
+        cert = read_certificate(tmp_path / "out" / release.certificate)
+        assert cert["version"] == 2 and cert["guarantee"]["private"] is False and cert["guarantee"]["epsilon"] is None
+        assert cert["guarantee"]["reasons"] == [NON_PRIVATE_STATEMENT] and cert["scoped_guarantees"] == []
+        assert cert["events"] == []
+        report = verify_certificate(tmp_path / "out" / release.certificate).raise_if_invalid()
+        assert report.private is False
     assert result.metrics["average_accuracy"] > 0.8
 
 
