@@ -163,6 +163,28 @@ def test_pecl_trains_on_raw_texts_through_dpcl_run_and_certifies(tmp_path):
     assert OS_ENTROPY_ASSUMPTION in cert["assumptions"]  # the paper's noise was drawn
 
 
+def test_scoped_ledger_is_resumed_with_the_run_and_never_forgotten(tmp_path):
+    """The scoped statement's ledger (scoped/NAME.ledger.json) is reopened on resume: the resumed run's last
+    certificate composes both tasks' scoped events; a run whose scoped ledger went missing is refused."""
+    import shutil
+
+    from dpcl.errors import LedgerCorruptError
+
+    config = write_pecl_config(tmp_path)
+    first = run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
+    assert not first.complete
+    shutil.copytree(tmp_path / "out", tmp_path / "lost")
+    second = run_training(config, tmp_path / "out", quiet=True)
+    assert second.resumed_after == 0 and second.complete and _all_verify(second)
+    (scoped,) = read_certificate(second.last_certificate)["scoped_guarantees"]
+    assert [c["tasks"] for c in scoped["events"]] == [[0], [1]]
+    (earlier,) = read_certificate(second.out_dir / second.releases[0].certificate)["scoped_guarantees"]
+    assert [c["tasks"] for c in earlier["events"]] == [[0]]
+    (tmp_path / "lost" / "scoped" / "input_embeddings.ledger.json").unlink()
+    with pytest.raises(LedgerCorruptError, match="input_embeddings.ledger.json"):
+        run_training(config, tmp_path / "lost", quiet=True)
+
+
 def test_private_run_of_the_papers_pecl_is_refused_before_training(tmp_path):
     from dpcl.errors import PrivacyViolationError
 
