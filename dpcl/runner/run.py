@@ -13,9 +13,13 @@
    checked), **charge** the plan's events to the task ledger (before training,
    so a crash never loses spent budget), train the method
    (:meth:`~dpcl.methods.base.ContinualMethod.fit_task`) with a progress bar,
-   write the checkpoint (the release) and the method's curator state atomically,
-   record the release in the ledger, write its certificate and verify it,
-   evaluate on the test sets of tasks ``0..t`` and save the run state atomically.
+   then release it as **one atomic commit**: the checkpoint and the method's
+   curator state are written atomically under pending names
+   (``taskNNN.pt.pending``), the ledger records the release (with both files'
+   SHA-256: this write is the commit point), the files are renamed to their final
+   names, and the scoped ledgers' releases, the certificate (verified after
+   writing) and the run state follow; evaluation on the test sets of tasks
+   ``0..t`` goes into the run state.
 3. write ``metrics.json`` (accuracy matrix and every metric of
    :func:`dpcl.metrics.summarize`; final AA under ``average_accuracy``) and
    ``accuracy.png``.
@@ -42,8 +46,17 @@ restarts after the last task recorded in ``run.json``, from that task's
 checkpoint (its SHA-256 must match its certificate) and curator state (its
 SHA-256 must match the one ``run.json`` records; a missing or altered file is
 refused with :class:`~dpcl.errors.LedgerCorruptError`). The ledger is reopened, not
-reset: charges of a task that was interrupted stay charged and the retrained task
-is charged again (conservative: the interrupted attempt may have leaked).
+reset, and it decides what was released (private runs): a release the ledger
+committed but ``run.json`` does not list yet (a crash after the commit point)
+is finished from its committed files (their SHA-256 must be the recorded ones),
+never retrained or charged again. Files of an attempt that did not commit
+(pending or later files) released nothing: they are removed, and the retrained
+task reuses the attempt's charge, which is the ledger's last charge with no
+release after it (the retrained task plans the same events). A crash therefore
+never loses spent budget and never charges a task twice. Non-private runs have
+no headline ledger: there ``run.json`` is the commit point, and a scoped
+statement of a task retrained after a crash between its scoped release and the
+run state is charged again (conservative).
 
 Scoped statements (:class:`~dpcl.guarantees.method_schema.ScopedPlan`, e.g. PeCL's per-token
 guarantee of its perturbed input embeddings) are charged before training, like the headline's events,
@@ -82,7 +95,7 @@ from dpcl.errors import (
     MissingDependencyError,
     PrivacyViolationError,
 )
-from dpcl.guarantees.atomic_io import read_json, write_json_atomic
+from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
 
 RUN_STATE_FORMAT = "dpcl-run"
@@ -533,59 +546,37 @@ def run_training(
     # -- the stream ---------------------------------------------------------------------------------
     from tqdm.auto import tqdm
 
-    start = 0 if not releases else releases[-1].task_index + 1
-    for t in range(start, n_tasks):
-        data, outputs, tasks_read = _release_data(prepared, t, spec.reuses_past_tasks)
+    from dpcl.guarantees.certificates import (
+        ScopedLedger,
+        certificate_from_ledger,
+        non_private_certificate,
+        verify_certificate,
+        write_certificate,
+    )
+
+    def plan_of(t: int, n_examples: int) -> Any:
         if trains_plan:
-            plan = spec.plan_task(config.method, config.privacy, len(data), t)
-            if private and plan.events:
-                ledger.charge(tasks_read, plan.events, unit_ids=data.unit_ids, label=f"{method_name} task {t}")
-            for scoped_plan in plan.scoped:  # charged before training too
-                first = scoped_plan.events[0]
-                scoped_ledger(scoped_plan.name, first.adjacency, first.unit).charge(
-                    tasks_read, scoped_plan.events, unit_ids=data.unit_ids,
-                    label=f"{method_name} task {t} ({scoped_plan.name})",
-                )
-        else:
-            from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
+            return spec.plan_task(config.method, config.privacy, n_examples, t)
+        from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
 
-            plan = TaskPlan(events=(), noise={}, assumptions=(),
-                            release=ReleaseCoverage.not_covered(NON_PRIVATE_STATEMENT))
-        with tqdm(
-            total=method.planned_work(plan),
-            desc=f"task {t + 1}/{n_tasks}",
-            unit="step",
-            disable=quiet,
-            file=sys.stderr,
-            leave=False,
-        ) as bar:
-            method.fit_task(t, data, outputs, plan, progress=bar.update)
+        return TaskPlan(events=(), noise={}, assumptions=(), release=ReleaseCoverage.not_covered(NON_PRIVATE_STATEMENT))
 
-        checkpoint = out / "checkpoints" / f"task{t + 1:03d}.pt"
-        checkpoint_sha = save_checkpoint(
-            checkpoint, method=method_name, task_index=t, state=method.state_dict(),
-            meta={"seed": seed, "config_sha256": digest, "dpcl_version": __version__},
-        )
-        curator_file = out / "curator" / f"task{t + 1:03d}.state.pt"
-        curator_sha = save_curator_state(curator_file, method=method_name, task_index=t,
-                                         state=method.curator_state_dict())
-        from dpcl.guarantees.certificates import (
-            ScopedLedger,
-            certificate_from_ledger,
-            non_private_certificate,
-            verify_certificate,
-            write_certificate,
-        )
+    def finish_release(t: int, plan: Any, n_examples: int, checkpoint: Path, checkpoint_sha: str,
+                       curator_file: Path, curator_sha: str) -> None:
+        """After the commit point: scoped releases, certificate, evaluation and run state of release ``t``.
 
-        if private and not ledger.charges:
-            raise PrivacyViolationError(
-                f"release {t} reads no private data and nothing was charged yet; dpcl cannot certify a release "
-                "without a charged mechanism. Check the stream: its first task is empty after label filtering."
-            )
+        Idempotent, so that a resumed run can finish a release the ledger committed before a crash.
+        """
         scoped: dict[str, ScopedLedger] = {}
         for scoped_plan in plan.scoped:
-            scoped_ledgers[scoped_plan.name].release(t, checkpoint_sha256=checkpoint_sha)
-            scoped[scoped_plan.name] = ScopedLedger(scoped_plan.scope, scoped_ledgers[scoped_plan.name])
+            first = scoped_plan.events[0]
+            sledger = scoped_ledger(scoped_plan.name, first.adjacency, first.unit)
+            done = sledger.releases and sledger.releases[-1].task_index == t and (
+                sledger.releases[-1].n_charges == len(sledger.charges))
+            if not done:
+                sledger.release(t, checkpoint_sha256=checkpoint_sha)
+                _crash_point("scoped_ledger", t)
+            scoped[scoped_plan.name] = ScopedLedger(scoped_plan.scope, sledger)
         certificate = out / "certificates" / f"task{t + 1:03d}.cert.json"
         assumptions = list(report.assumptions)
         assumptions += [a for a in plan.assumptions if a not in assumptions]
@@ -612,9 +603,8 @@ def run_training(
         )
         cumulative: float | None = None
         if private:
-            record = ledger.release(t, checkpoint_sha256=checkpoint_sha)
             cert = certificate_from_ledger(ledger, release=plan.release, **common)
-            cumulative = record.guarantee.epsilon
+            cumulative = ledger.releases[-1].guarantee.epsilon
         else:
             reasons = (
                 (NON_PRIVATE_STATEMENT,) if not trains_plan
@@ -622,6 +612,7 @@ def run_training(
             )
             cert = non_private_certificate(release_task=t, reasons=reasons, **common)
         write_certificate(certificate, cert)
+        _crash_point("certificate", t)
         verify_certificate(certificate).raise_if_invalid()
 
         accuracies = tuple(
@@ -634,13 +625,102 @@ def run_training(
                 cumulative_epsilon=cumulative,
                 checkpoint=checkpoint.relative_to(out).as_posix(),
                 certificate=certificate.relative_to(out).as_posix(),
-                examples=len(data),
+                examples=n_examples,
                 filtered_out=prepared[t].filtered_out,
                 curator_state=curator_file.relative_to(out).as_posix(),
                 curator_sha256=curator_sha,
             )
         )
         save_state()
+        _crash_point("run_state", t)
+
+    def paths_of(t: int) -> tuple[Path, Path]:
+        return out / "checkpoints" / f"task{t + 1:03d}.pt", out / "curator" / f"task{t + 1:03d}.state.pt"
+
+    # -- resume: finish a release the ledger committed, remove what no commit covers ------------------
+    if private:
+        listed = [r.task_index for r in releases]
+        for t in [t for t in dict.fromkeys(ledger.released_tasks()) if t not in listed]:
+            expected_next = listed[-1] + 1 if listed else 0
+            if t != expected_next:
+                raise LedgerCorruptError(
+                    f"{str(out / 'ledger.json')!r} records a release of task {t + 1} but {str(state_path)!r} "
+                    f"continues with task {expected_next + 1}: they belong to different runs; restore the run's own "
+                    "files or start the run over in a new directory."
+                )
+            checkpoint, curator_file = paths_of(t)
+            record = ledger.releases[-1]
+            curator_sha = str(ledger.metadata.get("curator_sha256", {}).get(str(t), ""))
+            for final, recorded in ((checkpoint, record.checkpoint_sha256), (curator_file, curator_sha)):
+                pending = _pending(final)
+                if pending.is_file() and sha256_file(pending) == recorded:
+                    os.replace(pending, final)
+                if not final.is_file() or sha256_file(final) != recorded:
+                    raise LedgerCorruptError(
+                        f"the ledger committed the release of task {t + 1} but {str(final)!r} is missing or does not "
+                        f"hash to the recorded {recorded}; restore the run's files or start over in a new directory."
+                    )
+            payload = load_checkpoint(checkpoint, expected_sha256=record.checkpoint_sha256)
+            method.load_state_dict(payload["state"])
+            curator = load_curator_state(curator_file, expected_sha256=curator_sha, method=method_name,
+                                         task_index=t)
+            method.load_curator_state_dict(curator["state"])
+            data, _, _ = _release_data(prepared, t, spec.reuses_past_tasks)
+            finish_release(t, plan_of(t, len(data)), len(data), checkpoint, record.checkpoint_sha256,
+                           curator_file, curator_sha)
+            listed.append(t)
+    start = 0 if not releases else releases[-1].task_index + 1
+    for t in range(start, n_tasks):  # files of an attempt that never committed released nothing: remove them
+        for final in paths_of(t):
+            for leftover in (_pending(final), final):
+                leftover.unlink(missing_ok=True)
+        (out / "certificates" / f"task{t + 1:03d}.cert.json").unlink(missing_ok=True)
+
+    for t in range(start, n_tasks):
+        data, outputs, tasks_read = _release_data(prepared, t, spec.reuses_past_tasks)
+        plan = plan_of(t, len(data))
+        if private and plan.events and not _pending_charge(ledger, tasks_read, plan.events):
+            ledger.charge(tasks_read, plan.events, unit_ids=data.unit_ids, label=f"{method_name} task {t}")
+        for scoped_plan in plan.scoped:  # charged before training too
+            first = scoped_plan.events[0]
+            sledger = scoped_ledger(scoped_plan.name, first.adjacency, first.unit)
+            if not _pending_charge(sledger, tasks_read, scoped_plan.events):
+                sledger.charge(tasks_read, scoped_plan.events, unit_ids=data.unit_ids,
+                               label=f"{method_name} task {t} ({scoped_plan.name})")
+        if private and not ledger.charges:
+            raise PrivacyViolationError(
+                f"release {t} reads no private data and nothing was charged yet; dpcl cannot certify a release "
+                "without a charged mechanism. Check the stream: its first task is empty after label filtering."
+            )
+        with tqdm(
+            total=method.planned_work(plan),
+            desc=f"task {t + 1}/{n_tasks}",
+            unit="step",
+            disable=quiet,
+            file=sys.stderr,
+            leave=False,
+        ) as bar:
+            method.fit_task(t, data, outputs, plan, progress=bar.update)
+
+        # the release, committed atomically: checkpoint and curator state under pending names, then the ledger's
+        # release record (the commit point, which also records the curator state's SHA-256), then the renames.
+        checkpoint, curator_file = paths_of(t)
+        checkpoint_sha = save_checkpoint(
+            _pending(checkpoint), method=method_name, task_index=t, state=method.state_dict(),
+            meta={"seed": seed, "config_sha256": digest, "dpcl_version": __version__},
+        )
+        _crash_point("checkpoint", t)
+        curator_sha = save_curator_state(_pending(curator_file), method=method_name, task_index=t,
+                                         state=method.curator_state_dict())
+        _crash_point("curator_state", t)
+        if private:
+            ledger.metadata.setdefault("curator_sha256", {})[str(t)] = curator_sha
+            ledger.release(t, checkpoint_sha256=checkpoint_sha)
+            _crash_point("ledger", t)
+        os.replace(_pending(checkpoint), checkpoint)
+        os.replace(_pending(curator_file), curator_file)
+        _crash_point("rename", t)
+        finish_release(t, plan, len(data), checkpoint, checkpoint_sha, curator_file, curator_sha)
         if stop_after_task is not None and t >= stop_after_task and t < n_tasks - 1:
             break
 
@@ -688,6 +768,34 @@ def run_training(
         delta=float(config.privacy["delta"]),
         audit=report.to_dict(),
     )
+
+
+#: Test-only: ``STEP:TASK`` (e.g. ``ledger:1``) kills the run with SIGKILL right after that write of the release
+#: of task TASK (0-based); steps: checkpoint, curator_state, ledger, rename, scoped_ledger, certificate, run_state.
+CRASH_HOOK_ENV = "DPCL_TEST_KILL_AFTER"
+
+
+def _crash_point(step: str, task: int) -> None:
+    """Crash-consistency tests: die without any cleanup after ``step`` of release ``task`` when asked to."""
+    if os.environ.get(CRASH_HOOK_ENV) == f"{step}:{task}":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pending(final: Path) -> Path:
+    """Name a release file has until the ledger commits the release (never published, removed on resume)."""
+    return final.with_name(final.name + ".pending")
+
+
+def _pending_charge(ledger: Any, tasks: Sequence[int], events: Sequence[Any]) -> bool:
+    """Whether ``ledger``'s last charge is these events on these tasks with no release after it: the charge of an
+    attempt that crashed before its release was committed. That attempt released nothing (its files are removed),
+    so the retrained task reuses the charge instead of charging again."""
+    if not ledger.charges or (ledger.releases and ledger.releases[-1].n_charges == len(ledger.charges)):
+        return False
+    last = ledger.charges[-1]
+    return last.tasks == tuple(int(t) for t in tasks) and last.events == tuple(events)
 
 
 def _recorded_checkpoint_hash(certificate: Path) -> str:
