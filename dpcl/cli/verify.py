@@ -109,7 +109,7 @@ def _table(report: VerificationReport) -> dict[str, object]:
     # the table is rendered by rich: "[run]", "[privacy]"... are text, not markup
     from rich.markup import escape
 
-    return {key: escape(value) if isinstance(value, str) else value for key, value in payload.items()}
+    return {escape(key): escape(value) if isinstance(value, str) else value for key, value in payload.items()}
 
 
 def run_verify(args: argparse.Namespace) -> int:

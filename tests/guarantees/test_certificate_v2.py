@@ -193,6 +193,7 @@ def test_cli_verify_not_private_exits_0_and_says_so(tmp_path, capsys):
     assert main(["verify", str(path)]) == 0
     out = capsys.readouterr().out
     assert "NOT PRIVATE" in out and "[run] private = false" in out and "scoped inputs" in out
+    assert "check scoped[inputs].epsilon" in out  # rich markup escaped in keys too
     assert main(["verify", str(path), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["valid"] is True and payload["private"] is False
