@@ -316,7 +316,7 @@ def _encode_images(images: np.ndarray, encoder: Any, device: str, batch_size: in
     parts = []
     with torch.no_grad():
         for start, stop in _batches(images.shape[0], batch_size, progress, "image"):
-            batch = torch.from_numpy(np.ascontiguousarray(images[start:stop])).to(device)
+            batch = torch.tensor(images[start:stop], device=device)  # a copy: dataset arrays are read-only
             parts.append(image_embedding(model, to_pixel_values(batch, settings)).float().cpu().numpy())
     return np.concatenate(parts) if parts else np.zeros((0, int(model.config.hidden_size)), dtype=np.float32)
 

@@ -108,6 +108,30 @@ def test_features_are_the_encoders_and_cached_by_model_and_data(assets, tmp_path
     assert changed[0].train.meta["cache_file"] != first[0].train.meta["cache_file"]
 
 
+def test_cifar_images_are_processed_as_the_saved_image_processor_does(assets, tmp_path):
+    """Resize (32 -> 8) and normalisation on the device agree with transformers' own processor on CIFAR images."""
+    import torch
+    from transformers import AutoImageProcessor
+
+    from dpcl.data.pretrained import encode_with_encoder, encoder_pixel_inputs, image_array, pixel_settings, to_pixel_values
+    from dpcl.data.registry import load_dataset
+    from test_data_loaders import _write_cifar10
+
+    encoder, _ = assets
+    _write_cifar10(tmp_path / "cifar")
+    dataset = load_dataset(f"cifar:{tmp_path / 'cifar'}")
+    images = image_array(dataset)
+    ours = to_pixel_values(torch.tensor(images), pixel_settings(encoder)).numpy()
+    processor = AutoImageProcessor.from_pretrained(str(encoder), local_files_only=True)
+    as_uint8 = np.round(images * 255).astype(np.uint8).transpose(0, 2, 3, 1)  # HWC, as PIL images
+    reference = processor(images=list(as_uint8), return_tensors="np")["pixel_values"]
+    assert ours.shape == reference.shape == (12, 3, 8, 8)
+    np.testing.assert_allclose(ours, reference, atol=0.02)  # PIL resamples in 8 bits; on [-1, 1] after mean/std 0.5
+    encoded = encode_with_encoder(dataset, encoder, cache_dir=tmp_path / "cache")
+    assert encoded.features.shape == (12, 16) and encoded.meta["encoder_sha256"]
+    assert encoder_pixel_inputs(dataset, encoder).features.shape == (12, 3 * 32 * 32)
+
+
 def test_pixel_rows_for_a_method_that_trains_inside_the_encoder(assets):
     from dpcl.data import build_stream
 
@@ -118,23 +142,27 @@ def test_pixel_rows_for_a_method_that_trains_inside_the_encoder(assets):
     assert 0.0 <= stream[0].train.features.min() and stream[0].train.features.max() <= 1.0
 
 
-def test_encoder_key_is_checked_without_torch(assets, tmp_path):
-    """dpcl audit's path (task sizes, plan) validates the encoder from its JSON files: torch stays unloaded."""
+def test_dpcl_audit_checks_the_encoder_without_torch(assets, tmp_path):
+    """dpcl audit validates the encoder from its JSON files, names it and plans FiLM: torch stays unloaded."""
     encoder, images = assets
+    config = tmp_path / "film.toml"
+    config.write_text(config_text("peft_ensemble", images, encoder), encoding="utf-8")
     code = textwrap.dedent(
         f"""
-        import sys
-        from dpcl.data import task_sizes
-        from dpcl.guarantees.schedules import PEFT_ENSEMBLE, peft_variant
-        print("SIZES", task_sizes({{"dataset": "image_folder:{images}", "tasks": [[0, 1]], "encoder": "{encoder}"}}))
-        method = {{"epochs": 1, "batch_size": 4, "max_grad_norm": 1.0, "encoder": "{encoder}"}}
-        plan = PEFT_ENSEMBLE.plan_task(method, {{"epsilon": 1.0, "delta": 1e-5}}, 20, 0)
-        print("VARIANT", peft_variant(method), plan.noise["peft_variant"])
-        print("HEAVY", [m for m in ("torch", "transformers") if m in sys.modules])
+        import contextlib, io, json, sys
+        from dpcl.cli import main
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["audit", {str(config)!r}, "--json"])
+        report = json.loads(out.getvalue())
+        print("RC", rc, "VARIANT", report["per_task"][0]["noise"]["peft_variant"])
+        print("NAMED", any({str(encoder.resolve())!r} in a for a in report["assumptions"]))
+        print("HEAVY", [m for m in ("torch", "transformers", "opacus") if m in sys.modules])
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=OFFLINE_ENV, check=True)
-    assert "VARIANT film film" in done.stdout and "HEAVY []" in done.stdout, done.stdout + done.stderr
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=OFFLINE_ENV)
+    assert "RC 0 VARIANT film" in done.stdout and "NAMED True" in done.stdout, done.stdout + done.stderr
+    assert "HEAVY []" in done.stdout, done.stdout + done.stderr
 
 
 def test_bad_encoder_directories_are_refused_by_name(assets, tmp_path):
@@ -189,7 +217,7 @@ def test_dpcl_run_certifies_cosine_and_film_on_a_local_encoder_without_network(a
         config.write_text(config_text(method, images, encoder), encoding="utf-8")
         commands.append(["run", str(config), "--out", str(tmp_path / method), "--quiet", "--seed", "1"])
         commands.append(["verify", str(tmp_path / method / "certificates" / "task002.cert.json")])
-    commands.append(["audit", str(tmp_path / "peft_ensemble.toml"), "--json"])
+    commands.append(["audit", str(tmp_path / "peft_ensemble.toml"), "--json"])  # after the run: same plan
     env = {**OFFLINE_ENV, "DPCL_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-c", NO_NETWORK_DPCL, json.dumps(commands)], capture_output=True,
                           text=True, env=env, timeout=600)
