@@ -331,6 +331,17 @@ class PeftEnsemble(ContinualMethod):
                 masks[i, positions] = True
         return logits, masks
 
+    def certificate_extra(self, task_index: int) -> dict[str, Any]:
+        """What the certificate records about the ensemble: its variant and, for ``film``, the encoder it
+        trains inside (resolved path and files' SHA-256; the backbone is public and not in the checkpoint)."""
+        extra: dict[str, Any] = {"variant": self.variant, "members": len(self.model_labels)}
+        if self.variant == "film":
+            from dpcl.guarantees.public_encoder import encoder_directory
+
+            extra["encoder"] = {"path": str(encoder_directory(self.encoder_path)), "sha256": self.encoder_sha256,
+                                "trained": "scale and shift of every nn.LayerNorm (FiLM), per member, plus a head"}
+        return {"peft_ensemble": extra}
+
     def scores(self, features: np.ndarray) -> np.ndarray:
         logits, masks = self.member_logits(features)
         return aggregate(logits, masks, self.seen_labels, self.aggregation)

@@ -234,4 +234,6 @@ def test_dpcl_run_certifies_cosine_and_film_on_a_local_encoder_without_network(a
         assert any(fingerprint in a and "trained on public data only" in a for a in certificate["assumptions"])
         if method == "peft_ensemble":
             assert any("variant 'film'" in note for note in certificate["extra"]["plan_notes"])
+            recorded = certificate["extra"]["peft_ensemble"]
+            assert recorded["variant"] == "film" and recorded["encoder"]["sha256"] == fingerprint
     assert list((tmp_path / "cache" / "features").glob("encoder-*.npy"))
