@@ -108,6 +108,18 @@ def test_features_are_the_encoders_and_cached_by_model_and_data(assets, tmp_path
     assert changed[0].train.meta["cache_file"] != first[0].train.meta["cache_file"]
 
 
+def test_encoding_shows_a_progress_bar_only_when_asked(assets, tmp_path, monkeypatch, capsys):
+    from dpcl.data import build_stream
+
+    encoder, images = assets
+    monkeypatch.setenv("DPCL_CACHE_DIR", str(tmp_path / "quiet"))
+    build_stream(stream_section(images, encoder), progress=False)
+    assert "encoding" not in capsys.readouterr().err
+    monkeypatch.setenv("DPCL_CACHE_DIR", str(tmp_path / "shown"))
+    build_stream(stream_section(images, encoder), progress=True)
+    assert "encoding" in capsys.readouterr().err  # tqdm's bar: "encoding: 100%|...| 60/60"
+
+
 def test_cifar_images_are_processed_as_the_saved_image_processor_does(assets, tmp_path):
     """Resize (32 -> 8) and normalisation on the device agree with transformers' own processor on CIFAR images."""
     import torch
