@@ -11,6 +11,10 @@ Datasets (:class:`LabelledDataset`: features ``float32 [n, d]``, labels ``int64`
 * :func:`load_dataset` ``(name, **options)`` with names from :data:`DATASETS`
   (``"digits"``, ``"fortunes"``, ``"fortunes_texts"``, ``"image_folder:<path>"``, ``"cifar:<path>"``).
 
+``[stream] encoder = "PATH"`` (:mod:`dpcl.data.pretrained`): the features of a local Hugging Face
+image model or text encoder, computed offline on the run's device and cached by content hash
+(torch and transformers are imported only then).
+
 Streams (:class:`TaskStream` of :class:`Task` ``(index, train, test, labels, permutation)``):
 
 * :func:`class_incremental_stream` ``(dataset, tasks, seed)`` -- tasks as disjoint label groups.

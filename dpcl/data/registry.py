@@ -14,7 +14,7 @@ import numpy as np
 from dpcl.data.dataset import LabelledDataset
 from dpcl.errors import InvalidParameterError
 
-__all__ = ["DATASETS", "load_dataset", "dataset_labels"]
+__all__ = ["DATASETS", "load_dataset", "dataset_labels", "dataset_modality"]
 
 #: Dataset names (path-based ones end in ``:<path>``) -> what they are.
 DATASETS: dict[str, str] = {
@@ -100,6 +100,12 @@ def _check_options(name: str, loader: Callable[..., Any], options: dict[str, Any
         raise InvalidParameterError(
             f"dataset {name!r} has no option(s) {', '.join(unknown)}; allowed: {', '.join(allowed) or 'none'}."
         )
+
+
+def dataset_modality(name: str) -> str:
+    """``"image"`` or ``"text"``: what the dataset ``name`` holds (for checking an encoder without loading it)."""
+    loader, _, _ = _resolve(name)
+    return "text" if loader in (_fortunes, _fortunes_texts) else "image"
 
 
 def load_dataset(name: str, **options: Any) -> LabelledDataset:

@@ -111,6 +111,12 @@ STREAM_KEYS: dict[str, tuple[type | tuple[type, ...], Any, str]] = {
     "test_fraction": ((float, int), 0.2, "fraction in (0, 1) of each class held out as the test split."),
     "split_seed": (int, 0, "seed of the train/test split (fixed per dataset; independent of seed)."),
     "seed": (int, 0, "seed of the stream's randomness: blurry hand-over, permutations, example order."),
+    "encoder": (
+        str,
+        None,
+        "path of a local Hugging Face model directory (an image model with its image processor, or a text "
+        "encoder): the stream's features become its embeddings (cached by content hash); nothing is downloaded.",
+    ),
 }
 
 #: ``[stream]`` keys that belong to the guarantees layer; accepted here and not interpreted.
@@ -491,13 +497,28 @@ def _as_config_error(exc: InvalidParameterError) -> ConfigError:
     return ConfigError(f"[stream]: {exc}")
 
 
-def build_stream(section: Mapping[str, Any]) -> TaskStream:
-    """The task stream a ``[stream]`` config section describes (loads the dataset)."""
+def build_stream(
+    section: Mapping[str, Any], *, encode: bool = True, device: str = "cpu", progress: bool = False
+) -> TaskStream:
+    """The task stream a ``[stream]`` config section describes (loads the dataset).
+
+    With ``[stream] encoder``, the features are the encoder's embeddings (:mod:`dpcl.data.pretrained`;
+    computed on ``device`` in batches, with a progress bar when ``progress``, cached by content hash),
+    or, when ``encode`` is False, the images as square pixel rows for a method that runs the encoder
+    itself (PEFT Ensemble's ``film`` variant, :func:`dpcl.data.pretrained.encoder_pixel_inputs`).
+    """
     from dpcl.data.registry import load_dataset  # noqa: PLC0415 - registry imports loaders lazily
 
     parsed = parse_stream_section(section)
     try:
         dataset = load_dataset(parsed["dataset"], **parsed["dataset_options"])
+        if parsed["encoder"] is not None:
+            from dpcl.data.pretrained import encode_with_encoder, encoder_pixel_inputs  # noqa: PLC0415
+
+            if encode:
+                dataset = encode_with_encoder(dataset, parsed["encoder"], device=device, progress=progress)
+            else:
+                dataset = encoder_pixel_inputs(dataset, parsed["encoder"])
     except ConfigError:
         raise
     except InvalidParameterError as exc:
@@ -523,6 +544,11 @@ def _section_plans(
 
     parsed = parse_stream_section(stream_section)
     try:
+        if parsed["encoder"] is not None:  # the directory and its modality, from JSON files only (no torch)
+            from dpcl.data.pretrained import check_encoder_for_dataset  # noqa: PLC0415
+            from dpcl.data.registry import dataset_modality  # noqa: PLC0415
+
+            check_encoder_for_dataset(parsed["encoder"], dataset_modality(parsed["dataset"]))
         labels, unit_ids, n_classes = dataset_labels(parsed["dataset"], **parsed["dataset_options"])
         split_seed = _check_seed("split_seed", parsed["split_seed"])
         train_idx, test_idx = stratified_split(labels, float(parsed["test_fraction"]), split_seed)

@@ -113,7 +113,8 @@ GUARANTEE_STREAM_KEYS: dict[str, tuple[Any, str]] = {
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """A validated config. ``method`` has every method key filled with its default."""
+    """A validated config. ``method`` has every method key filled with its default, plus ``encoder`` (the
+    ``[stream] encoder`` directory) when the stream names one, so that plans can name the public encoder."""
 
     privacy: Mapping[str, Any]
     stream: Mapping[str, Any]
@@ -343,6 +344,10 @@ def parse_config(
     method, spec = _parse_method(_table(raw, "method"))
     if stream.get("tasks") is None and stream.get("task_sizes") is None and "n_tasks" not in stream:
         raise ConfigError("[stream] tasks is required (one list of labels per task), or give task_sizes.")
+    if stream.get("encoder") is not None:
+        # the plan names the public encoder it assumes (dpcl.guarantees.public_encoder), so audit and certificates
+        # state which one; [method] cannot set this key itself (it is not a method key)
+        method["encoder"] = stream["encoder"]
     config = TrainingConfig(
         privacy=privacy, stream=stream, method=method, spec=spec, source=source, raw=dict(raw), run=run
     )

@@ -89,6 +89,7 @@ from dpcl.guarantees.method_schema import (
     positive,
     positive_int,
 )
+from dpcl.guarantees.public_encoder import public_encoder_assumption
 
 __all__ = [
     "INPUT_RANGES",
@@ -668,7 +669,10 @@ class L2DPMLSpec:
                 # post-processing of earlier releases, with the task's public output labels)
                 EMPTY_TASK_RELEASE_KEY: "previous release (post-processing; no data read)",
             },
-            assumptions=ASSUMPTIONS,
+            # features of a [stream] encoder: the plan names the public encoder it relies on
+            assumptions=ASSUMPTIONS + (
+                (public_encoder_assumption(method["encoder"]),) if method.get("encoder") is not None else ()
+            ),
             release=L2DPML_RELEASE,
             notes=(
                 f"Lifelong DP (Lai et al., Thm 2, re-derived): epsilon1 + epsilon2 = {e1:.6g} + {e2:.6g} "

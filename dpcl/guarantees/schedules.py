@@ -18,8 +18,9 @@ Event structure of each method (derived from the paper's algorithms):
   :func:`dpcl.accounting.gaussian.gaussian_sigma` (Balle & Wang 2018, Thm 8) for
   the per-task (epsilon, delta). The paper writes N(0, sigma I); sigma here is
   the standard deviation. An empty task still releases noise-only sums.
-* **PEFT Ensemble** (Alg. 2): per task, a fresh adapter + head trained with
-  DP-SGD (Alg. A1) on D_t only. Poisson sampling rate q = batch_size / n_t,
+* **PEFT Ensemble** (Alg. 2): per task, a fresh adapter + head (``variant =
+  "adapter"``) or fresh FiLM parameters of the encoder's layer norms + head
+  (``variant = "film"``, :func:`peft_variant`) trained with DP-SGD (Alg. A1) on D_t only. Poisson sampling rate q = batch_size / n_t,
   T = epochs * ceil(n_t / batch_size) steps, noise multiplier calibrated so that
   the T-fold subsampled Gaussian meets the per-task epsilon
   (:func:`dpcl.accounting.dpsgd.dpsgd_noise_multiplier`). An empty task
@@ -52,6 +53,7 @@ from typing import Any, Mapping
 from dpcl.accounting.events import Adjacency, GaussianEvent
 from dpcl.errors import ConfigError, InvalidParameterError, UnsupportedEventError
 from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
+from dpcl.guarantees.public_encoder import PUBLIC_ENCODER_ASSUMPTION, encoder_modality, public_encoder_assumption
 from dpcl.guarantees.method_schema import (
     REQUIRED,
     MethodKey,
@@ -71,6 +73,9 @@ __all__ = [
     "NON_CL",
     "CosineSpec",
     "DpSgdSpec",
+    "PeftEnsembleSpec",
+    "PEFT_VARIANTS",
+    "peft_variant",
     "cosine_sensitivity",
     "dpsgd_schedule",
     "TASK_SIZE_ASSUMPTION",
@@ -79,10 +84,6 @@ __all__ = [
 TASK_SIZE_ASSUMPTION = (
     "Task sizes after label filtering are treated as public: they set the DP-SGD sampling rate "
     "q = batch_size / n_t and the number of steps, as in standard DP-SGD accounting."
-)
-PUBLIC_ENCODER_ASSUMPTION = (
-    "The pre-trained encoder (feature extractor) was trained on public data only and is not fitted "
-    "on any task's data."
 )
 COSINE_SENSITIVITY_ASSUMPTION = (
     "Each example adds its l2-normalised feature vector to exactly one class sum "
@@ -144,9 +145,16 @@ DPSGD_KEYS: tuple[MethodKey, ...] = (
     DEVICE_KEY,
 )
 
+#: ``[method] variant`` of PEFT Ensemble: what each task's member trains.
+PEFT_VARIANTS = ("auto", "adapter", "film")
+
 PEFT_KEYS: tuple[MethodKey, ...] = DPSGD_KEYS + (
     MethodKey("aggregation", str, "argmax", "ensemble prediction rule: 'argmax' (eq. 10), 'median' (eq. A41) "
               "or 'entropy'", one_of("argmax", "median", "entropy")),
+    MethodKey("variant", str, "auto", "what each member trains: 'film' (the scale and shift of the [stream] encoder's "
+              "layer norms plus a head, as in the paper; needs an image encoder), 'adapter' (a residual adapter "
+              "and head on precomputed features) or 'auto' (film when [stream] encoder is an image model, else "
+              "adapter)", one_of(*PEFT_VARIANTS)),
 )
 
 #: DP-SGD keys a cosine config may carry (e.g. when switching methods); the cosine classifier does not
@@ -259,7 +267,7 @@ class CosineSpec:
                 "task_epsilon": achieved,
                 EMPTY_TASK_RELEASE_KEY: "noise-only class sums",
             },
-            assumptions=(PUBLIC_ENCODER_ASSUMPTION, COSINE_SENSITIVITY_ASSUMPTION),
+            assumptions=(public_encoder_assumption(method.get("encoder")), COSINE_SENSITIVITY_ASSUMPTION),
             release=COSINE_RELEASE,
             notes=(
                 f"task {task_index}: Gaussian noise sigma={sigma:.6g} on the per-class feature sums "
@@ -291,7 +299,8 @@ class DpSgdSpec:
         epochs = int(method_value(method, self.keys, "epochs", self.name))
         batch_size = int(method_value(method, self.keys, "batch_size", self.name))
         max_grad_norm = float(method_value(method, self.keys, "max_grad_norm", self.name))
-        assumptions = (PUBLIC_ENCODER_ASSUMPTION, DPSGD_ASSUMPTION, TASK_SIZE_ASSUMPTION, self.assumption)
+        assumptions = (public_encoder_assumption(method.get("encoder")), DPSGD_ASSUMPTION, TASK_SIZE_ASSUMPTION,
+                       self.assumption)
         if n == 0:
             return TaskPlan(
                 events=(),
@@ -335,14 +344,65 @@ class DpSgdSpec:
         )
 
 
+def peft_variant(method: Mapping[str, Any]) -> str:
+    """The PEFT Ensemble variant a validated ``[method]`` section (with the injected ``encoder``) trains.
+
+    ``film``: per task, the scale and shift of every layer norm of the ``[stream] encoder`` plus a head
+    (Tobaben et al., Sec. 5 / App. H: FiLM parameters of a frozen ViT); needs an image encoder.
+    ``adapter``: a residual adapter and head on precomputed features (the encoder's, or raw pixels).
+    ``auto`` resolves to ``film`` when the stream names an image encoder, else ``adapter``.
+    """
+    requested = str(method.get("variant", "auto") or "auto")
+    if requested not in PEFT_VARIANTS:
+        raise ConfigError(f"[method] variant must be one of {', '.join(map(repr, PEFT_VARIANTS))}; got {requested!r}.")
+    encoder = method.get("encoder")
+    modality = encoder_modality(encoder) if encoder is not None else None
+    if requested == "auto":
+        return "film" if modality == "image" else "adapter"
+    if requested == "film" and modality != "image":
+        raise ConfigError(
+            "[method] variant = 'film' trains the layer norms of a pre-trained image encoder: set [stream] encoder "
+            "to a local image model directory (ViT-style, with its image processor)"
+            + ("" if encoder is None else f"; {str(encoder)!r} is a text encoder")
+            + ", or use variant = 'adapter'."
+        )
+    return requested
+
+
+@dataclass(frozen=True)
+class PeftEnsembleSpec(DpSgdSpec):
+    """PEFT Ensemble's DP-SGD plan (the same events and calibration as :class:`DpSgdSpec`), recording the
+    variant (:func:`peft_variant`) in the plan's noise (``peft_variant``) and notes."""
+
+    def plan_task(
+        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+    ) -> TaskPlan:
+        import dataclasses
+
+        variant = peft_variant(method)
+        plan = super().plan_task(method, privacy, n_examples, task_index)
+        what = (
+            "per task, the scale and shift of every layer norm of the frozen pre-trained encoder plus a zero-initialised "
+            "head, with per-example gradients from opacus (LayerNorm and Linear grad samplers)"
+            if variant == "film"
+            else "per task, a residual adapter and a zero-initialised head on precomputed (frozen) features"
+        )
+        return dataclasses.replace(
+            plan,
+            noise={**plan.noise, "peft_variant": variant},
+            notes=(*plan.notes, f"PEFT Ensemble variant {variant!r}: DP-SGD trains {what}."),
+        )
+
+
 #: ``[method] name = "cosine"``
 COSINE = CosineSpec()
 #: ``[method] name = "peft_ensemble"``
-PEFT_ENSEMBLE = DpSgdSpec(
+PEFT_ENSEMBLE = PeftEnsembleSpec(
     "peft_ensemble",
     PEFT_KEYS,
     False,
-    "PEFT Ensemble trains a fresh adapter and head per task on that task's data only (Tobaben et al., Alg. 2).",
+    "PEFT Ensemble trains a fresh member per task (an adapter, or the encoder's FiLM parameters, and a head) "
+    "on that task's data only (Tobaben et al., Alg. 2).",
 )
 #: ``[method] name = "naive"``
 NAIVE = DpSgdSpec("naive", DPSGD_KEYS, False, NAIVE_ASSUMPTION)

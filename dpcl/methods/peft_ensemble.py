@@ -30,9 +30,21 @@ initialisation (zero head over ``O_t``), still a proper classifier over the
 task's labels (Prop. F.1). A private plan with steps on empty data (not what
 the spec plans) would take noise-only DP-SGD steps.
 
+Variants (``[method] variant``, resolved by :func:`dpcl.guarantees.schedules.peft_variant`
+and recorded in every plan's noise and notes, hence in audits and certificates):
+
+* ``film`` -- as in the paper: each member trains the FiLM parameters (scale and
+  shift of every layer norm) of the frozen pre-trained image encoder named by
+  ``[stream] encoder``, plus a zero-initialised head (:mod:`dpcl.methods.film`);
+  the stream hands it the images as pixel rows (``trains_encoder``), and opacus
+  computes per-example gradients with its LayerNorm and Linear grad samplers.
+* ``adapter`` -- the residual adapter (or LoRA on raw text) described above, on
+  precomputed features: the default without an encoder.
+* ``auto`` (default) -- ``film`` when ``[stream] encoder`` is an image model, else ``adapter``.
+
 Hyper-parameters read from the ``[method]`` section: ``learning_rate``,
-``adapter_dim``, ``aggregation``, and ``max_grad_norm`` / ``batch_size`` /
-``epochs`` (the last three enter the plan).
+``adapter_dim`` (adapter variant), ``aggregation``, ``variant``, and
+``max_grad_norm`` / ``batch_size`` / ``epochs`` (the last three enter the plan).
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import torch
 
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
+from dpcl.guarantees.schedules import peft_variant
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
 from dpcl.methods.dpsgd_training import AdapterClassifier, schedule_from_plan, seeded_adapter, train_classifier
 
@@ -94,9 +107,24 @@ class PeftEnsemble(ContinualMethod):
 
     name = "peft_ensemble"
 
+    @staticmethod
+    def trains_encoder(method: Mapping[str, Any]) -> bool:
+        """True for the ``film`` variant: the runner then builds the stream with pixel rows, not features."""
+        return peft_variant(method) == "film"
+
     def __init__(self, setup: MethodSetup) -> None:
         super().__init__(setup)
         method = setup.method
+        self.variant = peft_variant(method)
+        #: film variant: the encoder directory, its files' fingerprint, the backbone (loaded on first use), members
+        self.encoder_path = method.get("encoder") if self.variant == "film" else None
+        self.encoder_sha256: str | None = None
+        if self.encoder_path is not None:
+            from dpcl.guarantees.public_encoder import encoder_fingerprint
+
+            self.encoder_sha256 = encoder_fingerprint(self.encoder_path)
+        self._film_model: Any = None
+        self.film_members: list[dict[str, Any]] = []
         self.device = torch.device(setup.device)
         self.adapter_dim = int(method_option(method, "adapter_dim", 64))
         self.learning_rate = float(method_option(method, "learning_rate", 1e-3))
@@ -114,7 +142,7 @@ class PeftEnsemble(ContinualMethod):
         self.models: list[AdapterClassifier] = []
         self.model_labels: list[tuple[int, ...]] = []
         #: raw-text mode (input_dim 0): members are LoRA adapters on MiniLM (dpcl.methods.lora_text)
-        self.text_mode = int(setup.input_dim) == 0
+        self.text_mode = int(setup.input_dim) == 0 and self.variant != "film"
         if self.text_mode and self.adapter_dim < 1:
             raise ConfigError(
                 "[method] adapter_dim is the LoRA rank on raw-text streams and must be an integer >= 1 there "
@@ -152,6 +180,62 @@ class PeftEnsemble(ContinualMethod):
             {"adapter": encoder.adapter_state(), "head": {k: v.detach().cpu().clone() for k, v in member.head.state_dict().items()}}
         )
 
+    def _film_backbone(self) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+        """(backbone with only its FiLM parameters trainable, pixel settings, pre-trained FiLM values)."""
+        if self._film_model is None:
+            import copy
+
+            from dpcl.data.pretrained import load_pretrained, pixel_settings
+            from dpcl.methods.film import freeze_all_but_film
+
+            shared, _ = load_pretrained(self.encoder_path, str(self.device))
+            backbone = copy.deepcopy(shared)  # the process-wide cached encoder stays untouched
+            names = freeze_all_but_film(backbone)
+            params = dict(backbone.named_parameters())
+            initial = {name: params[name].detach().clone() for name in names}
+            self._film_model = (backbone, pixel_settings(self.encoder_path), initial)
+        return self._film_model
+
+    def _load_film(self, backbone: Any, film: Mapping[str, torch.Tensor]) -> None:
+        params = dict(backbone.named_parameters())
+        with torch.no_grad():
+            for name, value in film.items():
+                params[name].copy_(value.to(params[name].device))
+
+    def _fit_film_member(self, task_index: int, data: TrainingData, targets: np.ndarray, n_outputs: int,
+                         schedule: Any, progress: ProgressCallback | None) -> None:
+        from dpcl.methods.film import FilmClassifier
+
+        backbone, settings, initial = self._film_backbone()
+        self._load_film(backbone, initial)  # every member starts from the public pre-trained values
+        member = FilmClassifier(backbone, settings, n_outputs).to(self.device)
+        train_classifier(
+            member,
+            torch.tensor(np.asarray(data.features), dtype=torch.float32, device=self.device),
+            torch.as_tensor(targets, dtype=torch.long, device=self.device),
+            schedule,
+            learning_rate=self.learning_rate,
+            generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
+            progress=progress,
+        )
+        params = dict(backbone.named_parameters())
+        self.film_members.append({
+            "film": {name: params[name].detach().cpu().clone() for name in initial},
+            "head": {k: v.detach().cpu().clone() for k, v in member.head.state_dict().items()},
+        })
+
+    def _film_logits(self, rows: torch.Tensor, member: Mapping[str, Any], batch_size: int = 256) -> torch.Tensor:
+        backbone, settings, _ = self._film_backbone()
+        self._load_film(backbone, member["film"])
+        weight, bias = member["head"]["weight"].to(self.device), member["head"]["bias"].to(self.device)
+        from dpcl.data.pretrained import image_embedding, to_pixel_values
+
+        out = []
+        for start in range(0, rows.shape[0], batch_size):  # batches of examples, bounded memory
+            features = image_embedding(backbone, to_pixel_values(rows[start : start + batch_size], settings))
+            out.append(features @ weight.T + bias)
+        return torch.cat(out) if out else torch.zeros((0, weight.shape[0]), device=self.device)
+
     def _new_model(self, n_outputs: int) -> AdapterClassifier:
         return seeded_adapter(int(self.setup.input_dim), n_outputs, self.adapter_dim, self.generator, self.device)
 
@@ -173,9 +257,20 @@ class PeftEnsemble(ContinualMethod):
                 "apply the label-space filter first (Tobaben et al., Prop. 4.7)."
             )
         self.label_positions(task_labels)  # all in the public label space
+        planned = plan.noise.get("peft_variant")
+        if planned is not None and planned != self.variant:
+            raise InvalidParameterError(
+                f"task {task_index}'s plan is for PEFT variant {planned!r} but this ensemble trains {self.variant!r}."
+            )
         schedule = schedule_from_plan(plan, self.setup.method, len(data))
         order = np.argsort(task_labels)
         targets = order[np.searchsorted(task_labels[order], labels)]
+        if self.variant == "film":
+            self._fit_film_member(task_index, data, targets, task_labels.size, schedule, progress)
+            self.model_labels.append(tuple(int(o) for o in task_labels))
+            self.mark_released(output_labels)
+            self.tasks_fitted += 1
+            return
         if self.text_mode:
             self._fit_text_member(task_index, data, targets, task_labels.size, schedule, progress)
             self.model_labels.append(tuple(int(o) for o in task_labels))
@@ -203,6 +298,16 @@ class PeftEnsemble(ContinualMethod):
         In text mode ``features`` is a 1-D array of texts.
         """
         n_labels = len(self.label_space)
+        if self.variant == "film":
+            rows = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
+            logits = np.zeros((len(self.film_members), rows.shape[0], n_labels))
+            masks = np.zeros((len(self.film_members), n_labels), dtype=bool)
+            with torch.no_grad():
+                for i, (member, labels) in enumerate(zip(self.film_members, self.model_labels)):
+                    positions = self.label_positions(labels)
+                    logits[i][:, positions] = self._film_logits(rows, member).double().cpu().numpy()
+                    masks[i, positions] = True
+            return logits, masks
         if self.text_mode:
             from dpcl.methods.lora_text import pooled_features, tokenize
 
@@ -226,6 +331,17 @@ class PeftEnsemble(ContinualMethod):
                 masks[i, positions] = True
         return logits, masks
 
+    def certificate_extra(self, task_index: int) -> dict[str, Any]:
+        """What the certificate records about the ensemble: its variant and, for ``film``, the encoder it
+        trains inside (resolved path and files' SHA-256; the backbone is public and not in the checkpoint)."""
+        extra: dict[str, Any] = {"variant": self.variant, "members": len(self.model_labels)}
+        if self.variant == "film":
+            from dpcl.guarantees.public_encoder import encoder_directory
+
+            extra["encoder"] = {"path": str(encoder_directory(self.encoder_path)), "sha256": self.encoder_sha256,
+                                "trained": "scale and shift of every nn.LayerNorm (FiLM), per member, plus a head"}
+        return {"peft_ensemble": extra}
+
     def scores(self, features: np.ndarray) -> np.ndarray:
         logits, masks = self.member_logits(features)
         return aggregate(logits, masks, self.seen_labels, self.aggregation)
@@ -237,6 +353,9 @@ class PeftEnsemble(ContinualMethod):
             "adapter_dim": self.adapter_dim,
             "models": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in self.models],
             "text_members": list(self.text_members),
+            "variant": self.variant,
+            "encoder_sha256": self.encoder_sha256,
+            "film_members": list(self.film_members),
             "model_labels": [list(labels) for labels in self.model_labels],
             "generator_state": self.generator.get_state(),
         }
@@ -244,12 +363,18 @@ class PeftEnsemble(ContinualMethod):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if list(state["label_space"]) != list(self.label_space) or int(state["adapter_dim"]) != self.adapter_dim:
             raise InvalidParameterError("checkpoint was written for another label space or adapter size.")
+        if state.get("variant", "adapter") != self.variant or state.get("encoder_sha256") != self.encoder_sha256:
+            raise InvalidParameterError(
+                f"checkpoint was written for PEFT variant {state.get('variant', 'adapter')!r} with encoder files "
+                f"sha256 {state.get('encoder_sha256')}; this run trains {self.variant!r} with {self.encoder_sha256}."
+            )
         self._load_base_state(state)
         self.models, self.model_labels = [], []
         self.text_members = [dict(m) for m in state.get("text_members", [])]
-        if self.text_mode:
+        self.film_members = [dict(m) for m in state.get("film_members", [])]
+        if self.text_mode or self.variant == "film":
             self.model_labels = [tuple(int(o) for o in labels) for labels in state["model_labels"]]
-        for weights, labels in zip(state["models"], [] if self.text_mode else state["model_labels"]):
+        for weights, labels in zip(state["models"], [] if self.text_mode or self.variant == "film" else state["model_labels"]):
             model = AdapterClassifier(int(self.setup.input_dim), len(labels), self.adapter_dim).to(self.device)
             model.load_state_dict(weights)
             model.eval()

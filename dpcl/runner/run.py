@@ -376,7 +376,10 @@ def run_training(
     # -- stream, label filter, audit (before any training) -----------------------------------------
     stream_options = dict(config.raw["stream"])
     stream_options.setdefault("seed", seed)  # --seed drives the stream unless [stream] seed is set explicitly
-    stream = build_stream(stream_options)
+    # [stream] encoder: features computed on the run's device; a method that trains inside the encoder (PEFT
+    # Ensemble's film variant) gets the images as pixel rows instead of the encoder's features
+    trains_encoder = bool(getattr(cls, "trains_encoder", lambda _method: False)(config.method))
+    stream = build_stream(stream_options, encode=not trains_encoder, device=device, progress=not quiet)
     n_tasks = len(stream)
     label_sets = _label_sets(config, n_tasks)
     prepared, filter_reports = _prepare_tasks(stream, label_sets, bool(getattr(cls, "needs_texts", False)))

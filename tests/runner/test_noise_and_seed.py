@@ -78,9 +78,9 @@ def _captured_stream_options(monkeypatch) -> list[dict]:
     seen: list[dict] = []
     original = dpcl.data.build_stream
 
-    def capture(options):
+    def capture(options, **kwargs):  # kwargs: device, progress, encode (the run's device and --quiet)
         seen.append(dict(options))
-        return original(options)
+        return original(options, **kwargs)
 
     monkeypatch.setattr(dpcl.data, "build_stream", capture)
     return seen
