@@ -223,17 +223,34 @@ def _to_dp(event: PrivacyEvent, relation: Adjacency) -> Any:
     raise UnsupportedEventError(f"a {event.kind or type(event).__name__!r} event has no dp-accounting counterpart.")
 
 
+def _adjacency_of(relation: Any) -> Adjacency:
+    """A dpcl adjacency from a dpcl name or a dp-accounting ``NeighboringRelation``."""
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    if isinstance(relation, NeighboringRelation):
+        if relation is NeighboringRelation.ADD_OR_REMOVE_ONE:
+            return Adjacency.ADD_REMOVE
+        if relation is NeighboringRelation.REPLACE_ONE:
+            return Adjacency.REPLACE_ONE
+        raise UnsupportedEventError(
+            f"dpcl has no neighbouring relation for dp-accounting's {relation.name}; use ADD_OR_REMOVE_ONE or "
+            "REPLACE_ONE."
+        )
+    return Adjacency.parse(relation)
+
+
 def from_dp_event(dp_event: Any, adjacency: "Adjacency | str", unit: str = "example") -> PrivacyEvent:
     """The dpcl event with the same privacy curve as ``dp_event`` accounted under ``adjacency``.
 
     dp-accounting's events carry neither the neighbouring relation nor the
     privacy unit, so both are arguments: ``adjacency`` is the relation the
     ``DpEvent`` is meant to be accounted under (``add_remove`` for dp-accounting's
-    ``ADD_OR_REMOVE_ONE``, ``replace_one`` for ``REPLACE_ONE``). Events without a
+    ``ADD_OR_REMOVE_ONE``, ``replace_one`` for ``REPLACE_ONE``; either
+    ``NeighboringRelation`` is accepted too). Events without a
     dpcl counterpart raise :class:`~dpcl.errors.UnsupportedEventError` naming
     the event class and why.
     """
-    adj = Adjacency.parse(adjacency)
+    adj = _adjacency_of(adjacency)
     if not isinstance(unit, str) or not unit.strip():
         raise InvalidParameterError(f"unit must be a non-empty string such as 'example'; got {unit!r}.")
     return _from_dp(dp_event, adj, unit)

@@ -100,7 +100,7 @@ def _optimistic_pld(dp_event: Any, relation: Any, interval: float, count: int = 
         total = None
         for inner in dp_event.events:
             part = _optimistic_pld(inner, relation, interval, count)
-            total = part if total is None else (part if part is None else total.compose(part))
+            total = part if total is None else (total if part is None else total.compose(part))
         return total
     if isinstance(dp_event, dp.GaussianDpEvent):
         # count Gaussians = one with std / sqrt(count); rounded up (more noise) so the bound stays a lower bound

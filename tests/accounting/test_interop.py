@@ -254,6 +254,12 @@ def test_bad_arguments_are_typed_errors():
     with pytest.raises(InvalidParameterError, match="PrivacyEvent"):
         to_dp_event(dp.GaussianDpEvent(1.0))
     assert neighboring_relation(Adjacency.REPLACE_ONE).name == "REPLACE_ONE"
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    event = from_dp_event(dp.GaussianDpEvent(3.0), NeighboringRelation.REPLACE_ONE)
+    assert event == GaussianEvent(sigma=3.0, sensitivity=2.0, adjacency="replace_one")
+    with pytest.raises(UnsupportedEventError, match="REPLACE_SPECIAL"):
+        from_dp_event(dp.GaussianDpEvent(3.0), NeighboringRelation.REPLACE_SPECIAL)
 
 
 def test_the_interop_example_of_docs_accounting_runs():
