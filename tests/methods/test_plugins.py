@@ -123,6 +123,8 @@ def test_the_plugin_is_audited_trained_and_certified_like_a_builtin(plugin_path,
     assert last["valid"] and last["cross_check"]["passed"]
     certificate = json.loads(Path(certificates[-1]).read_text())
     assert certificate["release"]["method"] == "noisy_centroid"
+    # a certificate carries its events: it verifies where the plugin is not installed
+    assert dpcl_with(None, "verify", certificates[-1]).returncode == 0
     # without the plugin on the path the method is unknown: exit 2 naming the known methods
     missing = dpcl_with(None, "audit", str(config))
     assert missing.returncode == 2 and "noisy_centroid" in missing.stderr and "cosine" in missing.stderr
