@@ -57,7 +57,7 @@ def dp_trees() -> st.SearchStrategy:
     return st.recursive(
         dp_leaves(),
         lambda inner: st.one_of(
-            st.builds(dp.SelfComposedDpEvent, inner, st.integers(1, 10_000)),
+            st.builds(dp.SelfComposedDpEvent, inner, st.integers(1, 1000)),
             st.lists(inner, min_size=1, max_size=4).map(dp.ComposedDpEvent),
         ),
         max_leaves=8,
@@ -79,7 +79,7 @@ def dpcl_trees(adjacency: str) -> st.SearchStrategy:
     return st.recursive(
         dpcl_leaves(adjacency),
         lambda inner: st.one_of(
-            st.builds(RepeatedEvent, inner, st.integers(1, 10_000)),
+            st.builds(RepeatedEvent, inner, st.integers(1, 1000)),
             st.lists(inner, min_size=1, max_size=4).map(ComposedEvent),
         ),
         max_leaves=8,
