@@ -89,6 +89,27 @@ def test_cross_check_passes_on_every_certificate_of_a_bundled_config_run(run_of,
         assert any("restated under add/remove" in n for n in notes)
 
 
+@pytest.mark.skipif(not Path("/usr/share/games/fortunes").is_dir(), reason="PeCL streams Debian fortunes")
+def test_a_non_private_checkpoint_has_only_its_scoped_statements_cross_checked(tmp_path):
+    # PeCL as in the paper (a [run] private = false research run): the checkpoint has no headline epsilon,
+    # the per-token statement is scoped to the input-embedding release
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner"))
+    from run_helpers import write_pecl_config
+
+    done = dpcl_cli("run", str(write_pecl_config(tmp_path)), "--out", str(tmp_path / "run"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    certificate = str(sorted((tmp_path / "run" / "certificates").glob("*.json"))[-1])
+    verified = dpcl_cli("verify", "--cross-check", "--json", certificate)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    report = json.loads(verified.stdout)
+    assert report["valid"] and report["private"] is False
+    check = report["cross_check"]
+    assert check["passed"] and "only the scoped statements" in check["message"]
+    (statement,) = check["statements"]
+    assert statement["name"] == "scoped input_embeddings"
+    assert statement["lower_epsilon"] <= statement["stated_epsilon"] <= statement["independent_epsilon"] + 1e-9
+
+
 def test_cross_check_table_and_a_failed_cross_check_exits_3(run_of, capsys, monkeypatch):
     certificate = str(sorted((run_of("cosine") / "certificates").glob("*.json"))[-1])
     assert main(["verify", "--cross-check", certificate]) == 0
