@@ -31,6 +31,10 @@ class ConfigError(InvalidParameterError):
     """A configuration file is malformed: missing or unknown key, wrong type or range."""
 
 
+class MethodPluginError(ConfigError):
+    """An installed method plugin is invalid or conflicts with a built-in or another plugin (``dpcl.methods``)."""
+
+
 class MalformedCertificateError(InvalidParameterError):
     """A certificate file cannot be parsed or lacks required fields."""
 

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "run",
     "audit",
     "verify",
+    "methods",
     "calibrate",
     "epsilon",
     "audit_mechanism",

@@ -18,6 +18,11 @@ one after the other: every input file is checked first (exit 2 before any
 verdict), then each certificate is verified and reported, and the exit code is
 3 when any of them fails. ``--json`` then prints one object holding every
 report; ``--checkpoint`` needs exactly one certificate.
+
+``--cross-check`` also recomputes every stated epsilon independently with
+dp-accounting (:mod:`dpcl.guarantees.cross_check`, CLI part in
+:mod:`dpcl.cli.verify_cross_check`) and exits 3 when a stated epsilon is below
+it by more than the discretisation error.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import sys
 from pathlib import Path
 
 from dpcl.cli.output import add_json_flag, emit
+from dpcl.cli.verify_cross_check import add_cross_check_flag, run_cross_checks
 from dpcl.guarantees.certificates import VerificationReport, read_certificate, verify_certificate
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, VerificationError
 
@@ -52,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="checkpoint file to check (default: the file the certificate names, relative to the certificate)",
     )
+    add_cross_check_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(handler=run_verify)
 
@@ -122,12 +129,15 @@ def run_verify(args: argparse.Namespace) -> int:
     for path in paths:  # every input first: nothing is reported when a file is missing or malformed
         check_input_files(path, args.checkpoint)
     reports = [verify_certificate(path, checkpoint=args.checkpoint) for path in paths]
+    dicts = [r.to_dict() for r in reports]
     if getattr(args, "json", False):
+        cross, cross_code = run_cross_checks(args, paths)
+        for d, c in zip(dicts, cross or ()):
+            d["cross_check"] = c
         if len(reports) == 1:
-            emit(args, "dpcl verify", reports[0].to_dict())
+            emit(args, "dpcl verify", dicts[0])
         else:
-            emit(args, "dpcl verify", {"valid": all(r.valid for r in reports),
-                                       "certificates": [r.to_dict() for r in reports]})
+            emit(args, "dpcl verify", {"valid": all(r.valid for r in reports), "certificates": dicts})
     else:
         for path, report in zip(paths, reports):
             emit(args, f"dpcl verify {path}", _table(report))
@@ -142,9 +152,10 @@ def run_verify(args: argparse.Namespace) -> int:
             if report.valid and not report.private:
                 print(f"NOT PRIVATE: {path} verifies, and states that its checkpoint has no differential-privacy "
                       "guarantee (see its reasons)")
+        cross, cross_code = run_cross_checks(args, paths)
     for path, report in zip(paths, reports):
         if not report.valid:
             failed = ", ".join(c.name for c in report.failed)
             details = "; ".join(f"{c.name}: {' '.join(c.detail.split())}" for c in report.failed)
             sys.stderr.write(f"dpcl verify: certificate {path} does not verify; failed check(s): {failed} ({details})\n")
-    return 0 if all(r.valid for r in reports) else VerificationError.exit_code
+    return max(0 if all(r.valid for r in reports) else VerificationError.exit_code, cross_code)

@@ -7,19 +7,21 @@ a task's size into a :class:`TaskPlan`: the noise the method must use and the
 privacy events that noise causes. ``dpcl audit`` and ``dpcl run`` call the same
 plan, so what is audited is what is trained.
 
-Specs are looked up lazily by name (:func:`get_method_spec`), so the modules that
+Specs are looked up lazily by name (:func:`get_method_spec`) through the method
+registry (:mod:`dpcl.guarantees.method_registry`: built-in methods and plugins
+installed through the ``dpcl.methods`` entry-point group), so the modules that
 define them are imported only when needed.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 from dpcl.accounting.events import PrivacyEvent
 from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.guarantees.method_registry import REGISTRY, RegistryView
 
 
 class _Required:
@@ -172,23 +174,14 @@ class MethodSpec(Protocol):
         ...
 
 
-#: method name -> "module:attribute" of its MethodSpec.
-METHOD_SPECS: dict[str, str] = {
-    "cosine": "dpcl.guarantees.schedules:COSINE",
-    "peft_ensemble": "dpcl.guarantees.schedules:PEFT_ENSEMBLE",
-    "naive": "dpcl.guarantees.schedules:NAIVE",
-    "non_cl": "dpcl.guarantees.schedules:NON_CL",
-    "l2dpml": "dpcl.guarantees.lifelong:L2DPML_SPEC",
-    "pecl": "dpcl.guarantees.per_token:PECL_SPEC",
-}
+#: method name -> "module:attribute" of its MethodSpec: a read-only view of the method registry
+#: (:mod:`dpcl.guarantees.method_registry`), built-in methods and installed plugins.
+METHOD_SPECS: Mapping[str, str] = RegistryView("spec")
 
 
 def get_method_spec(name: str) -> MethodSpec:
-    """The spec of method ``name``; an unknown name raises ConfigError listing the known ones."""
-    if name not in METHOD_SPECS:
-        raise ConfigError(f"[method] name must be one of {', '.join(METHOD_SPECS)}; got {name!r}.")
-    module_name, attribute = METHOD_SPECS[name].split(":")
-    return getattr(importlib.import_module(module_name), attribute)
+    """The spec of method ``name`` (built-in or plugin); an unknown name raises ConfigError listing the known ones."""
+    return REGISTRY.spec(name)
 
 
 # -- reusable MethodKey checks ------------------------------------------------------------------------

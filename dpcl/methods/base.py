@@ -31,8 +31,10 @@ must not touch the private data in any other way than the plan describes.
 A method must release a proper classifier for every task, even when the task's
 filtered data set is empty (Tobaben et al., Prop. F.1).
 
-Methods are looked up lazily by ``[method] name`` (:data:`METHOD_CLASSES`), so
-``import dpcl.methods`` does not import torch.
+Methods are looked up lazily by ``[method] name`` through the method registry
+(:mod:`dpcl.guarantees.method_registry`; :data:`METHOD_CLASSES` is a view of it),
+so ``import dpcl.methods`` does not import torch. Third-party methods register
+through the ``dpcl.methods`` entry-point group (docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -44,18 +46,13 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from dpcl.errors import ConfigError, InvalidParameterError, MissingDependencyError
+from dpcl.errors import ConfigError, InvalidParameterError, MethodPluginError, MissingDependencyError
+from dpcl.guarantees.method_registry import REGISTRY, RegistryView
 from dpcl.guarantees.method_schema import TaskPlan
 
-#: ``[method] name`` -> "module:class" of its :class:`ContinualMethod`.
-METHOD_CLASSES: dict[str, str] = {
-    "cosine": "dpcl.methods.cosine:CosineClassifier",
-    "peft_ensemble": "dpcl.methods.peft_ensemble:PeftEnsemble",
-    "naive": "dpcl.methods.baselines:NaiveFineTuning",
-    "non_cl": "dpcl.methods.baselines:NonContinualTraining",
-    "l2dpml": "dpcl.methods.l2dpml:L2DPMLMethod",
-    "pecl": "dpcl.methods.pecl:PeCLMethod",
-}
+#: ``[method] name`` -> "module:class" of its :class:`ContinualMethod`: a read-only view of the method
+#: registry (:mod:`dpcl.guarantees.method_registry`), built-in methods and installed plugins.
+METHOD_CLASSES: Mapping[str, str] = RegistryView("class")
 
 #: Called by a method after each unit of work (one DP-SGD step, one class-sum release) with the count done.
 ProgressCallback = Callable[[int], None]
@@ -273,26 +270,39 @@ class ContinualMethod(ABC):
 
 
 def method_class(name: str) -> type[ContinualMethod]:
-    """The :class:`ContinualMethod` subclass for ``[method] name``.
+    """The :class:`ContinualMethod` subclass for ``[method] name`` (built-in or plugin, through the registry).
 
     Unknown names raise :class:`ConfigError`; a known method whose module needs
-    the training extra raises :class:`MissingDependencyError` with the install command.
+    the training extra raises :class:`MissingDependencyError` with the install
+    command; a plugin whose class cannot be imported or is not a
+    :class:`ContinualMethod` named ``name`` raises :class:`MethodPluginError`.
     """
-    if name not in METHOD_CLASSES:
-        raise ConfigError(f"[method] name must be one of {', '.join(METHOD_CLASSES)}; got {name!r}.")
-    module_name, attribute = METHOD_CLASSES[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name in {"torch", "opacus", "peft", "transformers"}:
-            raise MissingDependencyError(
-                f"method {name!r} needs {exc.name}; install the training extra: "
-                "pip install torch==2.13.0 && pip install 'dpcl[train]'"
-            ) from exc
-        if exc.name == module_name:
-            raise ConfigError(f"method {name!r} is declared but not available in this build ({module_name}).") from exc
-        raise
-    cls = getattr(module, attribute, None)
-    if cls is None:
-        raise ConfigError(f"method {name!r}: {module_name} defines no {attribute}.")
+    entry = REGISTRY.entry(name)
+    path = REGISTRY.class_path(name)
+    where = f"method {name!r} ({entry.describe()})"
+    if isinstance(path, type):
+        cls = path
+    else:
+        module_name, _, attribute = path.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name in {"torch", "opacus", "peft", "transformers"}:
+                raise MissingDependencyError(
+                    f"{where} needs {exc.name}; install the training extra: "
+                    "pip install torch==2.13.0 && pip install 'dpcl[train]'"
+                ) from exc
+            if exc.name == module_name:
+                if entry.is_plugin:
+                    raise MethodPluginError(f"{where}: its class module {module_name!r} cannot be imported.") from exc
+                raise ConfigError(f"{where} is declared but not available in this build ({module_name}).") from exc
+            raise
+        cls = getattr(module, attribute, None)
+        if cls is None:
+            error = MethodPluginError if entry.is_plugin else ConfigError
+            raise error(f"{where}: {module_name} defines no {attribute}.")
+    if not (isinstance(cls, type) and issubclass(cls, ContinualMethod)):
+        raise MethodPluginError(f"{where}: {path!r} is not a subclass of dpcl.methods.base.ContinualMethod.")
+    if cls.name != name:
+        raise MethodPluginError(f"{where}: its class {cls.__name__} sets name = {cls.name!r}; it must be {name!r}.")
     return cls
