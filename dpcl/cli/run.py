@@ -38,8 +38,9 @@ def register(subparsers: Any) -> None:
         help="research only: draw the privacy noise and Poisson sampling from --seed (as [run] reproducible_noise = "
         "true); the certificates then state that the release is private only against someone who does not know the seed",
     )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="torch device (default: [method] device, else cpu); cuda must be available")
+    parser.add_argument("--device", default=None, metavar="DEVICE",
+                        help="torch device: cpu, cuda or cuda:N (default: [method] device, else cpu); a CUDA device "
+                        "must exist")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_json_flag(parser)
     parser.set_defaults(handler=run_command)
