@@ -363,6 +363,9 @@ def run_training(
     reproducible = bool(reproducible_noise or run_options["reproducible_noise"])
     method_name = config.method["name"]
     device = resolve_device(device, config.method)
+    from dpcl.runner.distributed import refuse_on_other_ranks
+
+    refuse_on_other_ranks()  # only rank 0 writes the ledger, checkpoints and certificates
     try:
         from dpcl.methods.base import MethodSetup, method_class
         from dpcl.runner.checkpoints import load_checkpoint, load_curator_state, save_checkpoint, save_curator_state
