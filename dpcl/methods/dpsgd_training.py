@@ -255,10 +255,15 @@ def data_parallel_world() -> tuple[int, int] | None:
 
 
 def _header(words: list[int], device: torch.device) -> torch.Tensor:
+    """Rank 0's ``words`` on every rank (the others pass zeros).
+
+    An ``all_reduce`` rather than a broadcast: it returns on no rank before every rank has joined, so rank 0
+    never runs ahead of a rank that has not yet read the resume point (:mod:`dpcl.runner.distributed`).
+    """
     import torch.distributed as dist
 
     header = torch.tensor(words, dtype=torch.long, device=device)
-    dist.broadcast(header, src=0)
+    dist.all_reduce(header, op=dist.ReduceOp.SUM)
     return header
 
 

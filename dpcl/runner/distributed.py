@@ -18,8 +18,9 @@ Roles:
 * **ranks > 0** (:func:`_follow`) rebuild the same stream and plans from the
   config and call the method's ``fit_task`` for the same tasks; their
   ``train_classifier`` calls join rank 0's. They read the resume point from
-  ``run.json`` before rank 0 starts (a barrier orders the two), write nothing,
-  and stop when rank 0 says the run ended.
+  ``run.json`` before joining any collective (rank 0 cannot finish a training
+  call, hence cannot write ``run.json``, before every rank joined its header),
+  write nothing, and stop when rank 0 says the run ended.
 
 Failure: the ledger is charged before a task trains and every file is written
 atomically, so a rank that dies leaves the run directory as an interrupted
@@ -151,7 +152,6 @@ def _lead(config_path: Any, out_dir: Any, *, device: str, run_options: dict[str,
     from dpcl.methods.dpsgd_training import end_data_parallel_run
     from dpcl.runner.run import run_training
 
-    dist.barrier()  # the other ranks have read the resume point: run.json may change from here on
     ok = False
     try:
         result = run_training(config_path, out_dir, device=device, **run_options)
@@ -188,8 +188,6 @@ def _resume_point(out: Path) -> int:
 
 def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproducible_noise: bool) -> None:
     """A rank > 0: train the same tasks as rank 0 (its shards of them), write nothing, stop when rank 0 ends."""
-    import torch.distributed as dist
-
     from dpcl.data import STREAM_KEYS, build_stream
     from dpcl.guarantees.audit_config import resolve_across_tasks
     from dpcl.guarantees.config import load_config
@@ -199,8 +197,9 @@ def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproduci
     from dpcl.runner.run import _label_sets, _prepare_tasks, _release_data, _run_section
 
     config_file = Path(config_path)
+    # Read before this rank joins any collective: rank 0 cannot pass the header of its first training call (an
+    # all_reduce) before every rank has joined it, so it writes no run.json before this read.
     start = _resume_point(Path(out_dir))
-    dist.barrier()
     try:
         config = load_config(config_file, data_stream_keys=STREAM_KEYS)
         private = bool(_run_section(config)["private"])
