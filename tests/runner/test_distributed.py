@@ -157,3 +157,24 @@ def test_a_rank_that_dies_leaves_a_consistent_ledger_and_a_rerun_resumes(tmp_pat
     assert resumed.resumed_after == 0 and resumed.complete
     assert len(json.loads((out / "ledger.json").read_text())["charges"]) == 3  # the retrained task charged again
     verify_certificate(resumed.last_certificate).raise_if_invalid()
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("variant", ["non_cl", "not_private"])
+def test_two_gloo_processes_train_non_cl_and_non_private_runs_as_one_process_does(tmp_path, variant):
+    config = _config(tmp_path, "non_cl" if variant == "non_cl" else "naive")
+    text = config.read_text()
+    if variant == "non_cl":  # Non-CL rereads past tasks: the audit wants disjoint units (parallel composition)
+        text = text.replace("disjoint_units = false", "disjoint_units = true").replace('"sequential"', '"auto"')
+    else:
+        text += "[run]\nprivate = false\n"
+    config.write_text(text)
+    single = run_training(config, tmp_path / "one", seed=3, quiet=True, reproducible_noise=True)
+    double = run_data_parallel(config, tmp_path / "two", nproc=2, seed=3, quiet=True, reproducible_noise=True)
+    assert double.metrics["cumulative_epsilon"] == single.metrics["cumulative_epsilon"]
+    for task in (1, 2):
+        a, b = _weights(tmp_path / "one", task), _weights(tmp_path / "two", task)
+        for key in a:
+            torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)
+    if variant == "non_cl":
+        _same_run(tmp_path / "one", tmp_path / "two")
