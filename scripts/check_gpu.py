@@ -4,10 +4,10 @@
 a CUDA device (and the ``fortunes`` texts for the PeCL configs). For every
 ``dpcl/configs/*.toml`` it runs the first task with ``--device`` (the Python API
 :func:`dpcl.runner.run_training` with ``stop_after_task=0``, the noise from OS
-entropy as in any real run), then checks the release with ``dpcl verify`` as a
-user would (a config whose checkpoint is declared not private, e.g.
-``pecl_paper.toml``, is expected to be refused by ``verify`` with exit 3:
-that is reported, not counted as a failure). Then it runs
+entropy as in any real run), then checks the release with ``dpcl verify --json``
+as a user would: exit 0, a valid certificate, and ``private`` true, except for
+a config whose checkpoint is declared not private (``pecl_paper.toml``), whose
+valid certificate must say ``private: false``. Then it runs
 ``scripts/check_tdp_triton.py`` (kernel correctness and timing) and
 ``benchmarks/pecl_tdp.py --device cuda``.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "dpcl" / "configs"
-NOT_PRIVATE_CONFIGS = {"pecl_paper.toml"}  # checkpoints declared not DP: `dpcl verify` must refuse them (exit 3)
+NOT_PRIVATE_CONFIGS = {"pecl_paper.toml"}  # checkpoints declared not DP: their valid certificates say private: false
 
 
 def _cuda_device(requested: str) -> str | None:
@@ -65,15 +65,20 @@ def _run_config(config: Path, out: Path, device: str) -> dict:
     verify = subprocess.run(
         [sys.executable, "-m", "dpcl", "verify", str(certificate), "--json"], capture_output=True, text=True
     )
-    expected = 3 if config.name in NOT_PRIVATE_CONFIGS or not result.private else 0
+    try:
+        verified = json.loads(verify.stdout)
+    except ValueError:
+        verified = {}
+    private_expected = config.name not in NOT_PRIVATE_CONFIGS and result.private
     return {
-        "ok": verify.returncode == expected,
+        "ok": verify.returncode == 0 and verified.get("valid") is True and verified.get("private") is private_expected,
         "seconds": round(seconds, 2),
         "device": result.metrics.get("device"),
         "epsilon": result.releases[0].cumulative_epsilon,
         "accuracy_task1": result.releases[0].accuracies[0],
         "verify_exit": verify.returncode,
-        "verify_expected": expected,
+        "verify_private": verified.get("private"),
+        "private_expected": private_expected,
         "verify_stderr": verify.stderr.strip()[-300:],
     }
 

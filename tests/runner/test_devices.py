@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -246,3 +247,18 @@ def test_check_gpu_script_says_that_no_cuda_device_is_present():
     assert proc.returncode == 2
     assert "no CUDA device is present" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+def test_check_gpu_runs_a_config_for_one_task_and_verifies_its_certificate(tmp_path):
+    """The per-config step of scripts/check_gpu.py, on the CPU (the script itself needs CUDA)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_gpu", ROOT / "scripts" / "check_gpu.py")
+    check_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_gpu)
+    config = tmp_path / "naive.toml"
+    config.write_text(NAIVE_CONFIG, encoding="utf-8")
+    report = check_gpu._run_config(config, tmp_path / "run", "cpu")
+    assert report["ok"], report
+    assert report["verify_exit"] == 0 and report["verify_private"] is True and report["device"] == "cpu"
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["releases"][-1]["task_index"] == 0  # one task
