@@ -76,3 +76,9 @@ class MissingDependencyError(DpclError):
     """An optional dependency or data source is missing; the message gives the install command."""
 
     exit_code = 2
+
+
+class DistributedRunError(DpclError):
+    """A data-parallel run lost a process or its ranks disagree; what was certified stays, a rerun resumes."""
+
+    exit_code = 2

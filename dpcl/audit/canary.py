@@ -168,24 +168,34 @@ def shadow_run_scores(
     dim: int = 4,
     canary_norm: float = 4.0,
     seed: int = 0,
+    device: "str | torch.device" = "cpu",
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Train ``shadow_runs`` models (half without, half with the canary); return per-score (out, in) arrays."""
+    """Train ``shadow_runs`` models (half without, half with the canary); return per-score (out, in) arrays.
+
+    The models are trained on ``device``; the data set, Poisson masks and noise are drawn by a CPU generator
+    seeded with ``seed`` and moved there, so every device sees the same draws (scores then differ between devices
+    only by float rounding).
+    """
     gen = torch.Generator().manual_seed(int(seed))
-    features, labels, canary, canary_label = canary_dataset(n_examples, dim, canary_norm, gen)
+    device = torch.device(device)
+    features, labels, canary, canary_label = (
+        t.to(device) for t in canary_dataset(n_examples, dim, canary_norm, gen)
+    )
     all_x = torch.cat([features, canary.unsqueeze(0)])
     all_y = torch.cat([labels, canary_label.unsqueeze(0)])
     half = shadow_runs // 2
     runs = 2 * half
-    has_canary = torch.cat([torch.zeros(half), torch.ones(half)]).to(torch.float64)
-    weights = torch.zeros(runs, dim + 1, dtype=torch.float64)
+    has_canary = torch.cat([torch.zeros(half), torch.ones(half)]).to(torch.float64).to(device)
+    weights = torch.zeros(runs, dim + 1, dtype=torch.float64, device=device)
     s = noise_multiplier * clip_norm
     log_q = math.log(sample_rate)
     log_1mq = math.log1p(-sample_rate) if sample_rate < 1 else -math.inf
-    llr = torch.zeros(runs, dtype=torch.float64)
+    llr = torch.zeros(runs, dtype=torch.float64, device=device)
     for _ in range(steps):  # steps are sequential; models and examples are vectorised
         mask = (torch.rand(runs, n_examples + 1, generator=gen, dtype=torch.float64) < sample_rate).to(torch.float64)
+        mask = mask.to(device)
         mask[:, -1] *= has_canary
-        noise = s * torch.randn(runs, dim + 1, generator=gen, dtype=torch.float64)
+        noise = (s * torch.randn(runs, dim + 1, generator=gen, dtype=torch.float64)).to(device)
         weights, noisy_sum, clipped = batched_dpsgd_step(
             weights, all_x, all_y, mask, noise,
             clip_norm=clip_norm, learning_rate=learning_rate, expected_batch_size=sample_rate * n_examples,
@@ -202,7 +212,7 @@ def shadow_run_scores(
     )
     out_idx, in_idx = slice(0, half), slice(half, runs)
     scores = {"loss": -final_loss, "gradient": llr}
-    return {k: (v[out_idx].numpy().copy(), v[in_idx].numpy().copy()) for k, v in scores.items()}
+    return {k: (v[out_idx].cpu().numpy().copy(), v[in_idx].cpu().numpy().copy()) for k, v in scores.items()}
 
 
 def audit_dpsgd_canary(
@@ -220,12 +230,14 @@ def audit_dpsgd_canary(
     confidence: float = 0.95,
     accountant: str = "auto",
     seed: int = 0,
+    device: "str | torch.device" = "cpu",
 ) -> CanaryAuditResult:
     """Empirical epsilon lower bound of DP-SGD from a canary, and the accountant's epsilon for the same run.
 
     ``shadow_runs`` models are trained (half with the canary); ``trials`` of the
     auditor = ``shadow_runs // 2`` per input. With a few hundred runs the bound
     is limited by the sample size (roughly ``log(shadow_runs)``), not by DP-SGD.
+    The shadow models train on ``device`` (any torch device; see :func:`shadow_run_scores`).
     """
     z = check_positive_scalar("noise_multiplier", noise_multiplier)
     q = check_positive_scalar("sample_rate", sample_rate)
@@ -252,7 +264,7 @@ def audit_dpsgd_canary(
     accounting = dpsgd_epsilon(z, q, t, dlt, accountant=accountant)
     scores = shadow_run_scores(
         noise_multiplier=z, sample_rate=q, steps=t, shadow_runs=runs, clip_norm=c, learning_rate=lr,
-        n_examples=n, dim=d, canary_norm=b, seed=seed_,
+        n_examples=n, dim=d, canary_norm=b, seed=seed_, device=device,
     )
     per_score_confidence = 1.0 - (1.0 - conf) / len(SCORES)
     audits = {

@@ -38,8 +38,14 @@ def register(subparsers: Any) -> None:
         help="research only: draw the privacy noise and Poisson sampling from --seed (as [run] reproducible_noise = "
         "true); the certificates then state that the release is private only against someone who does not know the seed",
     )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="torch device (default: [method] device, else cpu); cuda must be available")
+    parser.add_argument("--device", default=None, metavar="DEVICE",
+                        help="torch device: cpu, cuda or cuda:N (default: [method] device, else cpu); a CUDA device "
+                        "must exist")
+    parser.add_argument(
+        "--nproc", type=int, default=1, metavar="N",
+        help="data-parallel DP-SGD on N local processes (peft_ensemble, naive, non_cl; gloo on cpu, nccl on cuda); "
+        "the same ledger and epsilon as one process. Under torchrun leave it out: the ranks come from torchrun",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_json_flag(parser)
     parser.set_defaults(handler=run_command)
@@ -97,13 +103,17 @@ def quiet_accounting_logs() -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from dpcl.runner import run_training
+    from dpcl.runner.distributed import launched_by_torchrun, run_data_parallel, run_under_torchrun
 
     quiet_accounting_logs()
-    result = run_training(
-        args.config, args.out, seed=args.seed, device=args.device, quiet=args.quiet or args.json,
-        reproducible_noise=args.reproducible_noise,
-    )
+    options = {"seed": args.seed, "device": args.device, "quiet": args.quiet or args.json,
+               "reproducible_noise": args.reproducible_noise}
+    if launched_by_torchrun() and args.nproc == 1:
+        result = run_under_torchrun(args.config, args.out, **options)
+        if result is None:  # a rank > 0: rank 0 reports
+            return 0
+    else:
+        result = run_data_parallel(args.config, args.out, nproc=args.nproc, **options)
     if args.json:
         print_json(
             {

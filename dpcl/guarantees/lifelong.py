@@ -79,6 +79,7 @@ from dpcl.accounting.validation import check_count, check_positive
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 from dpcl.guarantees.method_schema import (
+    TORCH_DEVICE_FORMS,
     MethodKey,
     ReleaseCoverage,
     TaskPlan,
@@ -88,6 +89,7 @@ from dpcl.guarantees.method_schema import (
     open_unit_interval,
     positive,
     positive_int,
+    torch_device,
 )
 from dpcl.guarantees.public_encoder import public_encoder_assumption
 
@@ -565,6 +567,9 @@ L2DPML_KEYS: tuple[MethodKey, ...] = (
     MethodKey("ridge", float, 0.05,
               "ridge added to the (PSD-projected) noisy quadratic coefficients of the output objective, per "
               "example of the batch (post-processing)", nonnegative),
+    MethodKey("device", str, "cpu", "torch device of the coefficient fits and descent (the Laplace noise is drawn "
+              "on the CPU, so reproducible runs draw the same noise on every device): " + TORCH_DEVICE_FORMS,
+              torch_device),
 )
 
 

@@ -238,3 +238,19 @@ def method_value(method: Mapping[str, Any], keys: tuple[MethodKey, ...], name: s
                 raise ConfigError(f"[method] {name} is required for {method_name}: {key.help}.")
             return key.default
     raise ConfigError(f"[method] {name} is not a {method_name} key.")
+
+
+#: What ``[method] device`` / ``--device`` may say (the string form only; whether the device exists is checked at
+#: run time by :func:`dpcl.runner.run.resolve_device`, since this layer never imports torch).
+TORCH_DEVICE_FORMS = "'cpu', 'cuda' or 'cuda:N' (N = 0, 1, ...: the CUDA device index)"
+
+
+def torch_device(value: Any) -> str | None:
+    """``None`` when ``value`` is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (N a decimal integer >= 0), else what it must be."""
+    if isinstance(value, str):
+        if value in ("cpu", "cuda"):
+            return None
+        prefix, _, index = value.partition(":")
+        if prefix == "cuda" and index.isascii() and index.isdigit() and str(int(index)) == index:
+            return None
+    return TORCH_DEVICE_FORMS

@@ -59,6 +59,7 @@ from dpcl.accounting.gaussian import gaussian_delta, gaussian_epsilon, gaussian_
 from dpcl.accounting.validation import check_count, check_delta, check_positive
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import (
+    TORCH_DEVICE_FORMS,
     MethodKey,
     ReleaseCoverage,
     ScopedPlan,
@@ -69,6 +70,7 @@ from dpcl.guarantees.method_schema import (
     open_unit_interval,
     positive,
     positive_int,
+    torch_device,
     unit_interval,
 )
 
@@ -532,7 +534,7 @@ PECL_KEYS: tuple[MethodKey, ...] = (
     MethodKey("n_embd", int, 64, "hidden size of the model", positive_int),
     MethodKey("n_head", int, 2, "attention heads", positive_int),
     MethodKey("pretrain_steps", int, 200, "steps of pre-training on the public part of the corpus", positive_int),
-    MethodKey("device", str, "cpu", "'cpu' or 'cuda'", one_of("cpu", "cuda")),
+    MethodKey("device", str, "cpu", "torch device: " + TORCH_DEVICE_FORMS, torch_device),
     MethodKey("pretrained_path", str, "",
               "local directory of a pre-trained causal LM + tokenizer (save_pretrained layout, loaded with "
               "local_files_only, never downloaded); its weights are taken as public and the public pre-training "

@@ -56,6 +56,7 @@ from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 from dpcl.guarantees.public_encoder import PUBLIC_ENCODER_ASSUMPTION, encoder_modality, public_encoder_assumption
 from dpcl.guarantees.method_schema import (
     REQUIRED,
+    TORCH_DEVICE_FORMS,
     MethodKey,
     ReleaseCoverage,
     TaskPlan,
@@ -64,6 +65,7 @@ from dpcl.guarantees.method_schema import (
     one_of,
     positive,
     positive_int,
+    torch_device,
 )
 
 __all__ = [
@@ -130,7 +132,7 @@ NON_CL_ASSUMPTION = (
 
 
 
-DEVICE_KEY = MethodKey("device", str, "cpu", "torch device for training: 'cpu' or 'cuda'", one_of("cpu", "cuda"))
+DEVICE_KEY = MethodKey("device", str, "cpu", "torch device for training: " + TORCH_DEVICE_FORMS, torch_device)
 
 DPSGD_KEYS: tuple[MethodKey, ...] = (
     MethodKey("epochs", int, REQUIRED, "passes over each task's data; steps = epochs * ceil(n / batch_size)",

@@ -95,7 +95,8 @@ class MethodSetup:
     (``O^prior`` under ``prior_const``, the union of the ``O_t^prior`` under
     ``prior``); ``input_dim`` the feature dimension of the (public, frozen)
     encoder, or 0 when the stream gives raw texts (methods that can fine-tune an
-    encoder read ``TrainingData.texts``; the others refuse). ``device`` is a torch device string ("cpu" or "cuda").
+    encoder read ``TrainingData.texts``; the others refuse). ``device`` is a torch device string ("cpu", "cuda" or
+    "cuda:N"; :func:`dpcl.runner.run.resolve_device` checks that it exists).
     ``seed`` drives initialisation and shuffles; privacy noise and Poisson
     sampling come from OS entropy unless ``reproducible_noise`` is set
     (:mod:`dpcl.methods.noise_source`).
@@ -154,7 +155,7 @@ class ContinualMethod(ABC):
 
     @property
     def compute_device(self) -> str:
-        """The device this method computes on: ``setup.device``, unless the method always uses the CPU."""
+        """The device this method computes on (recorded in metrics and certificates): ``setup.device`` by default."""
         return str(self.setup.device)
 
     # -- privacy-relevant randomness ---------------------------------------

@@ -14,6 +14,22 @@ number of steps ``T`` (those are what the ledger charged), so the loop below
 draws its own Poisson masks (one vectorised ``rand(n) < q`` per step) and runs
 exactly ``T`` steps. Empty Poisson samples are kept: the step still adds noise
 (empty per-example gradients, then opacus' noise), as the accounting assumes.
+
+Data-parallel DP-SGD (``dpcl run --nproc N`` or ``torchrun``; the process
+group is set up by :mod:`dpcl.runner.distributed`): when a ``torch.distributed``
+process group of more than one rank is initialised, :func:`train_classifier`
+runs :func:`_train_data_parallel`. Rank 0 draws every Poisson mask from the
+privacy generator exactly as the single-process loop does and broadcasts it;
+each rank takes its shard (every ``world``-th sampled example) of the global
+batch, computes and clips its per-example gradients, and opacus'
+:class:`~opacus.optimizers.DistributedDPOptimizer` sums the clipped gradients
+over the ranks (``all_reduce``) with the Gaussian noise added **once, on rank 0
+only** (its ``add_noise``; the other ranks add none), then divides by the
+expected batch size ``q n`` of the global batch. The released update is the
+single-process one: the same Poisson-subsampled Gaussian mechanism, so the
+ledger charges the same events. With ``reproducible_noise`` rank 0's generator
+draws the same masks and noise as a single-process run on that device, and the
+weights differ from it only by the float rounding of the cross-rank sum.
 """
 
 from __future__ import annotations
@@ -26,7 +42,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from dpcl.errors import InvalidParameterError
+from dpcl.errors import DistributedRunError, InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.base import ProgressCallback
 
@@ -158,6 +174,11 @@ def train_classifier(
     default), never one seeded from a published seed.
     """
     inputs = features if isinstance(features, tuple) else (features,)
+    ranks = data_parallel_world()
+    if ranks is not None:
+        _train_data_parallel(model, inputs, targets, schedule, learning_rate=learning_rate, generator=generator,
+                             progress=progress, rank=ranks[0], world=ranks[1])
+        return
     n = int(inputs[0].shape[0])
     device = inputs[0].device
     params = [p for p in model.parameters() if p.requires_grad]
@@ -206,4 +227,159 @@ def train_classifier(
     if schedule.private:
         train_model.remove_hooks()  # ``model`` keeps the trained weights, without opacus hooks
         train_model._close()
+    model.eval()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# data-parallel DP-SGD (torch.distributed)
+# ---------------------------------------------------------------------------------------------------------------
+#: Control words of the header rank 0 broadcasts before every data-parallel training call and when the run ends.
+_TRAIN, _END_OK, _END_FAILED = 1, 2, 3
+
+
+class DataParallelStop(Exception):
+    """Rank 0 ended the run (``failed``: with an error) while this rank waited for its next training call."""
+
+    def __init__(self, failed: bool) -> None:
+        super().__init__("rank 0 ended the run" + (" with an error" if failed else ""))
+        self.failed = failed
+
+
+def data_parallel_world() -> tuple[int, int] | None:
+    """``(rank, world_size)`` of the initialised ``torch.distributed`` process group, or None (single process)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _header(words: list[int], device: torch.device) -> torch.Tensor:
+    """Rank 0's ``words`` on every rank (the others pass zeros).
+
+    An ``all_reduce`` rather than a broadcast: it returns on no rank before every rank has joined, so rank 0
+    never runs ahead of a rank that has not yet read the resume point (:mod:`dpcl.runner.distributed`).
+    """
+    import torch.distributed as dist
+
+    header = torch.tensor(words, dtype=torch.long, device=device)
+    dist.all_reduce(header, op=dist.ReduceOp.SUM)
+    return header
+
+
+def end_data_parallel_run(ok: bool, device: "torch.device | str") -> None:
+    """Rank 0: tell the other ranks that the run ended (``ok``: finished; else failed) so they stop waiting."""
+    _header([_END_OK if ok else _END_FAILED, 0, 0, 0], torch.device(device))
+
+
+def wait_for_end_of_run(device: "torch.device | str") -> bool:
+    """Ranks > 0, after their last task: wait for rank 0's end of run; True when rank 0 finished without error."""
+    header = _header([0, 0, 0, 0], torch.device(device))
+    word = int(header[0])
+    if word not in (_END_OK, _END_FAILED):
+        raise DistributedRunError(
+            "rank 0 started another training call after this rank's last task: the ranks disagree on the number of "
+            "tasks (were they started with the same config, --seed and data?)."
+        )
+    return word == _END_OK
+
+
+def _train_data_parallel(
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    targets: torch.Tensor,
+    schedule: SgdSchedule,
+    *,
+    learning_rate: float,
+    generator: torch.Generator,
+    progress: ProgressCallback | None,
+    rank: int,
+    world: int,
+) -> None:
+    """:func:`train_classifier` on ``world`` ranks: rank 0's Poisson masks, every rank a shard, noise once (rank 0).
+
+    Every rank holds the whole task (``inputs``, ``targets``) and the same
+    model; :class:`opacus.distributed.DifferentiallyPrivateDistributedDataParallel`
+    broadcasts rank 0's weights first (a resumed rank 0 holds the restored
+    ones). Private steps go through :class:`~opacus.optimizers.DistributedDPOptimizer`
+    with ``expected_batch_size = q n / world`` per rank: each rank divides its
+    (rank 0: noisy) clipped sum by ``q n / world``, the ``all_reduce`` sums and
+    divides by ``world``, which gives ``(sum of all clipped gradients + noise) / (q n)``,
+    the single-process update. Non-private steps all-reduce the summed gradients
+    and divide by the size of the global batch (the single-process mean). The
+    weights are broadcast from rank 0 at the end, so every rank releases the
+    same model.
+    """
+    import torch.distributed as dist
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel
+
+    n = int(inputs[0].shape[0])
+    device = inputs[0].device
+    mine = [_TRAIN, n, int(schedule.steps), int(schedule.private)]
+    header = _header(mine if rank == 0 else [0, 0, 0, 0], device)
+    if rank != 0:
+        word = int(header[0])
+        if word in (_END_OK, _END_FAILED):
+            raise DataParallelStop(failed=word == _END_FAILED)
+        if header.tolist() != mine:
+            raise DistributedRunError(
+                f"rank {rank} would train {n} examples for {schedule.steps} steps (private: {schedule.private}) but "
+                f"rank 0 trains {int(header[1])} for {int(header[2])} (private: {bool(header[3])}): the ranks must "
+                "run the same config, --seed and data."
+            )
+    wrapped = DifferentiallyPrivateDistributedDataParallel(model)  # broadcasts rank 0's weights
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=learning_rate)
+    train_model: nn.Module = wrapped
+    if schedule.private:
+        from opacus import GradSampleModule
+        from opacus.optimizers import DistributedDPOptimizer
+
+        train_model = GradSampleModule(wrapped, loss_reduction="sum")
+        optimizer = DistributedDPOptimizer(
+            optimizer,
+            noise_multiplier=float(schedule.noise_multiplier),
+            max_grad_norm=float(schedule.max_grad_norm),
+            expected_batch_size=max(1, round(schedule.sample_rate * n)) / world,  # type: ignore[arg-type]
+            loss_reduction="mean",
+            generator=generator if rank == 0 else None,  # only rank 0 adds noise
+        )
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    train_model.train()
+    mask = torch.zeros(n, dtype=torch.uint8, device=device)
+    for _ in range(schedule.steps):
+        if rank == 0 and n:
+            mask = (torch.rand(n, generator=generator, device=device) < schedule.sample_rate).to(torch.uint8)
+        if n:
+            dist.broadcast(mask, src=0)
+        batch = torch.nonzero(mask, as_tuple=False).squeeze(1)
+        shard = batch[rank::world]
+        optimizer.zero_grad(set_to_none=True)
+        if schedule.private and not shard.numel():
+            # this rank's share of the Poisson sample is empty: it contributes nothing but still joins the sum
+            for p in params:
+                p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+            optimizer.step()
+        elif schedule.private:
+            loss = loss_fn(train_model(*(x[shard] for x in inputs)), targets[shard])
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                loss.backward()
+            optimizer.step()
+        elif batch.numel():  # non-private: the mean over the global batch, as the single-process loop
+            if shard.numel():
+                loss_fn(train_model(*(x[shard] for x in inputs)), targets[shard]).backward()
+            for p in params:
+                grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+                p.grad = grad / batch.numel()
+            optimizer.step()
+        if progress is not None:
+            progress(1)
+    if schedule.private:
+        train_model.remove_hooks()
+        train_model._close()
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
     model.eval()

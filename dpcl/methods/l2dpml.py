@@ -106,17 +106,25 @@ def _padded(values: torch.Tensor, batches: tuple[np.ndarray, ...]) -> torch.Tens
     """Stack batches of rows into ``[n_batches, max_size, ...]`` padded with zeros (zeros add nothing to sums)."""
     size = max(len(b) for b in batches)
     out = values.new_zeros((len(batches), size) + tuple(values.shape[1:]))
-    rows = torch.as_tensor(np.concatenate(batches), dtype=torch.long)
-    batch_of = torch.as_tensor(np.repeat(np.arange(len(batches)), [len(b) for b in batches]), dtype=torch.long)
-    slot = torch.as_tensor(np.concatenate([np.arange(len(b)) for b in batches]), dtype=torch.long)
+    device = values.device
+    rows = torch.as_tensor(np.concatenate(batches), dtype=torch.long, device=device)
+    batch_of = torch.as_tensor(np.repeat(np.arange(len(batches)), [len(b) for b in batches]), dtype=torch.long,
+                               device=device)
+    slot = torch.as_tensor(np.concatenate([np.arange(len(b)) for b in batches]), dtype=torch.long, device=device)
     out[batch_of, slot] = values[rows]
     return out
 
 
-def _symmetric_laplace(rng: np.random.Generator, scale: float, n: int, d: int) -> torch.Tensor:
-    """``n`` symmetric d x d matrices whose upper triangle (diagonal included) is i.i.d. Laplace(scale)."""
+def _symmetric_laplace(
+    rng: np.random.Generator, scale: float, n: int, d: int, device: "torch.device | str" = "cpu"
+) -> torch.Tensor:
+    """``n`` symmetric d x d matrices whose upper triangle (diagonal included) is i.i.d. Laplace(scale), on ``device``.
+
+    Drawn by numpy on the CPU and then moved (an exact float64 copy), so a run with reproducible noise draws the
+    same noise whatever device it computes on.
+    """
     upper = np.triu(rng.laplace(0.0, scale, size=(n, d, d)))
-    return torch.as_tensor(upper + np.transpose(np.triu(upper, 1), (0, 2, 1)), dtype=_DTYPE)
+    return torch.as_tensor(upper + np.transpose(np.triu(upper, 1), (0, 2, 1)), dtype=_DTYPE, device=device)
 
 
 def reconstruction_coefficients(x: torch.Tensor, batches: tuple[np.ndarray, ...]) -> torch.Tensor:
@@ -143,7 +151,7 @@ def output_coefficients(
     """
     hp = _padded(h, batches)
     yp = _padded(y, batches)
-    mask = _padded(torch.ones(h.shape[0], 1, dtype=h.dtype), batches)
+    mask = _padded(torch.ones(h.shape[0], 1, dtype=h.dtype, device=h.device), batches)
     b = torch.bmm(hp.transpose(1, 2), mask * 0.5 - yp)
     q = torch.bmm(hp.transpose(1, 2), hp)
     return b, q
@@ -166,7 +174,9 @@ def _psd_plus_ridge(q: torch.Tensor, ridge: torch.Tensor) -> torch.Tensor:
 
 def _entry_digest(entry: Mapping[str, Any]) -> str:
     """Digest of a memory entry's released coefficients and unit ids (checks that memory stays fixed)."""
-    arrays = [np.asarray(entry["units"])] + [entry[k].numpy() for k in ("ae", "b_n", "q_n") if entry[k] is not None]
+    arrays = [np.asarray(entry["units"])] + [
+        entry[k].detach().cpu().numpy() for k in ("ae", "b_n", "q_n") if entry[k] is not None
+    ]
     return coefficient_digest(*arrays)
 
 
@@ -180,6 +190,12 @@ class L2DPMLMethod(ContinualMethod):
     noise budgets come from the task's :class:`TaskPlan` (``epsilon1``,
     ``epsilon2``). Sensitivities ``Delta_R`` and ``Delta_L`` are computed by
     :mod:`dpcl.guarantees.lifelong` from the actual layer sizes.
+
+    Computes in float64 on ``setup.device`` (any torch device). The seeded
+    initialisation and the Laplace noise are drawn on the CPU and moved, so a
+    run with reproducible noise draws the same initialisation and noise on
+    every device (results then differ between devices only by float rounding
+    of the linear algebra); checkpoints hold CPU tensors.
     """
 
     name = "l2dpml"
@@ -204,14 +220,15 @@ class L2DPMLMethod(ContinualMethod):
         self.autoencoder_training = str(m.get("autoencoder_training", "every_task"))
         self.n_features = int(setup.input_dim)
         self.n_classes = len(self.label_space)
-        gen = torch.Generator().manual_seed(int(setup.seed))
+        self.device = torch.device(setup.device)
+        gen = torch.Generator().manual_seed(int(setup.seed))  # on the CPU: the same initialisation on every device
         theta = torch.randn(self.n_features, self.hidden_sizes[0], generator=gen, dtype=_DTYPE)
         if self.hidden_sizes[0] > self.n_features:
             raise InvalidParameterError(
                 f"[method] hidden_sizes[0] (|h1| = {self.hidden_sizes[0]}) must not exceed the input dimension "
                 f"{self.n_features}: theta1 has orthonormal columns."
             )
-        self.theta1 = _orthonormal_columns(theta)
+        self.theta1 = _orthonormal_columns(theta).to(self.device)
         #: Fixed random hidden layers of G (h1 -> ... -> h_pi); never trained on private data.
         self.hidden: list[tuple[torch.Tensor, torch.Tensor]] = []
         for fan_in, fan_out in zip(self.hidden_sizes[:-1], self.hidden_sizes[1:]):
@@ -219,8 +236,9 @@ class L2DPMLMethod(ContinualMethod):
             b = (torch.rand(fan_out, generator=gen, dtype=_DTYPE) - 0.5) * 0.2
             self.hidden.append((w, b))
         self._hidden_digest = coefficient_digest(*[t.numpy() for layer in self.hidden for t in layer])
+        self.hidden = [(w.to(self.device), b.to(self.device)) for w, b in self.hidden]
         self.n_head_features = self.hidden_sizes[-1] + 1  # + constant 1 (bias)
-        self.W = torch.zeros(self.n_head_features, self.n_classes, dtype=_DTYPE)
+        self.W = torch.zeros(self.n_head_features, self.n_classes, dtype=_DTYPE, device=self.device)
         self.delta_r = reconstruction_sensitivity(self.n_features, self.input_range)
         self.delta_l = output_sensitivity(self.n_head_features, self.n_classes)
         self.memory: list[dict[str, Any]] = []
@@ -231,22 +249,20 @@ class L2DPMLMethod(ContinualMethod):
         #: "sequential" (e.g. an unresolved "auto") is held to the stricter parallel precondition
         self.across_tasks = "sequential" if setup.privacy.get("across_tasks") == "sequential" else "parallel"
 
-    @property
-    def compute_device(self) -> str:
-        """Always the CPU: the coefficient fits are small closed-form float64 problems (``--device`` is ignored)."""
-        return "cpu"
-
     # -- features --------------------------------------------------------
     def _head_features(self, x: torch.Tensor) -> torch.Tensor:
         """``[h_pi, 1]`` in ``[-1, 1]^(p+1)``: ``h1 = tanh(theta1^T x)`` then fixed tanh layers."""
         h = torch.tanh(x @ self.theta1)
         for w, b in self.hidden:
             h = torch.tanh(h @ w + b)
-        return torch.cat([h, torch.ones(h.shape[0], 1, dtype=_DTYPE)], dim=1)
+        return torch.cat([h, torch.ones(h.shape[0], 1, dtype=_DTYPE, device=h.device)], dim=1)
+
+    def _hidden_digest_now(self) -> str:
+        return coefficient_digest(*[t.detach().cpu().numpy() for layer in self.hidden for t in layer])
 
     def scores(self, features: np.ndarray) -> np.ndarray:
-        x = torch.as_tensor(np.asarray(features, dtype=np.float64))
-        return (self._head_features(x) @ self.W).numpy()
+        x = torch.as_tensor(np.asarray(features, dtype=np.float64), device=self.device)
+        return (self._head_features(x) @ self.W).cpu().numpy()
 
     # -- training ------------------------------------------------------
     def _rng(self, task_index: int, stream: int) -> np.random.Generator:
@@ -311,13 +327,14 @@ class L2DPMLMethod(ContinualMethod):
             if not partition.met:  # pragma: no cover - batch_partition always yields a partition
                 raise PrivacyViolationError(f"task {task_index}: {partition.detail}")
             preconditions.append(partition)
-            self._fit_batches(task_index, torch.as_tensor(x_np), data, batches, noise, epochs, progress)
+            self._fit_batches(task_index, torch.as_tensor(x_np, device=self.device), data, batches, noise, epochs,
+                              progress)
             self.seen_units = np.concatenate([self.seen_units, np.asarray(data.unit_ids, dtype=np.int64)])
         memory_check = check_memory_fixed_disjoint(
 self.memory, [_entry_digest(e) for e in self.memory])
         if not memory_check.met:
             raise PrivacyViolationError(f"task {task_index}: {memory_check.statement} is violated ({memory_check.detail}).")
-        hidden_fixed = coefficient_digest(*[t.numpy() for layer in self.hidden for t in layer]) == self._hidden_digest
+        hidden_fixed = self._hidden_digest_now() == self._hidden_digest
         preconditions += [
             memory_check,
             Precondition("fixed_hidden_layers", "hidden layers between h1 and h_pi are not trained on private data",
@@ -390,7 +407,7 @@ self.memory, [_entry_digest(e) for e in self.memory])
 
     def _fit_batches(self, task_index, x, data, batches, noise, epochs, progress) -> None:
         nb = len(batches)
-        sizes = torch.as_tensor([len(b) for b in batches], dtype=_DTYPE)
+        sizes = torch.as_tensor([len(b) for b in batches], dtype=_DTYPE, device=self.device)
         order_rng = self._rng(task_index, 2)
         ae = None
         if bool(noise["release_autoencoder"]):
@@ -398,7 +415,8 @@ self.memory, [_entry_digest(e) for e in self.memory])
             noisy = reconstruction_coefficients(x, batches)
             if noise["epsilon1"] is not None:
                 scale_r = laplace_noise_scale(float(noise["epsilon1"]), self.delta_r)
-                noisy = noisy + _symmetric_laplace(self.noise_rng(task_index, 1), scale_r, nb, self.n_features)
+                noisy = noisy + _symmetric_laplace(self.noise_rng(task_index, 1), scale_r, nb, self.n_features,
+                                                   self.device)
             ae = noisy / sizes[:, None, None]  # post-processing: per-example normalisation
             ae_norm = torch.linalg.matrix_norm(ae, ord=2).clamp(min=1e-12)
             mem = [e["ae"] for e in self.memory if e["ae"] is not None]
@@ -416,14 +434,15 @@ self.memory, [_entry_digest(e) for e in self.memory])
             progress(nb * epochs)
         # Phase 2: features from the released theta1; one Laplace draw per batch (epsilon2, Delta_L).
         h = self._head_features(x)
-        y = torch.zeros(len(data), self.n_classes, dtype=_DTYPE)
-        y[torch.arange(len(data)), torch.as_tensor(self.label_positions(data.labels))] = 1.0
+        y = torch.zeros(len(data), self.n_classes, dtype=_DTYPE, device=self.device)
+        y[torch.arange(len(data), device=self.device),
+          torch.as_tensor(self.label_positions(data.labels), device=self.device)] = 1.0
         b, q = output_coefficients(h, y, batches)
         if noise["epsilon2"] is not None:
             rng = self.noise_rng(task_index, 3)  # Laplace noise: OS entropy unless reproducible_noise
             scale_l = laplace_noise_scale(float(noise["epsilon2"]), self.delta_l)
-            b = b + torch.as_tensor(rng.laplace(0.0, scale_l, size=tuple(b.shape)), dtype=_DTYPE)
-            q = q + _symmetric_laplace(rng, scale_l, nb, self.n_head_features)
+            b = b + torch.as_tensor(rng.laplace(0.0, scale_l, size=tuple(b.shape)), dtype=_DTYPE, device=self.device)
+            q = q + _symmetric_laplace(rng, scale_l, nb, self.n_head_features, self.device)
         # post-processing: PSD projection + ridge, per-example normalisation
         q_n = _psd_plus_ridge(q, self.ridge * sizes) / sizes[:, None, None]
         b_n = b / sizes[:, None, None]
@@ -466,13 +485,13 @@ self.memory, [_entry_digest(e) for e in self.memory])
     _RELEASED_MEMORY_KEYS = ("task", "batch", "ae", "b_n", "q_n")
 
     def state_dict(self) -> dict[str, Any]:
-        """The release: weights, the memory's released coefficients and the certified reports; no unit ids."""
+        """The release (CPU tensors): weights, the memory's released coefficients and the certified reports; no unit ids."""
         return {
             **self._base_state(),
-            "theta1": self.theta1.clone(),
-            "hidden": [(w.clone(), b.clone()) for w, b in self.hidden],
-            "W": self.W.clone(),
-            "memory": [{k: (e[k].clone() if isinstance(e[k], torch.Tensor) else e[k])
+            "theta1": self.theta1.cpu().clone(),
+            "hidden": [(w.cpu().clone(), b.cpu().clone()) for w, b in self.hidden],
+            "W": self.W.cpu().clone(),
+            "memory": [{k: (e[k].cpu().clone() if isinstance(e[k], torch.Tensor) else e[k])
                         for k in self._RELEASED_MEMORY_KEYS} for e in self.memory],
             "reports": dict(self.reports),
         }
@@ -480,12 +499,13 @@ self.memory, [_entry_digest(e) for e in self.memory])
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a release; continuing the stream also needs :meth:`load_curator_state_dict`."""
         self._load_base_state(state)
-        self.theta1 = state["theta1"].clone()
-        self.hidden = [(w.clone(), b.clone()) for w, b in state["hidden"]]
-        if coefficient_digest(*[t.numpy() for layer in self.hidden for t in layer]) != self._hidden_digest:
+        self.theta1 = state["theta1"].to(self.device, copy=True)
+        self.hidden = [(w.to(self.device, copy=True), b.to(self.device, copy=True)) for w, b in state["hidden"]]
+        if self._hidden_digest_now() != self._hidden_digest:
             raise InvalidParameterError("checkpoint hidden layers differ from this run's seeded initialisation.")
-        self.W = state["W"].clone()
-        self.memory = [{k: e[k] for k in self._RELEASED_MEMORY_KEYS} for e in state["memory"]]
+        self.W = state["W"].to(self.device, copy=True)
+        self.memory = [{k: (e[k].to(self.device) if isinstance(e[k], torch.Tensor) else e[k])
+                        for k in self._RELEASED_MEMORY_KEYS} for e in state["memory"]]
         self.seen_units = None  # until load_curator_state_dict
         self.reports = dict(state["reports"])
 
@@ -549,20 +569,34 @@ class AGEMClassifier(ContinualMethod):
     def __init__(self, setup: MethodSetup) -> None:
         super().__init__(setup)
         m = dict(setup.method)
-        torch.manual_seed(int(setup.seed))
+        self.device = torch.device(setup.device)
+        torch.manual_seed(int(setup.seed))  # initialised on the CPU, then moved: the same weights on every device
         self.model = _MLP(int(setup.input_dim), [int(v) for v in m.get("hidden_sizes", [16, 16])],
-                          len(self.label_space)).double()
+                          len(self.label_space)).double().to(self.device)
         self.batch_size = int(m.get("batch_size", 64))
         self.epochs = int(m.get("epochs", 5))
         self.learning_rate = float(m.get("learning_rate", 0.1))
         self.memory_per_task = int(m.get("memory_per_task", 64))
         self.memory_batch_size = int(m.get("memory_batch_size", self.batch_size))
-        self.mem_x = torch.zeros(0, int(setup.input_dim), dtype=_DTYPE)
-        self.mem_y = torch.zeros(0, dtype=torch.long)
+        self.mem_x = torch.zeros(0, int(setup.input_dim), dtype=_DTYPE, device=self.device)
+        self.mem_y = torch.zeros(0, dtype=torch.long, device=self.device)
 
     def scores(self, features: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return self.model(torch.as_tensor(np.asarray(features, dtype=np.float64))).numpy()
+            return self.model(torch.as_tensor(np.asarray(features, dtype=np.float64), device=self.device)).cpu().numpy()
+
+    def _tensors(self, data: TrainingData) -> tuple[torch.Tensor, torch.Tensor]:
+        """A task's features (float64) and label positions on this method's device."""
+        x = torch.as_tensor(np.asarray(data.features, dtype=np.float64), device=self.device)
+        y = torch.as_tensor(self.label_positions(data.labels), dtype=torch.long, device=self.device)
+        return x, y
+
+    def _keep_in_memory(self, x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator) -> None:
+        n = len(y)
+        keep = rng.choice(n, size=min(self.memory_per_task, n), replace=False) if n else np.zeros(0, np.int64)
+        keep_t = torch.as_tensor(keep, dtype=torch.long, device=self.device)
+        self.mem_x = torch.cat([self.mem_x, x[keep_t]])
+        self.mem_y = torch.cat([self.mem_y, y[keep_t]])
 
     def _flat_grad(self) -> torch.Tensor:
         return torch.cat([p.grad.reshape(-1) for p in self.model.parameters()])
@@ -591,27 +625,26 @@ class AGEMClassifier(ContinualMethod):
     def fit_task(self, task_index, data, output_labels, plan, progress=None) -> None:
         self._require_memory()
         rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
-        x = torch.as_tensor(np.asarray(data.features, dtype=np.float64))
-        y = torch.as_tensor(self.label_positions(data.labels), dtype=torch.long)
+        x, y = self._tensors(data)
         opt = torch.optim.SGD(self.model.parameters(), lr=self.learning_rate)
         for idx in self._batches(len(data), rng) if len(data) else []:
+            idx = torch.as_tensor(idx, dtype=torch.long, device=self.device)
             g = self._gradient(x[idx], y[idx], rng)
             if len(self.mem_y):
                 m = rng.choice(len(self.mem_y), size=min(self.memory_batch_size, len(self.mem_y)), replace=False)
+                m = torch.as_tensor(m, dtype=torch.long, device=self.device)
                 g = agem_project(g, self._gradient(self.mem_x[m], self.mem_y[m], rng))
             self._set_grad(g)
             opt.step()
         if progress:
             progress(1)
-        keep = rng.choice(len(data), size=min(self.memory_per_task, len(data)), replace=False)
-        self.mem_x = torch.cat([self.mem_x, x[keep]])
-        self.mem_y = torch.cat([self.mem_y, y[keep]])
+        self._keep_in_memory(x, y, rng)
         self.mark_released(output_labels)
         self.tasks_fitted += 1
 
     def state_dict(self) -> dict[str, Any]:
-        """The release: the model only (the replay memory holds raw training examples: curator state)."""
-        return {**self._base_state(), "model": self.model.state_dict()}
+        """The release (CPU tensors): the model only (the replay memory holds raw training examples: curator state)."""
+        return {**self._base_state(), "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the model; continuing the stream also needs :meth:`load_curator_state_dict` (the memory)."""
@@ -625,10 +658,11 @@ class AGEMClassifier(ContinualMethod):
             raise InvalidParameterError(
                 f"this {self.name} model has no memory: load_curator_state_dict was not called."
             )
-        return {"mem_x": self.mem_x.clone(), "mem_y": self.mem_y.clone()}
+        return {"mem_x": self.mem_x.cpu().clone(), "mem_y": self.mem_y.cpu().clone()}
 
     def load_curator_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.mem_x, self.mem_y = state["mem_x"].clone(), state["mem_y"].clone()
+        self.mem_x = state["mem_x"].to(self.device, copy=True)
+        self.mem_y = state["mem_y"].to(self.device, copy=True)
 
 
 class DPSGDAGEMClassifier(AGEMClassifier):
@@ -670,7 +704,7 @@ class DPSGDAGEMClassifier(AGEMClassifier):
             nn.functional.cross_entropy(self.model(x), y, reduction="sum").backward()
         else:  # an empty Poisson sample still releases noise
             for p in self.model.parameters():
-                p.grad_sample = torch.zeros((0,) + tuple(p.shape), dtype=p.dtype)
+                p.grad_sample = torch.zeros((0,) + tuple(p.shape), dtype=p.dtype, device=p.device)
         optimizer.pre_step()
         return self._flat_grad() / expected
 
@@ -679,9 +713,9 @@ class DPSGDAGEMClassifier(AGEMClassifier):
 
         self._require_memory()
         rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
-        gen = self.noise_generator(task_index, device="cpu")  # Poisson masks + DP-SGD noise
-        x = torch.as_tensor(np.asarray(data.features, dtype=np.float64))
-        y = torch.as_tensor(self.label_positions(data.labels), dtype=torch.long)
+        # Poisson masks + DP-SGD noise, on the model's device (opacus draws the noise where the gradients are)
+        gen = self.noise_generator(task_index, device=self.device)
+        x, y = self._tensors(data)
         n = len(data)
         sgd = torch.optim.SGD(self.model.parameters(), lr=self.learning_rate)
         opt = DPOptimizer(sgd, noise_multiplier=float(plan.noise["noise_multiplier"]), max_grad_norm=self.clip_norm,
@@ -690,8 +724,8 @@ class DPSGDAGEMClassifier(AGEMClassifier):
         m = len(self.mem_y)
         q_mem = min(1.0, self.memory_batch_size / m) if m else 0.0
         steps = self.steps(n) if n else 0
-        task_masks = torch.rand(steps, n, generator=gen) < q
-        mem_masks = torch.rand(steps, m, generator=gen) < q_mem
+        task_masks = torch.rand(steps, n, generator=gen, device=self.device) < q
+        mem_masks = torch.rand(steps, m, generator=gen, device=self.device) < q_mem
         for s in range(steps):
             g = self._noisy_gradient(opt, x[task_masks[s]], y[task_masks[s]], q * n)
             if m:
@@ -702,8 +736,6 @@ class DPSGDAGEMClassifier(AGEMClassifier):
             sgd.step()
         if progress:
             progress(steps)
-        keep = rng.choice(n, size=min(self.memory_per_task, n), replace=False) if n else np.zeros(0, np.int64)
-        self.mem_x = torch.cat([self.mem_x, x[keep]])
-        self.mem_y = torch.cat([self.mem_y, y[keep]])
+        self._keep_in_memory(x, y, rng)
         self.mark_released(output_labels)
         self.tasks_fitted += 1

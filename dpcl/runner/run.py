@@ -189,19 +189,31 @@ def _run_section(config: Any) -> dict[str, Any]:
 
 
 def resolve_device(requested: str | None, method_section: Mapping[str, Any]) -> str:
-    """``--device`` if given, else ``[method] device`` (default cpu); CUDA must be available when asked."""
+    """``--device`` if given, else ``[method] device`` (default cpu): ``cpu``, ``cuda`` or ``cuda:N``.
+
+    The string form is checked like the config key (:func:`dpcl.guarantees.method_schema.torch_device`); a CUDA
+    device must exist: CUDA available and ``N < torch.cuda.device_count()``.
+    """
+    from dpcl.guarantees.method_schema import TORCH_DEVICE_FORMS, torch_device
+
     device = requested or str(method_section.get("device", "cpu") or "cpu")
     source = "--device" if requested else "[method] device"
-    if device not in ("cpu", "cuda"):
-        raise InvalidParameterError(f"{source} must be 'cpu' or 'cuda', got {device!r}.")
-    if device == "cuda":
+    if torch_device(device) is not None:
+        raise InvalidParameterError(f"{source} must be {TORCH_DEVICE_FORMS}, got {device!r}.")
+    if device.startswith("cuda"):
         import torch
 
+        fix = "--device cpu" if requested else "device = \"cpu\" in [method] (or --device cpu)"
         if not torch.cuda.is_available():
-            fix = "--device cpu" if requested else "device = \"cpu\" in [method] (or --device cpu)"
             raise InvalidParameterError(
-                f"{source} cuda was asked for but torch.cuda.is_available() is False (no GPU, or a CPU-only torch "
+                f"{source} {device} was asked for but torch.cuda.is_available() is False (no GPU, or a CPU-only torch "
                 f"build: torch {torch.__version__}). Use {fix}, or install a CUDA build of torch."
+            )
+        count = torch.cuda.device_count()
+        if ":" in device and int(device.split(":", 1)[1]) >= count:
+            raise InvalidParameterError(
+                f"{source} {device} names a CUDA device that does not exist: this machine has {count} "
+                f"(cuda:0 to cuda:{count - 1}). Use one of those, or {fix}."
             )
     return device
 
@@ -364,6 +376,9 @@ def run_training(
     reproducible = bool(reproducible_noise or run_options["reproducible_noise"])
     method_name = config.method["name"]
     device = resolve_device(device, config.method)
+    from dpcl.runner.distributed import refuse_on_other_ranks
+
+    refuse_on_other_ranks()  # only rank 0 writes the ledger, checkpoints and certificates
     try:
         from dpcl.methods.base import MethodSetup, method_class
         from dpcl.runner.checkpoints import load_checkpoint, load_curator_state, save_checkpoint, save_curator_state
@@ -449,7 +464,7 @@ def run_training(
         reproducible_noise=reproducible,
     )
     method = cls(setup)
-    device = method.compute_device  # what metrics and certificates record (l2dpml computes on the CPU only)
+    device = method.compute_device  # what metrics and certificates record
 
     from dpcl.guarantees.ledger import TaskLedger
 

@@ -1,0 +1,364 @@
+"""Data-parallel DP-SGD runs on ``torch.distributed``: ``dpcl run CONFIG --nproc N`` and ``torchrun ... dpcl run``.
+
+For a task whose data or model outgrows one device. Every rank holds the
+stream and trains the same model; each DP-SGD step's Poisson batch is drawn
+once (by rank 0) and split across the ranks, and opacus'
+``DistributedDPOptimizer`` adds the Gaussian noise once, on rank 0, to the
+sum of all ranks' clipped gradients
+(:func:`dpcl.methods.dpsgd_training._train_data_parallel`). The mechanism is
+the single-process one, so the plan, the ledger charges and every epsilon are
+the same as a single-process run's.
+
+Roles:
+
+* **rank 0** runs :func:`dpcl.runner.run.run_training` unchanged: it audits the
+  config, charges the ledger, trains its shard, writes checkpoints, curator
+  state, certificates, ``run.json`` and metrics, and evaluates. Only rank 0
+  writes anything.
+* **ranks > 0** (:func:`_follow`) rebuild the same stream and plans from the
+  config and call the method's ``fit_task`` for the same tasks; their
+  ``train_classifier`` calls join rank 0's. They read the resume point from
+  ``run.json`` before joining any collective (rank 0 cannot finish a training
+  call, hence cannot write ``run.json``, before every rank joined its header),
+  write nothing, and stop when rank 0 says the run ended.
+
+Failure: the ledger is charged before a task trains and every file is written
+atomically, so a rank that dies leaves the run directory as an interrupted
+single-process run would (the task in progress stays charged, nothing of it is
+released); rank 0 reports :class:`~dpcl.errors.DistributedRunError` and a
+rerun with the same ``--out`` resumes after the last certified task (with any
+``--nproc``: the process count is not part of the run's identity).
+
+Backends: ``gloo`` on the CPU, ``nccl`` on CUDA (rank ``r`` uses
+``cuda:LOCAL_RANK``). ``--nproc`` spawns the ranks on this machine (the
+calling process is rank 0); under ``torchrun`` (``WORLD_SIZE`` > 1 in the
+environment) the process group comes from its environment, across machines
+too, provided every rank reads the same config, data and ``--out`` (shared
+file system only for the resume point).
+
+Why no library launcher: ``torch.multiprocessing`` spawns the ranks and
+``torch.distributed`` connects them; what remains here is dpcl's own protocol
+(who writes, which tasks the other ranks train, how they stop).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from dpcl.errors import ConfigError, DistributedRunError, InvalidParameterError
+
+#: Methods that train by DP-SGD through :func:`dpcl.methods.dpsgd_training.train_classifier` (data-parallel ready).
+DATA_PARALLEL_METHODS = ("peft_ensemble", "naive", "non_cl")
+
+#: How long a rank waits in a collective (e.g. for rank 0 to certify a release) before giving up.
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+
+
+def launched_by_torchrun() -> bool:
+    """True when this process is one rank of a ``torchrun`` (or other ``env://``) launch with more than one rank."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def refuse_on_other_ranks() -> None:
+    """Raise unless this process may write a run directory: no process group, or rank 0 of it.
+
+    :func:`~dpcl.runner.run.run_training` calls it before anything is written, so a user script that calls it on
+    every rank of a process group gets a clear error instead of several writers of one ledger.
+    """
+    try:
+        import torch.distributed as dist
+    except ModuleNotFoundError:  # no torch: run_training reports the missing training extra
+        return
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        raise InvalidParameterError(
+            f"run_training was called on rank {dist.get_rank()} of a torch.distributed process group: only rank 0 "
+            "writes the ledger, checkpoints and certificates. Start the run with `dpcl run --nproc N` or `torchrun "
+            "... -m dpcl run`, or call dpcl.runner.distributed.run_under_torchrun on every rank."
+        )
+
+
+def _check_nproc(nproc: Any) -> int:
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise InvalidParameterError(f"--nproc must be an integer >= 1, got {nproc!r}.")
+    return nproc
+
+
+def _check_config(config_path: "str | Path", device: str | None, world: int) -> tuple[str, str]:
+    """The method must train by DP-SGD; returns (backend, base device) for ``world`` ranks."""
+    from dpcl.data import STREAM_KEYS
+    from dpcl.guarantees.config import load_config
+    from dpcl.runner.run import resolve_device
+
+    config = load_config(Path(config_path), data_stream_keys=STREAM_KEYS)
+    name = config.method["name"]
+    if name not in DATA_PARALLEL_METHODS:
+        raise ConfigError(
+            f"data-parallel training (--nproc > 1 or torchrun) runs DP-SGD methods only "
+            f"({', '.join(DATA_PARALLEL_METHODS)}); method {name!r} runs in one process: drop --nproc."
+        )
+    base = resolve_device(device, config.method)
+    if base.startswith("cuda:"):
+        raise InvalidParameterError(
+            f"with more than one process the device must be 'cpu' or 'cuda' (rank r uses cuda:LOCAL_RANK), got "
+            f"{base!r}; select GPUs with CUDA_VISIBLE_DEVICES instead."
+        )
+    if base == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < world:
+            raise InvalidParameterError(
+                f"{world} processes on cuda need {world} CUDA devices, this machine has {torch.cuda.device_count()}; "
+                "lower --nproc, or use --device cpu."
+            )
+    return ("nccl" if base == "cuda" else "gloo"), base
+
+
+def _rank_device(base: str, local_rank: int) -> str:
+    if base == "cuda":
+        import torch
+
+        torch.cuda.set_device(local_rank)
+        return f"cuda:{local_rank}"
+    return "cpu"
+
+
+def _share_cpu_threads(world: int) -> int:
+    """Give each rank its share of the CPU cores (oversubscribed threads slow DP-SGD's small kernels down)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    return before
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- rank 0 -------------------------------------------------------------------------------------------------------
+def _lead(config_path: Any, out_dir: Any, *, device: str, run_options: dict[str, Any]) -> Any:
+    """Rank 0: the ordinary run, then the end-of-run word to the other ranks (also when it fails)."""
+    import torch.distributed as dist
+
+    from dpcl.methods.dpsgd_training import end_data_parallel_run
+    from dpcl.runner.run import run_training
+
+    ok = False
+    try:
+        result = run_training(config_path, out_dir, device=device, **run_options)
+        ok = True
+        return result
+    except (RuntimeError, dist.DistError) as exc:
+        if not isinstance(exc, dist.DistError) and "gloo" not in str(exc).lower() and "nccl" not in str(exc).lower():
+            raise
+        raise DistributedRunError(
+            f"a rank of the data-parallel run failed ({str(exc).splitlines()[0][:200]}); every certified release "
+            f"and every charge stay in {str(out_dir)!r}: rerun the same command to resume after the last certified task."
+        ) from exc
+    finally:
+        try:
+            end_data_parallel_run(ok, device)
+        except (RuntimeError, dist.DistError):  # the other ranks are gone already
+            pass
+
+
+# -- ranks > 0 ----------------------------------------------------------------------------------------------------
+def _resume_point(out: Path) -> int:
+    """The first task rank 0 will train: one after the last release ``run.json`` records (0 for a new run)."""
+    from dpcl.guarantees.atomic_io import read_json
+
+    state_path = out / "run.json"
+    if not state_path.exists():
+        return 0
+    try:
+        releases = read_json(state_path).get("releases", [])
+    except (OSError, ValueError):
+        return 0  # rank 0 refuses the damaged file and ends the run; this rank then stops
+    return int(releases[-1]["task_index"]) + 1 if releases else 0
+
+
+def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproducible_noise: bool) -> None:
+    """A rank > 0: train the same tasks as rank 0 (its shards of them), write nothing, stop when rank 0 ends."""
+    from dpcl.data import STREAM_KEYS, build_stream
+    from dpcl.guarantees.audit_config import resolve_across_tasks
+    from dpcl.guarantees.config import load_config
+    from dpcl.guarantees.method_schema import TaskPlan
+    from dpcl.methods.base import MethodSetup, method_class
+    from dpcl.methods.dpsgd_training import DataParallelStop, wait_for_end_of_run
+    from dpcl.runner.run import _label_sets, _prepare_tasks, _release_data, _run_section
+
+    config_file = Path(config_path)
+    # Read before this rank joins any collective: rank 0 cannot pass the header of its first training call (an
+    # all_reduce) before every rank has joined it, so it writes no run.json before this read.
+    start = _resume_point(Path(out_dir))
+    try:
+        config = load_config(config_file, data_stream_keys=STREAM_KEYS)
+        private = bool(_run_section(config)["private"])
+        reproducible = bool(reproducible_noise or _run_section(config)["reproducible_noise"])
+        cls = method_class(config.method["name"])
+        stream_options = dict(config.raw["stream"])
+        stream_options.setdefault("seed", seed)
+        stream = build_stream(stream_options)
+        label_sets = _label_sets(config, len(stream))
+        prepared, _ = _prepare_tasks(stream, label_sets, bool(getattr(cls, "needs_texts", False)))
+        across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
+        method = cls(MethodSetup(
+            method=config.method,
+            privacy={**config.privacy, "across_tasks": across},
+            label_space=tuple(sorted({o for s in label_sets for o in s})),
+            input_dim=int(prepared[0].features.shape[1]),
+            seed=seed,
+            device=device,
+            reproducible_noise=reproducible,
+        ))
+        for t in range(start, len(prepared)):
+            data, outputs, _ = _release_data(prepared, t, config.spec.reuses_past_tasks)
+            plan = (config.spec.plan_task(config.method, config.privacy, len(data), t) if private
+                    else TaskPlan(events=(), noise={}))
+            method.fit_task(t, data, outputs, plan)  # the model is rank 0's (broadcast) at every call
+        wait_for_end_of_run(device)
+    except DataParallelStop:
+        return
+
+
+def _spawned_rank(index: int, port: int, world: int, backend: str, base: str, config_path: str, out_dir: str,
+                  seed: int, reproducible_noise: bool) -> None:
+    """Entry point of a rank that ``--nproc`` spawned (rank = index + 1; the parent is rank 0)."""
+    import torch.distributed as dist
+
+    rank = index + 1
+    _share_cpu_threads(world)
+    device = _rank_device(base, rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=COLLECTIVE_TIMEOUT)
+    try:
+        _follow(config_path, out_dir, device=device, seed=seed, reproducible_noise=reproducible_noise)
+    finally:
+        dist.destroy_process_group()
+
+
+# -- entry points -------------------------------------------------------------------------------------------------
+def run_data_parallel(
+    config_path: "str | Path",
+    out_dir: "str | Path",
+    *,
+    nproc: int,
+    seed: int = 0,
+    device: str | None = None,
+    quiet: bool = False,
+    stop_after_task: int | None = None,
+    reproducible_noise: bool = False,
+) -> Any:
+    """``dpcl run --nproc N``: the run of :func:`~dpcl.runner.run.run_training` on ``nproc`` local processes.
+
+    ``nproc = 1`` is the ordinary single-process run. Returns rank 0's
+    :class:`~dpcl.runner.run.RunResult` (the same files, ledger and epsilons as
+    a single-process run of the same config).
+    """
+    from dpcl.runner.run import run_training
+
+    world = _check_nproc(nproc)
+    options = {"seed": seed, "quiet": quiet, "stop_after_task": stop_after_task,
+               "reproducible_noise": reproducible_noise}
+    if world == 1:
+        return run_training(config_path, out_dir, device=device, **options)
+    if launched_by_torchrun():
+        raise InvalidParameterError("--nproc starts its own processes; under torchrun leave --nproc out.")
+    backend, base = _check_config(config_path, device, world)
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    port = _free_port()
+    workers = mp.start_processes(
+        _spawned_rank,
+        args=(port, world, backend, base, str(config_path), str(out_dir), seed, reproducible_noise),
+        nprocs=world - 1,
+        join=False,
+        start_method="spawn",
+    )
+    threads = _share_cpu_threads(world)
+    initialised = False
+    try:
+        rank_device = _rank_device(base, 0)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world,
+                                timeout=COLLECTIVE_TIMEOUT)
+        initialised = True
+        result = _lead(config_path, out_dir, device=rank_device, run_options=options)
+    except BaseException:
+        _stop(workers)
+        raise
+    else:
+        _join(workers)  # before the process group goes: this process hosts its store, which the ranks use to exit
+        return result
+    finally:
+        if initialised:
+            dist.destroy_process_group()
+        torch.set_num_threads(threads)
+
+
+def _join(workers: Any) -> None:
+    """Wait for the spawned ranks to finish (rank 0 told them the run ended)."""
+    import torch.multiprocessing as mp
+
+    try:
+        while not workers.join(timeout=60):
+            pass
+    except mp.ProcessRaisedException as exc:
+        raise DistributedRunError(f"a rank of the data-parallel run failed: {str(exc).strip().splitlines()[-1]}") from None
+    except mp.ProcessExitedException as exc:
+        raise DistributedRunError(f"a rank of the data-parallel run died ({exc}); rerun the same command to resume.") \
+            from None
+
+
+def _stop(workers: Any, grace_seconds: float = 30.0) -> None:
+    """Rank 0 failed: give the spawned ranks time to stop on its end-of-run word, then end those still running."""
+    import time
+
+    deadline = time.monotonic() + grace_seconds
+    for process in workers.processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for process in workers.processes:
+        if process.is_alive():
+            process.terminate()  # one of the processes this call started, by its own handle
+            process.join(timeout=10)
+
+
+def run_under_torchrun(
+    config_path: "str | Path",
+    out_dir: "str | Path",
+    *,
+    seed: int = 0,
+    device: str | None = None,
+    quiet: bool = False,
+    stop_after_task: int | None = None,
+    reproducible_noise: bool = False,
+) -> Any:
+    """One rank of ``torchrun --nproc-per-node N -m dpcl run CONFIG --out DIR``: rank 0's RunResult, else None."""
+    import torch.distributed as dist
+
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    backend, base = _check_config(config_path, device, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+    _share_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+    rank_device = _rank_device(base, local_rank)
+    dist.init_process_group(backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
+    try:
+        if rank == 0:
+            options = {"seed": seed, "quiet": quiet, "stop_after_task": stop_after_task,
+                       "reproducible_noise": reproducible_noise}
+            return _lead(config_path, out_dir, device=rank_device, run_options=options)
+        _follow(config_path, out_dir, device=rank_device, seed=seed, reproducible_noise=reproducible_noise)
+        return None
+    finally:
+        dist.destroy_process_group()

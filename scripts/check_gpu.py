@@ -1,0 +1,124 @@
+"""GPU session check: every bundled config trains one task on CUDA and its certificate verifies; the TDP kernel checks.
+
+``python scripts/check_gpu.py [--device cuda:N] [--out DIR]`` on a machine with
+a CUDA device (and the ``fortunes`` texts for the PeCL configs). For every
+``dpcl/configs/*.toml`` it runs the first task with ``--device`` (the Python API
+:func:`dpcl.runner.run_training` with ``stop_after_task=0``, the noise from OS
+entropy as in any real run), then checks the release with ``dpcl verify --json``
+as a user would: exit 0, a valid certificate, and ``private`` true, except for
+a config whose checkpoint is declared not private (``pecl_paper.toml``), whose
+valid certificate must say ``private: false``. Then it runs
+``scripts/check_tdp_triton.py`` (kernel correctness and timing) and
+``benchmarks/pecl_tdp.py --device cuda``.
+
+Prints one JSON object (per config: seconds, epsilon, device, ``verify`` exit
+code; the two TDP outputs) and exits 1 when a check fails. Without a CUDA
+device it exits 2 at once, saying so (nothing is trained).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "dpcl" / "configs"
+NOT_PRIVATE_CONFIGS = {"pecl_paper.toml"}  # checkpoints declared not DP: their valid certificates say private: false
+
+
+def _cuda_device(requested: str) -> str | None:
+    """The device to use, or None (with the reason printed) when there is no usable CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(
+            "check_gpu.py: no CUDA device is present (torch.cuda.is_available() is False; torch "
+            f"{torch.__version__}). Run it on a machine with an NVIDIA GPU and a CUDA build of torch.",
+            file=sys.stderr,
+        )
+        return None
+    from dpcl.errors import DpclError
+    from dpcl.runner.run import resolve_device
+
+    try:
+        return resolve_device(requested, {})
+    except DpclError as exc:
+        print(f"check_gpu.py: {exc}", file=sys.stderr)
+        return None
+
+
+def _run_config(config: Path, out: Path, device: str) -> dict:
+    from dpcl.runner import run_training
+
+    start = time.perf_counter()
+    try:
+        result = run_training(config, out, device=device, quiet=True, stop_after_task=0)
+    except Exception as exc:  # noqa: BLE001 - reported per config, the others still run
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - start}
+    seconds = time.perf_counter() - start
+    certificate = out / result.releases[0].certificate
+    verify = subprocess.run(
+        [sys.executable, "-m", "dpcl", "verify", str(certificate), "--json"], capture_output=True, text=True
+    )
+    try:
+        verified = json.loads(verify.stdout)
+    except ValueError:
+        verified = {}
+    private_expected = config.name not in NOT_PRIVATE_CONFIGS and result.private
+    return {
+        "ok": verify.returncode == 0 and verified.get("valid") is True and verified.get("private") is private_expected,
+        "seconds": round(seconds, 2),
+        "device": result.metrics.get("device"),
+        "epsilon": result.releases[0].cumulative_epsilon,
+        "accuracy_task1": result.releases[0].accuracies[0],
+        "verify_exit": verify.returncode,
+        "verify_private": verified.get("private"),
+        "private_expected": private_expected,
+        "verify_stderr": verify.stderr.strip()[-300:],
+    }
+
+
+def _script(args: list[str]) -> dict:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT)
+    return {
+        "ok": proc.returncode == 0,
+        "exit": proc.returncode,
+        "seconds": round(time.perf_counter() - start, 2),
+        "stdout": proc.stdout.strip()[-4000:],
+        "stderr": proc.stderr.strip()[-1000:],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda or cuda:N (default cuda)")
+    parser.add_argument("--out", default=None, help="directory for the run directories (default: a temporary one)")
+    parser.add_argument("--configs", nargs="*", default=None, help="config files (default: every bundled config)")
+    args = parser.parse_args()
+    device = _cuda_device(args.device)
+    if device is None:
+        return 2
+    import torch
+
+    configs = [Path(c) for c in args.configs] if args.configs else sorted(CONFIGS.glob("*.toml"))
+    base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dpcl-check-gpu-"))
+    report: dict = {"device": device, "gpu": torch.cuda.get_device_name(torch.device(device)),
+                    "torch": torch.__version__, "configs": {}}
+    for config in configs:
+        report["configs"][config.name] = _run_config(config, base / config.stem, device)
+    report["tdp_kernel_check"] = _script([str(ROOT / "scripts" / "check_tdp_triton.py")])
+    report["tdp_benchmark"] = _script([str(ROOT / "benchmarks" / "pecl_tdp.py"), "--device", "cuda"])
+    print(json.dumps(report, indent=1))
+    ok = all(r["ok"] for r in report["configs"].values()) and report["tdp_kernel_check"]["ok"]
+    ok = ok and report["tdp_benchmark"]["ok"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
