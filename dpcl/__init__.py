@@ -7,3 +7,18 @@ numbers), ``dpcl.guarantees`` (task-wise DP semantics, certificates),
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["Certifier", "ReleaseCoverage", "__version__"]
+
+
+def __getattr__(name: str):
+    """``from dpcl import Certifier, ReleaseCoverage``, imported on first use (``import dpcl`` stays light)."""
+    if name == "Certifier":
+        from dpcl.certifier import Certifier
+
+        return Certifier
+    if name == "ReleaseCoverage":
+        from dpcl.guarantees.method_schema import ReleaseCoverage
+
+        return ReleaseCoverage
+    raise AttributeError(f"module 'dpcl' has no attribute {name!r}")

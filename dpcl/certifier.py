@@ -1,0 +1,726 @@
+"""Certify the checkpoints of any training loop: :class:`Certifier`, the public certification API.
+
+``dpcl run`` trains the methods dpcl ships; a :class:`Certifier` gives the same
+guarantees to a training loop you wrote yourself (plain PyTorch, opacus, numpy,
+JAX...). It holds, for one run directory:
+
+* the crash-safe task ledger (:class:`~dpcl.guarantees.ledger.TaskLedger`):
+  privacy events are *charged* to a task's data before training on it, and the
+  ledger is written atomically after every change, so a crash never loses budget
+  already spent;
+* the composition across tasks (Tobaben et al., Thm 4.4 parallel for disjoint
+  privacy units, Thm 4.5 sequential otherwise; ``auto`` picks from the declared
+  disjointness), with unit ids checked for disjointness when given;
+* an optional privacy filter (``total_epsilon``): a charge that would overspend
+  is refused with :class:`~dpcl.errors.BudgetExceededError` before anything is
+  recorded, so the task is never trained;
+* the label-space policy with its public label sets
+  (:mod:`dpcl.guarantees.label_space`; ``data`` is refused, Prop. 4.6);
+* certificates: :meth:`Certifier.release` hashes a checkpoint (a file, or bytes
+  it writes atomically under ``checkpoints/``), writes its certificate under
+  ``certificates/`` and verifies it with the code of ``dpcl verify``. The
+  headline is the checkpoint's own guarantee: you state whether the checkpoint
+  is covered by the charged events (a
+  :class:`~dpcl.guarantees.method_schema.ReleaseCoverage`); one that is not gets
+  a certificate that says ``private: false`` with your reasons.
+
+Run directory (the same split as ``dpcl run``)::
+
+    DIR/checkpoints/   released checkpoints           (release: may be published)
+    DIR/certificates/  one certificate per release    (release: may be published)
+    DIR/ledger.json    the task ledger                (curator: never publish)
+    DIR/curator/       your private state, if any     (curator: never publish)
+
+Opening a directory that holds a ledger resumes it: every charge and release
+recorded there stays (nothing is lost or counted twice); settings that differ
+from the recorded ones are refused with :class:`~dpcl.errors.ConfigError`.
+
+DP-SGD schedules (crash safety for step-wise training). :meth:`CertifierTask.plan_dpsgd`
+charges a whole planned schedule (noise multiplier, sample rate, steps) before the
+first step; :meth:`CertifierTask.record_dpsgd_steps` then checks every step taken
+against that charge *before* the step's update is applied (the opacus accountant of
+:mod:`dpcl.integrations.opacus` calls it from opacus' step hook). A step with less
+noise or a higher sample rate than planned, or beyond the planned count, raises
+:class:`UnchargedStepError` (nothing recorded). A release reports the recorded and
+charged steps; the certificate accounts the full charge (conservative when training
+stopped early). Steps are recorded in memory only: after a crash, rerun the task and
+plan it again, which charges it again (conservative: the interrupted attempt may
+have leaked).
+
+No torch here: checkpoints are files or bytes, so any framework can be certified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, PrivacyEvent, RepeatedEvent
+from dpcl.accounting.validation import check_count, check_positive_scalar, check_sample_rate
+from dpcl.errors import ConfigError, InvalidParameterError, PrivacyViolationError
+from dpcl.guarantees.atomic_io import sha256_file, write_bytes_atomic
+from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
+from dpcl.guarantees.label_space import (
+    FilterReport,
+    LabelSpacePolicy,
+    describe_filtering,
+    filter_task,
+    label_space_assumption,
+    output_label_sets,
+)
+from dpcl.guarantees.ledger import Charge, StreamGuarantee, TaskLedger
+from dpcl.guarantees.method_schema import ReleaseCoverage
+
+__all__ = [
+    "ACROSS_TASKS_CHOICES",
+    "Certifier",
+    "CertifierTask",
+    "CertifiedRelease",
+    "PlannedSteps",
+    "UnchargedStepError",
+]
+
+#: ``across_tasks`` values a Certifier accepts (``auto`` resolves from ``disjoint_units``).
+ACROSS_TASKS_CHOICES = ("auto", "parallel", "sequential")
+
+#: Stated in every certificate a Certifier writes: what it does not cover.
+CURATOR_ASSUMPTION = (
+    "The certificate covers the released checkpoint only. The run directory's ledger.json and curator/ "
+    "(anything computed from the private data without noise) are curator-side, not covered, and must not "
+    "be published."
+)
+DISJOINT_ASSUMPTION = (
+    "Tasks hold disjoint privacy units: no person/unit contributes data to two tasks (Tobaben et al., Thm 4.4)."
+)
+SHARED_ASSUMPTION = "Privacy units may occur in several tasks; releases compose sequentially (Tobaben et al., Thm 4.5)."
+COUNTS_ASSUMPTION = (
+    "Per-task example counts stated in this certificate (task sizes, examples kept and dropped by the public "
+    "label sets) are treated as public: epsilon does not cover them."
+)
+
+_METADATA_KEY = "certifier"
+_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: Relative slack when a recorded DP-SGD step is compared with the planned one (float round trips).
+_STEP_RTOL = 1e-9
+
+
+class UnchargedStepError(PrivacyViolationError):
+    """A training step is not covered by the charged plan (more steps, less noise or a higher sample rate)."""
+
+
+@dataclass
+class PlannedSteps:
+    """One charged DP-SGD schedule of a task: ``charged`` steps at (``noise_multiplier``, ``sample_rate``)."""
+
+    noise_multiplier: float
+    sample_rate: float
+    charged: int
+    recorded: int = 0
+
+    def covers(self, noise_multiplier: float, sample_rate: float) -> bool:
+        """True when a step at these settings is at most as revealing as a planned one.
+
+        The step's dominating pair is (N(0, 1), (1 - q) N(0, 1) + q N(1/z, 1)). Its likelihood ratio
+        is increasing in x for every q, so optimal tests are thresholds t and the trade-off curve is
+        beta(t) = Phi(t) - q (Phi(t) - Phi(t - 1/z)) at alpha = 1 - Phi(t): pointwise non-increasing in q
+        and non-decreasing in z. A step with more noise or a lower sample rate is therefore at least as
+        private (in f-DP order, Dong, Roth & Su 2022), and composition preserves that order, so charging
+        the planned step covers it.
+        """
+        return (
+            noise_multiplier >= self.noise_multiplier * (1.0 - _STEP_RTOL)
+            and sample_rate <= self.sample_rate * (1.0 + _STEP_RTOL)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "sample_rate": self.sample_rate,
+            "charged_steps": self.charged,
+            "recorded_steps": self.recorded,
+        }
+
+
+@dataclass(frozen=True)
+class CertifiedRelease:
+    """What :meth:`Certifier.release` wrote: the checkpoint, its certificate and the checkpoint's guarantee.
+
+    ``private`` is False for a checkpoint that is not covered by the charged events: then ``guarantee``,
+    ``epsilon`` and ``delta`` are None and ``reasons`` says why (as its certificate does).
+    """
+
+    task_index: int
+    checkpoint: Path
+    certificate: Path
+    checkpoint_sha256: str
+    private: bool
+    guarantee: StreamGuarantee | None
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def epsilon(self) -> float | None:
+        return None if self.guarantee is None else self.guarantee.epsilon
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.guarantee is None else self.guarantee.delta
+
+
+def _task_index(task: Any, n_tasks: int | None) -> int:
+    if isinstance(task, bool) or not isinstance(task, (int, np.integer)) or int(task) < 0:
+        raise InvalidParameterError(f"task must be a task index >= 0 (0-based), got {task!r}.")
+    if n_tasks is not None and int(task) >= n_tasks:
+        raise InvalidParameterError(
+            f"task {int(task)} is outside the stream: prior_labels gives {n_tasks} per-task label sets "
+            f"(label_space = 'prior'), so tasks are 0..{n_tasks - 1}."
+        )
+    return int(task)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-comparable form of a setting (tuples -> lists, numpy ints -> int)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+class Certifier:
+    """Charges, releases and certificates for a training loop you wrote (see the module docstring).
+
+    Parameters
+    ----------
+    run_dir:
+        Directory of the run; created if missing, resumed if it holds a ledger.
+    delta:
+        Delta of every guarantee.
+    label_space:
+        ``"prior"`` (one public label set per task) or ``"prior_const"`` (one public set for all
+        tasks); ``"data"`` is refused (Tobaben et al., Prop. 4.6).
+    prior_labels:
+        The public label sets: a list of per-task lists (``prior``; its length is the number of
+        tasks) or one list of labels (``prior_const``; the stream may be open-ended).
+    adjacency, unit:
+        Neighbouring relation (``"add_remove"`` or ``"replace_one"``) and privacy unit of every event.
+    across_tasks:
+        ``"parallel"`` (Thm 4.4), ``"sequential"`` (Thm 4.5) or ``"auto"`` (parallel iff
+        ``disjoint_units``).
+    disjoint_units:
+        Whether tasks hold disjoint privacy units. Required by ``auto``; ``parallel`` implies it
+        (``False`` is refused). Unit ids passed to :meth:`charge` are checked against it.
+    total_epsilon, total_delta:
+        Optional privacy filter over the stream (per task's data under ``parallel``): a charge that
+        would overspend raises :class:`~dpcl.errors.BudgetExceededError` and is not recorded.
+    accountant:
+        Accountant of every guarantee (default ``"auto"``, the tightest sound one, named).
+    task_sizes:
+        Optional public training-set size of each task, stated in certificates.
+    method:
+        Name of your training method, stated in certificates (e.g. ``"opacus DP-SGD, MLP"``).
+    """
+
+    def __init__(
+        self,
+        run_dir: "str | os.PathLike[str]",
+        *,
+        delta: float,
+        label_space: "LabelSpacePolicy | str",
+        prior_labels: Sequence[Any],
+        adjacency: "Adjacency | str" = Adjacency.ADD_REMOVE,
+        unit: str = "example",
+        across_tasks: str = "auto",
+        disjoint_units: bool | None = None,
+        total_epsilon: float | None = None,
+        total_delta: float | None = None,
+        accountant: str = "auto",
+        task_sizes: Sequence[int] | None = None,
+        method: str = "custom",
+    ) -> None:
+        try:
+            policy = LabelSpacePolicy.parse(label_space)
+            if policy is LabelSpacePolicy.PRIOR:
+                n_tasks = len(prior_labels) if isinstance(prior_labels, (list, tuple)) else 0
+                self._label_sets = output_label_sets(policy, _plain(prior_labels), max(n_tasks, 1))
+                self.n_tasks: int | None = n_tasks
+            else:  # prior_const (data is refused by output_label_sets)
+                self._label_sets = output_label_sets(policy, _plain(prior_labels), 1)
+                self.n_tasks = None
+        except ConfigError as exc:  # the label-space checks speak config ("[stream] prior_labels ..."); say arguments
+            raise InvalidParameterError(str(exc).replace("[stream] ", "")) from None
+        self.label_space = policy
+        self.prior_labels = _plain(prior_labels)
+        if across_tasks not in ACROSS_TASKS_CHOICES:
+            raise InvalidParameterError(
+                f"across_tasks must be one of {', '.join(ACROSS_TASKS_CHOICES)}, got {across_tasks!r}."
+            )
+        if disjoint_units is not None and not isinstance(disjoint_units, bool):
+            raise InvalidParameterError(f"disjoint_units must be true, false or None, got {disjoint_units!r}.")
+        if across_tasks == "auto":
+            if disjoint_units is None:
+                raise InvalidParameterError(
+                    "across_tasks = 'auto' needs disjoint_units: say whether tasks hold disjoint privacy units "
+                    "(True: parallel composition, Thm 4.4) or not (False: sequential, Thm 4.5)."
+                )
+            resolved = "parallel" if disjoint_units else "sequential"
+        elif across_tasks == "parallel":
+            if disjoint_units is False:
+                raise PrivacyViolationError(
+                    "across_tasks = 'parallel' but disjoint_units = False: parallel composition (Tobaben et al., "
+                    "Thm 4.4) needs tasks with disjoint privacy units. Use across_tasks = 'sequential' (or 'auto')."
+                )
+            disjoint_units, resolved = True, "parallel"
+        else:
+            resolved = "sequential"
+        self.disjoint_units = bool(disjoint_units)
+        self.across_tasks = resolved
+        self.requested_across_tasks = across_tasks
+        if task_sizes is not None:
+            sizes = list(task_sizes)
+            if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or int(s) < 0 for s in sizes):
+                raise InvalidParameterError(f"task_sizes must be integers >= 0, got {list(task_sizes)!r}.")
+            if self.n_tasks is not None and len(sizes) != self.n_tasks:
+                raise InvalidParameterError(
+                    f"task_sizes gives {len(sizes)} sizes for the {self.n_tasks} tasks of prior_labels."
+                )
+            self.task_sizes: list[int] | None = [int(s) for s in sizes]
+        else:
+            self.task_sizes = None
+        if not isinstance(method, str) or not method.strip():
+            raise InvalidParameterError(f"method must be a non-empty name of your training method, got {method!r}.")
+        self.method = method.strip()
+
+        self.run_dir = Path(run_dir)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise InvalidParameterError(f"run_dir {str(self.run_dir)!r} is a file, not a directory.")
+        if (self.run_dir / "run.json").exists():
+            raise ConfigError(
+                f"{str(self.run_dir)!r} is a `dpcl run` directory (it has run.json); resume it with `dpcl run`, "
+                "or give the Certifier a directory of its own."
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        certificates = self.certificates_dir
+        already_released = certificates.is_dir() and any(certificates.glob("*.cert.json"))
+        self.ledger = TaskLedger.open(
+            self.ledger_path,
+            must_exist=already_released,
+            delta=delta,
+            across_tasks=resolved,
+            accountant=accountant,
+            adjacency=adjacency,
+            unit=unit,
+            total_epsilon=total_epsilon,
+            total_delta=total_delta,
+        )
+        self._check_or_record_settings()
+        self.checkpoints_dir.mkdir(exist_ok=True)
+        self.certificates_dir.mkdir(exist_ok=True)
+        self._plans: dict[int, list[PlannedSteps]] = {}
+
+    # -- paths -----------------------------------------------------------------------------------
+    @property
+    def ledger_path(self) -> Path:
+        return self.run_dir / "ledger.json"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def certificates_dir(self) -> Path:
+        return self.run_dir / "certificates"
+
+    @property
+    def curator_dir(self) -> Path:
+        """Where to keep private state your loop needs to continue (never published, never certified)."""
+        return self.run_dir / "curator"
+
+    # -- settings and resume ------------------------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "label_space": self.label_space.value,
+            "prior_labels": self.prior_labels,
+            "across_tasks": self.requested_across_tasks,
+            "disjoint_units": self.disjoint_units,
+            "task_sizes": self.task_sizes,
+            "method": self.method,
+        }
+
+    def _state(self) -> dict[str, Any]:
+        return self.ledger.metadata.setdefault(_METADATA_KEY, {})
+
+    def _check_or_record_settings(self) -> None:
+        mine = self._settings()
+        state = self.ledger.metadata.get(_METADATA_KEY)
+        if state is None:
+            if self.ledger.charges or self.ledger.releases:
+                raise ConfigError(
+                    f"ledger {str(self.ledger_path)!r} was not written by a Certifier (it has charges but no "
+                    "Certifier settings); give the Certifier a directory of its own."
+                )
+            self.ledger.metadata[_METADATA_KEY] = {"settings": mine, "label_filtering": {}, "certificates": []}
+            self.ledger.save()
+            return
+        recorded = state.get("settings", {})
+        mismatched = {k: (recorded.get(k), v) for k, v in mine.items() if recorded.get(k) != v}
+        if mismatched:
+            desc = "; ".join(f"{k}: recorded {a!r}, asked {b!r}" for k, (a, b) in mismatched.items())
+            raise ConfigError(
+                f"{str(self.run_dir)!r} was certified with other settings ({desc}). Resume with the original "
+                "settings, or start a new run directory."
+            )
+
+    # -- label space ---------------------------------------------------------------------------------
+    def labels(self, task: int) -> tuple[int, ...]:
+        """The public output label set O_t of ``task`` (sorted)."""
+        t = _task_index(task, self.n_tasks)
+        sets = self._label_sets
+        return tuple(sorted(sets[t] if self.label_space is LabelSpacePolicy.PRIOR else sets[0]))
+
+    def filter_labels(self, task: int, labels: Any) -> np.ndarray:
+        """Boolean mask of the examples of ``task`` whose label is in its public set (Tobaben et al., Eq. 6).
+
+        Train only on the kept examples. The kept / dropped counts are recorded and stated in the
+        certificates (as public counts).
+        """
+        t = _task_index(task, self.n_tasks)
+        mask, report = filter_task(labels, self.labels(t), t)
+        self._state().setdefault("label_filtering", {})[str(t)] = {"kept": report.kept, "filtered": report.filtered}
+        self.ledger.save()
+        return mask
+
+    def _filter_reports(self) -> list[FilterReport]:
+        recorded = self._state().get("label_filtering", {})
+        return [
+            FilterReport(task_index=int(t), kept=int(v["kept"]), filtered=int(v["filtered"]))
+            for t, v in sorted(recorded.items(), key=lambda kv: int(kv[0]))
+        ]
+
+    # -- charging ----------------------------------------------------------------------------------------
+    def task(self, index: int) -> "CertifierTask":
+        """A handle on one task: charge, plan DP-SGD, record steps, filter labels, release."""
+        return CertifierTask(self, _task_index(index, self.n_tasks))
+
+    def charge(
+        self,
+        task: "int | Sequence[int]",
+        events: "PrivacyEvent | Sequence[PrivacyEvent]",
+        *,
+        unit_ids: Any = None,
+        label: str = "",
+    ) -> Charge:
+        """Charge ``events`` (any :mod:`dpcl.accounting.events`) to the data of ``task`` *before* using it.
+
+        ``task`` may list several tasks for a release that reads them all. ``unit_ids`` (the privacy-unit
+        ids of the data) are checked for disjointness under parallel composition
+        (:class:`~dpcl.errors.DisjointnessViolationError`). The privacy filter refuses an overspend with
+        :class:`~dpcl.errors.BudgetExceededError`. On any refusal nothing is recorded.
+        """
+        tasks = [task] if isinstance(task, (int, np.integer)) and not isinstance(task, bool) else list(task)
+        indices = [_task_index(t, self.n_tasks) for t in tasks]
+        event_list = [events] if isinstance(events, PrivacyEvent) else list(events)
+        for e in event_list:
+            if isinstance(e, PrivacyEvent) and (e.adjacency is not self.ledger.adjacency or e.unit != self.ledger.unit):
+                raise InvalidParameterError(
+                    f"an event states adjacency {e.adjacency.value!r} and unit {e.unit!r}, but this Certifier "
+                    f"accounts {self.ledger.adjacency.value!r} / {self.ledger.unit!r}: build the event with "
+                    f"adjacency={self.ledger.adjacency.value!r}, unit={self.ledger.unit!r}."
+                )
+        name = label or (f"{self.method} task {indices[0]}" if len(indices) == 1 else f"{self.method} tasks {indices}")
+        return self.ledger.charge(indices, event_list, unit_ids=unit_ids, label=name)
+
+    def plan_dpsgd(
+        self,
+        task: int,
+        *,
+        noise_multiplier: float,
+        sample_rate: float,
+        steps: int,
+        unit_ids: Any = None,
+    ) -> Charge:
+        """Charge a DP-SGD schedule (``steps`` Poisson-subsampled Gaussian steps) to ``task`` before training.
+
+        The steps then taken are checked against it by :meth:`record_dpsgd_steps`.
+        """
+        t = _task_index(task, self.n_tasks)
+        z = check_positive_scalar("noise_multiplier", noise_multiplier)
+        q = check_sample_rate("sample_rate", sample_rate)
+        n = check_count("steps", steps)
+        step = PoissonSampledGaussianEvent(
+            noise_multiplier=z, sample_rate=q, adjacency=self.ledger.adjacency, unit=self.ledger.unit
+        )
+        charge = self.charge(t, RepeatedEvent(step, n), unit_ids=unit_ids,
+                             label=f"{self.method} task {t}: DP-SGD plan, {n} steps")
+        self._plans.setdefault(t, []).append(PlannedSteps(noise_multiplier=z, sample_rate=q, charged=n))
+        return charge
+
+    def record_dpsgd_steps(self, task: int, *, noise_multiplier: float, sample_rate: float, count: int = 1) -> None:
+        """Record ``count`` DP-SGD steps of ``task`` taken at (``noise_multiplier``, ``sample_rate``).
+
+        Call it before the steps' updates are applied. Every step must take a free slot of a plan charged
+        with :meth:`plan_dpsgd` whose step it is dominated by (at least as much noise, at most the planned
+        sample rate); otherwise :class:`UnchargedStepError` is raised and nothing is recorded. Matching each
+        step to a distinct charged step that dominates it is sound: adaptive composition of dominated
+        mechanisms is dominated by the composition of the dominating ones, whatever their order.
+        """
+        t = _task_index(task, self.n_tasks)
+        z = check_positive_scalar("noise_multiplier", noise_multiplier)
+        q = check_sample_rate("sample_rate", sample_rate)
+        n = check_count("count", count)
+        plans = self._plans.get(t, [])
+        if not plans:
+            raise UnchargedStepError(
+                f"task {t} takes a DP-SGD step (noise multiplier {z:g}, sample rate {q:g}) but no schedule was "
+                "charged for it in this process: call plan_dpsgd (or attach the opacus accountant with its "
+                "epochs or steps) before training, so that the ledger holds the budget before it is spent."
+            )
+        remaining, take = n, []
+        for i, plan in enumerate(plans):
+            free = plan.charged - plan.recorded
+            if free <= 0 or not plan.covers(z, q):
+                continue
+            used = min(free, remaining)
+            take.append((i, used))
+            remaining -= used
+            if remaining == 0:
+                break
+        if remaining:
+            charged = sum(p.charged for p in plans)
+            recorded = sum(p.recorded for p in plans)
+            raise UnchargedStepError(
+                f"task {t}: {n} DP-SGD step(s) at noise multiplier {z:g} and sample rate {q:g} exceed the charged "
+                f"schedule ({recorded} of {charged} charged steps recorded; plans: "
+                + ", ".join(f"{p.charged} steps at z={p.noise_multiplier:g}, q={p.sample_rate:g}" for p in plans)
+                + "). The step is refused before its update; charge more steps with plan_dpsgd first."
+            )
+        for i, used in take:
+            plans[i].recorded += used
+
+    def planned_steps(self, task: int) -> tuple[PlannedSteps, ...]:
+        """The DP-SGD plans charged for ``task`` in this process, with the steps recorded against them."""
+        return tuple(self._plans.get(_task_index(task, self.n_tasks), ()))
+
+    # -- guarantees -----------------------------------------------------------------------------------
+    def guarantee(self) -> StreamGuarantee:
+        """Cumulative guarantee of everything charged so far (what the next release will state)."""
+        return self.ledger.guarantee()
+
+    def task_epsilon(self, task: int) -> float:
+        """Epsilon of the events charged to ``task``'s data alone."""
+        return self.ledger.task_guarantee(_task_index(task, self.n_tasks))
+
+    # -- release -------------------------------------------------------------------------------------
+    def _checkpoint_file(self, t: int, checkpoint: Any, filename: str | None) -> Path:
+        if isinstance(checkpoint, (bytes, bytearray, memoryview)):
+            name = filename or f"task{t + 1:03d}.ckpt"
+            if not _FILENAME.match(name):
+                raise InvalidParameterError(
+                    f"filename must be a plain file name (letters, digits, '.', '_', '-'), got {name!r}."
+                )
+            target = self.checkpoints_dir / name
+            if target.exists():
+                raise InvalidParameterError(
+                    f"checkpoint {str(target)!r} already exists; a released checkpoint is never overwritten "
+                    "(its certificate names its SHA-256). Give another filename."
+                )
+            return write_bytes_atomic(target, bytes(checkpoint))
+        if filename is not None:
+            raise InvalidParameterError("filename is only used when the checkpoint is given as bytes.")
+        if not isinstance(checkpoint, (str, os.PathLike)):
+            raise InvalidParameterError(
+                f"checkpoint must be a file path or bytes, got {type(checkpoint).__name__}."
+            )
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise InvalidParameterError(f"checkpoint {str(path)!r} does not exist or is not a file.")
+        resolved = path.resolve()
+        private = [self.curator_dir.resolve(), self.ledger_path.resolve()]
+        if any(resolved == p or p in resolved.parents for p in private):
+            raise InvalidParameterError(
+                f"checkpoint {str(path)!r} lies in the curator part of the run directory (ledger.json, curator/), "
+                "which must not be published; save the released checkpoint elsewhere (e.g. under checkpoints/)."
+            )
+        return path
+
+    def _certificate_path(self, t: int) -> Path:
+        base = f"task{t + 1:03d}"
+        path = self.certificates_dir / f"{base}.cert.json"
+        k = 2
+        while path.exists():
+            path = self.certificates_dir / f"{base}.r{k}.cert.json"
+            k += 1
+        return path
+
+    def _config(self) -> dict[str, Any]:
+        """The privacy settings in ``dpcl run``'s config layout, so ``dpcl verify`` checks them too."""
+        privacy: dict[str, Any] = {
+            "delta": self.ledger.delta,
+            "adjacency": self.ledger.adjacency.value,
+            "accountant": self.ledger.accountant,
+            "across_tasks": self.requested_across_tasks,
+        }
+        if self.ledger.total_epsilon is not None:
+            privacy["total_epsilon"] = self.ledger.total_epsilon
+            privacy["total_delta"] = self.ledger.total_delta
+        stream: dict[str, Any] = {
+            "label_space": self.label_space.value,
+            "prior_labels": self.prior_labels,
+            "disjoint_units": self.disjoint_units,
+        }
+        if self.task_sizes is not None:
+            stream["task_sizes"] = self.task_sizes
+        return {"privacy": privacy, "stream": stream, "method": {"name": self.method}, "unit": self.ledger.unit}
+
+    def release(
+        self,
+        task: int,
+        checkpoint: "str | os.PathLike[str] | bytes",
+        *,
+        coverage: ReleaseCoverage,
+        assumptions: Iterable[str],
+        filename: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> CertifiedRelease:
+        """Release the checkpoint trained up to ``task`` and write its verified certificate.
+
+        ``checkpoint`` is a file, or bytes written atomically to ``checkpoints/<filename>`` (default
+        ``taskNNN.ckpt``). ``coverage`` states whether the checkpoint is a post-processing of the charged
+        events (:meth:`ReleaseCoverage.post_processing` with its basis); ``assumptions`` are your plain
+        sentences (at least one: how the noise was drawn, what is public...). A covered checkpoint gets a
+        certificate whose headline (``guarantee.private: true``) is the cumulative guarantee of every
+        charge so far; one that is not covered (:meth:`ReleaseCoverage.not_covered` with every reason) gets
+        a certificate that says ``private: false`` with those reasons and states no epsilon. Refused before
+        anything is recorded: a task never charged, DP-SGD steps recorded beyond their charge.
+        """
+        t = _task_index(task, self.n_tasks)
+        if not isinstance(coverage, ReleaseCoverage):
+            raise InvalidParameterError(
+                "coverage must be a ReleaseCoverage saying whether the checkpoint is covered by the charged events, "
+                "e.g. ReleaseCoverage.post_processing('weights updated only by the charged DP-SGD steps')."
+            )
+        if isinstance(assumptions, str):
+            raise InvalidParameterError("assumptions must be a list of sentences, not one string.")
+        sentences = [str(a).strip() for a in assumptions if str(a).strip()]
+        if not sentences:
+            raise InvalidParameterError(
+                "state at least one assumption sentence (e.g. how the noise was drawn, what data is public)."
+            )
+        if not any(t in c.tasks for c in self.ledger.charges):
+            raise PrivacyViolationError(
+                f"task {t} has no charged event: charge what your loop did with its data (charge, plan_dpsgd) "
+                "before releasing it."
+            )
+        for plan in self._plans.get(t, ()):
+            if plan.recorded > plan.charged:  # record_dpsgd_steps refuses this; a guard against edited state
+                raise UnchargedStepError(
+                    f"task {t}: {plan.recorded} DP-SGD steps recorded but {plan.charged} charged; not released."
+                )
+        ckpt = self._checkpoint_file(t, checkpoint, filename)
+        digest = sha256_file(ckpt)
+        all_assumptions = [label_space_assumption(self.label_space)]
+        all_assumptions.append(DISJOINT_ASSUMPTION if self.across_tasks == "parallel" else SHARED_ASSUMPTION)
+        if self.task_sizes is not None or self._filter_reports():
+            all_assumptions.append(COUNTS_ASSUMPTION)
+        all_assumptions += [s for s in sentences if s not in all_assumptions]
+        all_assumptions.append(CURATOR_ASSUMPTION)
+        extra_fields: dict[str, Any] = {"certifier": {}}
+        plans = self._plans.get(t, ())
+        if plans:
+            extra_fields["certifier"]["dpsgd_plans"] = [p.to_dict() for p in plans]
+            recorded = sum(p.recorded for p in plans)
+            charged = sum(p.charged for p in plans)
+            extra_fields["certifier"]["dpsgd_steps"] = {"recorded": recorded, "charged": charged}
+        if self.task_sizes is not None:
+            extra_fields["certifier"]["task_sizes"] = self.task_sizes
+        extra_fields.update(dict(extra or {}))
+        try:  # checked before the release is recorded, so a bad extra never leaves a release without certificate
+            json.dumps(extra_fields, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidParameterError(f"extra must hold plain JSON values (finite numbers, strings...): {exc}.") from None
+
+        record = self.ledger.release(t, checkpoint_sha256=digest)
+        certificate = certificate_from_ledger(
+            self.ledger,
+            method=self.method,
+            label_space=self.label_space.value,
+            assumptions=all_assumptions,
+            release=coverage,
+            checkpoint=ckpt,
+            config=self._config(),
+            label_filtering=describe_filtering(self._filter_reports()),
+            extra=extra_fields,
+        )
+        path = write_certificate(self._certificate_path(t), certificate)
+        verify_certificate(path).raise_if_invalid()
+        self._state().setdefault("certificates", []).append(path.relative_to(self.run_dir).as_posix())
+        self.ledger.save()
+        return CertifiedRelease(
+            task_index=t, checkpoint=ckpt, certificate=path, checkpoint_sha256=digest, private=coverage.covered,
+            guarantee=record.guarantee if coverage.covered else None, reasons=coverage.reasons,
+        )
+
+    @property
+    def certificates(self) -> list[Path]:
+        """Every certificate written in this run directory, oldest first."""
+        return [self.run_dir / p for p in self._state().get("certificates", [])]
+
+    def __repr__(self) -> str:
+        return (
+            f"Certifier({str(self.run_dir)!r}, delta={self.ledger.delta!r}, across_tasks={self.across_tasks!r}, "
+            f"charges={len(self.ledger.charges)}, releases={len(self.ledger.releases)})"
+        )
+
+
+class CertifierTask:
+    """One task of a :class:`Certifier`: the same methods, with the task index filled in."""
+
+    def __init__(self, certifier: Certifier, index: int) -> None:
+        self.certifier = certifier
+        self.index = index
+
+    @property
+    def adjacency(self) -> Adjacency:
+        return self.certifier.ledger.adjacency
+
+    @property
+    def unit(self) -> str:
+        return self.certifier.ledger.unit
+
+    @property
+    def labels(self) -> tuple[int, ...]:
+        return self.certifier.labels(self.index)
+
+    def filter_labels(self, labels: Any) -> np.ndarray:
+        return self.certifier.filter_labels(self.index, labels)
+
+    def charge(self, events: "PrivacyEvent | Sequence[PrivacyEvent]", *, unit_ids: Any = None, label: str = "") -> Charge:
+        return self.certifier.charge(self.index, events, unit_ids=unit_ids, label=label)
+
+    def plan_dpsgd(self, *, noise_multiplier: float, sample_rate: float, steps: int, unit_ids: Any = None) -> Charge:
+        return self.certifier.plan_dpsgd(
+            self.index, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, unit_ids=unit_ids
+        )
+
+    def record_dpsgd_steps(self, *, noise_multiplier: float, sample_rate: float, count: int = 1) -> None:
+        self.certifier.record_dpsgd_steps(
+            self.index, noise_multiplier=noise_multiplier, sample_rate=sample_rate, count=count
+        )
+
+    @property
+    def planned_steps(self) -> tuple[PlannedSteps, ...]:
+        return self.certifier.planned_steps(self.index)
+
+    def epsilon(self) -> float:
+        return self.certifier.task_epsilon(self.index)
+
+    def release(self, checkpoint: "str | os.PathLike[str] | bytes", **kwargs: Any) -> CertifiedRelease:
+        return self.certifier.release(self.index, checkpoint, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"CertifierTask({self.index}, run_dir={str(self.certifier.run_dir)!r})"
