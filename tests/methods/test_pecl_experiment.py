@@ -16,7 +16,8 @@ from dpcl.accounting.events import ComposedEvent  # noqa: E402
 from dpcl.methods.pecl.experiment import _dpsgd_epsilon, fortunes_text_stream, markdown_table  # noqa: E402
 
 pytestmark = pytest.mark.torch
-PAPER_CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl_paper.toml"
+CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl.toml"
+PAPER_CONFIG = CONFIG.with_name("pecl_paper.toml")
 
 
 def _records():
@@ -71,6 +72,22 @@ def test_bundled_paper_config_audits_its_scoped_per_token_guarantee(capsys):
     assert report["scoped_guarantees"][0]["epsilon"] == pytest.approx(10.0, rel=1e-6)
     text = json.dumps(report)
     assert "do not depend on the private data" in text and "replace_one" in text
+
+
+def test_bundled_config_is_the_dp_pecl_with_an_example_level_epsilon(capsys):
+    import json
+    import tomllib
+
+    from dpcl.cli import main
+
+    config = tomllib.loads(CONFIG.read_text())
+    assert config["method"]["training"] == "dp_sgd"
+    assert tomllib.loads(PAPER_CONFIG.read_text())["method"]["training"] == "paper"
+    assert main(["audit", str(CONFIG), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    budget = config["privacy"]["epsilon"]
+    assert math.isfinite(report["epsilon"]) and report["epsilon"] <= budget * (1 + 1e-6)
+    assert report["adjacency"] == config["privacy"]["adjacency"] and report["unit"] == "example"
 
 
 def test_experiment_records_its_noise_source_and_repeats_only_under_the_opt_in(tmp_path):
