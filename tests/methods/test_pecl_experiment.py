@@ -147,3 +147,33 @@ def test_ablation_runs_the_rows_of_the_papers_ablation_table(tmp_path, monkeypat
     assert all(t["lambda_dyn"] == 0.0 and t["last_losses"].get("reg", 0.0) == 0.0 for t in no_reg["tasks"])
     assert all("unlearn" in t["last_losses"] for t in no_reg["tasks"])
     assert no_reg["privacy"]["epsilon"] <= 10.0 * (1 + 1e-6)
+
+
+def test_like_for_like_table_separates_the_checkpoint_from_the_input_release():
+    from dpcl.methods.pecl.experiment import like_for_like_table
+
+    rows = [
+        {"method": "PeCL (paper sigma)", "backward_transfer": -0.5, "last": 0.1, "avg": 0.2,
+         "task_incremental": {"backward_transfer": -0.1, "last": 0.5, "avg": 0.55},
+         "privacy": {"epsilon": 24.4, "unit": "token (replace-one)", "checkpoint": "not DP"}},
+        {"method": "DP PeCL (eps=1)", "backward_transfer": -0.4, "last": 0.1, "avg": 0.2,
+         "task_incremental": {"backward_transfer": 0.0, "last": 0.5, "avg": 0.5},
+         "privacy": {"epsilon": 0.99, "unit": "example (add/remove)", "input_token_epsilon": 1.63}},
+    ]
+    table = like_for_like_table(rows).splitlines()
+    assert table[2] == "| PeCL (paper sigma) | 0.500 | 0.550 | -0.100 | 0.100 | 0.200 | -0.500 | ∞ (not DP) | 24.4 |"
+    assert table[3].endswith("| 0.99 (example (add/remove)) | 1.63 |")
+    assert "∞ checkpoint (not DP); input embeddings 24.4 per token" in markdown_table(rows[:1])
+
+
+def test_experiment_plans_a_dp_pecl_task_as_dpcl_run_does():
+    from dpcl.guarantees.per_token import PECL_SPEC
+    from dpcl.methods.pecl.experiment import METHODS, dp_pecl_plan
+    from dpcl.methods.pecl.learner import learner_config
+
+    config = learner_config(**{**METHODS["DP PeCL (eps=1)"], "epochs": 3, "batch_size": 32})
+    plan = dp_pecl_plan(config, 200, 1)
+    same = PECL_SPEC.plan_task({"training": "dp_sgd", "epochs": 3, "batch_size": 32},
+                               {"epsilon": 1.0, "delta": config.delta, "adjacency": "add_remove"}, 200, 1)
+    assert plan.events == same.events and plan.release.covered
+    assert plan.events[0].unit == "example" and plan.noise["task_epsilon"] <= 1.0

@@ -901,18 +901,24 @@ class ContinualLM:
         ]
         return np.concatenate(out) if out else np.zeros((0, self.n_labels))
 
-    def predict(self, texts: Sequence[str]) -> np.ndarray:
-        """argmax over the labels released so far (class-incremental prediction)."""
+    def predict(self, texts: Sequence[str], label_set: Sequence[int] | None = None) -> np.ndarray:
+        """argmax over the labels released so far (class-incremental prediction), or over ``label_set``
+        (task-incremental prediction: the evaluated task's own public label set)."""
         if not self.seen.any():
             raise InvalidParameterError("predict called before any task was fitted.")
-        scores = np.where(self.seen[None, :], self.class_scores(texts), -np.inf)
+        if label_set is None:
+            allowed = self.seen
+        else:
+            allowed = np.zeros(self.n_labels, dtype=bool)
+            allowed[np.asarray(label_set, dtype=np.int64)] = True
+        scores = np.where(allowed[None, :], self.class_scores(texts), -np.inf)
         return np.argmax(scores, axis=1)
 
-    def accuracy(self, texts: Sequence[str], labels: Sequence[int]) -> float:
+    def accuracy(self, texts: Sequence[str], labels: Sequence[int], label_set: Sequence[int] | None = None) -> float:
         labels = np.asarray(labels, dtype=np.int64)
         if labels.size == 0:
             return float("nan")
-        return float(np.mean(self.predict(texts) == labels))
+        return float(np.mean(self.predict(texts, label_set) == labels))
 
     @torch.no_grad()
     def sequence_nll(self, texts: Sequence[str], batch_size: int = 128) -> np.ndarray:
