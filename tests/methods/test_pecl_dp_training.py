@@ -198,3 +198,32 @@ def test_pecl_method_trains_the_plans_dp_sgd_and_keeps_no_private_counts():
     curator = method.curator_state_dict()
     assert curator["token_counts"].shape[0] == 0  # nothing counted from the private text
     assert method.learner.seen.tolist() == [True, True, False, False]  # the public label set of task 0
+
+
+def test_dpcl_run_of_a_dp_pecl_config_certifies_the_checkpoint_per_example(tmp_path):
+    """A tiny two-task DP PeCL through `dpcl run`: the headline is the checkpoint's example-level DP-SGD
+    guarantee, within the budget, and every certificate verifies."""
+    from dpcl.guarantees.certificates import read_certificate, verify_certificate
+    from dpcl.runner import run_training
+
+    config = tmp_path / "dp_pecl.toml"
+    config.write_text(
+        "[privacy]\nepsilon = 2.0\ndelta = 1e-6\nadjacency = \"add_remove\"\naccountant = \"auto\"\n"
+        "across_tasks = \"auto\"\n\n[stream]\ndataset = \"fortunes_texts\"\n"
+        "dataset_options = { categories = [\"food\", \"law\", \"science\", \"work\"], max_per_class = 6 }\n"
+        "tasks = [[0, 1], [2, 3]]\nlabel_space = \"prior\"\nprior_labels = [[0, 1], [2, 3]]\n"
+        "disjoint_units = true\n\n[method]\nname = \"pecl\"\ntraining = \"dp_sgd\"\nmax_grad_norm = 1.0\n"
+        "epochs = 1\nbatch_size = 4\nmax_seq_len = 32\nlora_rank = 2\nn_layer = 1\nn_embd = 16\nn_head = 2\n"
+        "pretrain_steps = 2\n",
+        encoding="utf-8",
+    )
+    result = run_training(config, tmp_path / "out", quiet=True)
+    assert result.complete and len(result.releases) == 2
+    for release in result.releases:
+        assert verify_certificate(result.out_dir / release.certificate).valid
+    cert = read_certificate(result.last_certificate)
+    g = cert["guarantee"]
+    assert g["unit"] == "example" and g["adjacency"] == "add_remove"
+    assert math.isfinite(g["epsilon"]) and 0 < g["epsilon"] <= 2.0 * (1 + 1e-6)
+    assert pt.PUBLIC_STATE_ASSUMPTION in cert["assumptions"]
+    assert pt.DATA_DEPENDENCE_ASSUMPTION not in cert["assumptions"]

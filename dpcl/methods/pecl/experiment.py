@@ -59,6 +59,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "ER+DPSGD": {"strategy": "er", "privacy": "dpsgd"},
     "EWC": {"strategy": "ewc", "privacy": "none"},
     "EWC+DPSGD": {"strategy": "ewc", "privacy": "dpsgd"},
+    "SeqFT+DPSGD (eps=8)": {"strategy": "seqft", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
+    "ER+DPSGD (eps=8)": {"strategy": "er", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
+    "EWC+DPSGD (eps=8)": {"strategy": "ewc", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
     "MTL (upper reference)": {"strategy": "mtl", "privacy": "none"},
 }
 
