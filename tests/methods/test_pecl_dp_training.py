@@ -223,7 +223,12 @@ def test_dpcl_run_of_a_dp_pecl_config_certifies_the_checkpoint_per_example(tmp_p
         assert verify_certificate(result.out_dir / release.certificate).valid
     cert = read_certificate(result.last_certificate)
     g = cert["guarantee"]
+    assert g["private"] is True and g["basis"] == pt.DPSGD_PECL_RELEASE.basis
     assert g["unit"] == "example" and g["adjacency"] == "add_remove"
     assert math.isfinite(g["epsilon"]) and 0 < g["epsilon"] <= 2.0 * (1 + 1e-6)
+    # the TDP statement is scoped to the input embeddings, per token, in a ledger of its own
+    (scoped,) = cert["scoped_guarantees"]
+    assert scoped["name"] == pt.INPUT_EMBEDDINGS_SCOPE_NAME and scoped["scope"] == pt.DPSGD_INPUT_EMBEDDINGS_SCOPE
+    assert scoped["unit"] == "token" and scoped["adjacency"] == "replace_one"
     assert pt.PUBLIC_STATE_ASSUMPTION in cert["assumptions"]
     assert pt.DATA_DEPENDENCE_ASSUMPTION not in cert["assumptions"]
