@@ -104,5 +104,5 @@ def test_empty_task_charges_nothing_and_batch_larger_than_task_is_refused():
 
 def test_paper_training_keeps_its_plan():
     paper = pt.PECL_SPEC.plan_task({**METHOD, "training": "paper"}, {**PRIVACY, "epsilon": 10.0}, 200, 0)
-    assert not paper.release.covered and paper.events[0].unit == "token"
+    assert not paper.release.covered and paper.events == () and paper.scoped[0].events[0].unit == "token"
     assert pt.DATA_DEPENDENCE_ASSUMPTION in paper.assumptions

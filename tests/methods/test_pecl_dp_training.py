@@ -190,6 +190,12 @@ def test_pecl_method_trains_the_plans_dp_sgd_and_keeps_no_private_counts():
     paper = pt.PECL_SPEC.plan_task({**TINY, "training": "paper"}, {**PRIVACY, "epsilon": 10.0}, 16, 0)
     with pytest.raises(PrivacyViolationError, match="training"):
         method.fit_task(0, data, (0, 1), paper)
+    from dpcl.errors import ConfigError
+    from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
+
+    noise_free = TaskPlan(events=(), noise={}, release=ReleaseCoverage.not_covered("a [run] private = false run"))
+    with pytest.raises(ConfigError, match="no noise-free training"):  # what a non-private run would pass
+        method.fit_task(0, data, (0, 1), noise_free)
     plan = _plan(16)
     method.fit_task(0, data, (0, 1), plan)
     (record,) = method.learner.task_records
