@@ -125,6 +125,46 @@ INPUT_EMBEDDINGS_SCOPE = (
 
 CALIBRATIONS = ("analytic", "paper")
 
+#: ``[method] training`` of PeCL: ``"dp_sgd"`` (a DP checkpoint) or ``"paper"`` (the paper's training, not DP).
+TRAININGS = ("dp_sgd", "paper")
+
+# -- the DP PeCL (training = "dp_sgd") ----------------------------------------------------------------------
+#: What a DP PeCL treats as public (copied into every dp_sgd plan and certificate).
+PUBLIC_STATE_ASSUMPTION = (
+    "training = 'dp_sgd': the sensitivity scores (eq. 1-3 of Zhan et al.) are a table over the vocabulary computed "
+    "once, before the first task, from the public pre-training corpus (the public fortune categories, one category "
+    "per 'task' of eq. 3) under the frozen public pre-trained model; lambda_dyn (eq. 11) comes from that table's "
+    "mean score on the public corpus, and the activation-norm factor of Omega_k (eq. 8) from the public corpus "
+    "through the released adapter. The output label set of each task is the public prior. No token count, score, "
+    "mean or norm of the private text is computed outside the charged DP-SGD steps."
+)
+#: What the DP-SGD part of a DP PeCL does (copied into every dp_sgd plan and certificate).
+PECL_DPSGD_ASSUMPTION = (
+    "training = 'dp_sgd': the LoRA adapters and the classification head are the only parameters trained on private "
+    "data, and only by DP-SGD (opacus): Poisson sampling at the planned rate, each example's gradient (one fortune: "
+    "its classification, language-modelling and unlearning losses on its own perturbed embeddings) clipped to "
+    "max_grad_norm, Gaussian noise of standard deviation noise_multiplier * max_grad_norm on every step including "
+    "empty batches, exactly the planned number of steps. The memory regulariser (eq. 10) depends only on earlier "
+    "releases and the public lambda_dyn and Omega values; its gradient is added after the noise."
+)
+#: Why a DP PeCL checkpoint is covered by its charged DP-SGD runs.
+DPSGD_PECL_RELEASE = ReleaseCoverage.post_processing(
+    "Every checkpoint parameter that saw private data (the LoRA adapters and the classification head) was updated "
+    "only by the charged DP-SGD steps, starting from the public pre-trained model or the previous release; the "
+    "sensitivity scores, lambda_dyn, Omega_k, TDP noise scale and label sets come from public data and earlier "
+    "releases, so the checkpoint is a post-processing of the charged DP-SGD runs."
+)
+#: Scope of the per-token statement of a DP PeCL: the TDP noise on the inputs, with one public sigma per task.
+DPSGD_INPUT_EMBEDDINGS_SCOPE = (
+    "The perturbed (clipped, Gaussian-noised) input embeddings of a task's training tokens, drawn once per epoch "
+    "for every example (the DP-SGD steps of that epoch reuse them), one token replaced as the privacy unit; they "
+    "are never released by dpcl, this is a defence-in-depth statement for whoever could see them. Under training = "
+    "'dp_sgd' every token of a task gets the same sigma, derived from the public mean score (never from the private "
+    "text), so the data-dependence caveat of the paper's per-token sigmas does not apply. A sigma looked up from a "
+    "token's own value, even in a public table, would not be covered: the noise scale itself would reveal the "
+    "token. It does not cover the model weights, whose guarantee is the checkpoint's (DP-SGD, one example)."
+)
+
 
 # ---------------------------------------------------------------------------
 # budgets and noise scales
@@ -508,6 +548,12 @@ def per_token_guarantee(calibration: TokenCalibration, max_sequence_length: int 
 
 
 PECL_KEYS: tuple[MethodKey, ...] = (
+    MethodKey("training", str, "dp_sgd",
+              "'dp_sgd': adapters and head trained by DP-SGD (opacus), scores/lambda_dyn/Omega from public data: "
+              "the checkpoint is (epsilon, delta)-DP per example; 'paper': the paper's training on clean targets, "
+              "data-dependent scores (the checkpoint is not DP)", one_of(*TRAININGS)),
+    MethodKey("max_grad_norm", float, 1.0, "training = 'dp_sgd': per-example gradient clipping norm of DP-SGD",
+              positive),
     MethodKey("calibration", str, "analytic",
               "'analytic': sigma_i from the exact Gaussian profile at sensitivity 2C (sound); 'paper': the paper's "
               "sigma_i = C sqrt(2 log(1.25/delta))/eps_i, certified at its true (larger) epsilon", one_of(*CALIBRATIONS)),
@@ -575,12 +621,22 @@ def _check_key_relations(v: Mapping[str, Any]) -> None:
 class PeCLSpec:
     """MethodSpec of ``[method] name = "pecl"`` (see :mod:`dpcl.guarantees.method_schema`).
 
-    The plan is data-independent: whatever the scores, every token's sigma is
-    at least the sigma of a score-0 token (budget eps_upper), so the token
-    event of a task is ``epochs`` Gaussian perturbations at that sigma and
-    sensitivity 2C, under replace-one with the token as the unit. The
-    sequence-level guarantee for ``max_seq_len`` tokens is in the notes and
-    the noise mapping. Both carry :data:`DATA_DEPENDENCE_ASSUMPTION`.
+    ``training = "dp_sgd"`` (default): the checkpoint's guarantee is the task's
+    DP-SGD run (Poisson-sampled Gaussian, one fortune as the unit, adjacency of
+    ``[privacy]``), calibrated to ``[privacy] epsilon`` per task with the
+    schedule and calibration DP-SGD methods use
+    (:func:`dpcl.guarantees.schedules.dpsgd_schedule`,
+    :func:`dpcl.guarantees.schedules._calibrate_dpsgd`); the release is covered
+    (:data:`DPSGD_PECL_RELEASE`). The per-token TDP statement is scoped to the
+    input embeddings (:data:`DPSGD_INPUT_EMBEDDINGS_SCOPE`).
+
+    ``training = "paper"``: PeCL as in the paper; the checkpoint is not covered
+    (:data:`PAPER_RELEASE`), only the per-token input-embedding statement stands.
+
+    The token statement is data-independent in both: whatever the scores, every
+    token's sigma is at least the sigma of a score-0 token (budget eps_upper),
+    so the token event of a task is ``epochs`` Gaussian perturbations at that
+    sigma and sensitivity 2C, under replace-one with the token as the unit.
     """
 
     name: str = "pecl"
@@ -590,9 +646,10 @@ class PeCLSpec:
     def plan_task(
         self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
     ) -> TaskPlan:
-        check_count("n_examples", n_examples)
-        delta = _privacy_delta(privacy)
         v = {k.name: method_value(method, PECL_KEYS, k.name, "pecl") for k in PECL_KEYS}
+        # an empty task is released as the previous release under dp_sgd; the paper's plan needs data
+        check_count("n_examples", n_examples, minimum=0 if v["training"] == "dp_sgd" else 1)
+        delta = _privacy_delta(privacy)
         _check_key_relations(v)
         try:
             lower, upper = _check_budget_range(v["epsilon_lower"], v["epsilon_upper"])
@@ -610,20 +667,22 @@ class PeCLSpec:
         sigma_min = float(worst.sigmas[0])
         summary = per_token_guarantee(worst, max_sequence_length=v["max_seq_len"])
         budget = privacy.get("epsilon")
-        if budget is not None and v["calibration"] == "analytic" and upper > float(budget):
+        dp_sgd = v["training"] == "dp_sgd"
+        if not dp_sgd and budget is not None and v["calibration"] == "analytic" and upper > float(budget):
             raise ConfigError(
                 f"[method] epsilon_upper = {upper:g} exceeds the per-release budget [privacy] epsilon = "
                 f"{float(budget):g}; lower epsilon_upper or raise [privacy] epsilon."
             )
+        scope = "input embeddings only (scoped statement), " if dp_sgd else ""
         notes = [
-            f"per-token guarantee (worst token, score 0): epsilon={summary['epsilon']:.6g} at delta={delta:.3g}, "
-            f"replace-one, sensitivity 2C={summary['sensitivity']:.6g}, sigma_min={sigma_min:.6g}, "
+            f"per-token guarantee ({scope}worst token, score 0): epsilon={summary['epsilon']:.6g} at "
+            f"delta={delta:.3g}, replace-one, sensitivity 2C={summary['sensitivity']:.6g}, sigma_min={sigma_min:.6g}, "
             f"{v['epochs']} perturbation(s) per token.",
-            f"sequence-level guarantee ({v['max_seq_len']} tokens): epsilon={summary['sequence']['epsilon']:.6g} "
-            f"at delta={delta:.3g} (exact Gaussian composition).",
+            f"sequence-level guarantee ({scope}{v['max_seq_len']} tokens): "
+            f"epsilon={summary['sequence']['epsilon']:.6g} at delta={delta:.3g} (exact Gaussian composition).",
         ]
         if v["calibration"] == "paper":
-            if budget is not None and summary["epsilon"] > float(budget):
+            if not dp_sgd and budget is not None and summary["epsilon"] > float(budget):
                 notes.append(
                     f"calibration='paper' reproduces the paper's sigma_i: its true per-token epsilon "
                     f"{summary['epsilon']:.6g} exceeds [privacy] epsilon = {float(budget):g}; the certificate "
@@ -636,25 +695,96 @@ class PeCLSpec:
         if task_index == 0:  # the paper's Remark 1 discussion is the same for every task: stated once
             notes.extend(summary["sequence"]["notes"])
         token = token_event(sigma_min, v["clip_norm"], v["epochs"])
+        noise: dict[str, Any] = {
+            "training": v["training"],
+            "calibration": v["calibration"],
+            "epsilon_lower": lower,
+            "epsilon_upper": upper,
+            "clip_norm": float(v["clip_norm"]),
+            "delta": delta,
+            "releases_per_token": int(v["epochs"]),
+            "sigma_min": sigma_min,
+            "sigma_max": float(worst.sigmas[1]),
+            "per_token": {k: val for k, val in summary.items() if k not in ("assumptions",)},
+        }
+        pretrained = (PRETRAINED_PUBLIC_ASSUMPTION,) if v["pretrained_path"] else ()
+        if not dp_sgd:  # nothing covers the checkpoint: no headline event, the token event is scoped
+            return TaskPlan(
+                events=(),
+                noise=noise,
+                assumptions=(DATA_DEPENDENCE_ASSUMPTION, SCOPE_ASSUMPTION) + pretrained,
+                notes=tuple(notes),
+                release=PAPER_RELEASE,
+                scoped=(ScopedPlan(INPUT_EMBEDDINGS_SCOPE_NAME, INPUT_EMBEDDINGS_SCOPE, (token,)),),
+            )
+        return _dpsgd_plan(v, privacy, int(n_examples), task_index, noise, notes, token, pretrained)
+
+
+def _dpsgd_plan(
+    v: Mapping[str, Any], privacy: Mapping[str, Any], n: int, task_index: int, noise: dict[str, Any],
+    notes: list[str], token: RepeatedEvent, pretrained: tuple[str, ...],
+) -> TaskPlan:
+    """The plan of a DP PeCL task: its DP-SGD run is the checkpoint's event, TDP a scoped statement."""
+    from dpcl.accounting.dpsgd import dpsgd_events
+    from dpcl.errors import UnsupportedEventError
+    from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
+    from dpcl.guarantees.schedules import (
+        DPSGD_ASSUMPTION,
+        EMPTY_DPSGD_RELEASE,
+        TASK_SIZE_ASSUMPTION,
+        _accountant_advice,
+        _calibrate_dpsgd,
+        _privacy,
+        calibration_accountant_for,
+        dpsgd_schedule,
+    )
+
+    eps, delta, adjacency, accountant = _privacy(privacy)
+    max_grad_norm = float(v["max_grad_norm"])
+    assumptions = (PUBLIC_STATE_ASSUMPTION, PECL_DPSGD_ASSUMPTION, DPSGD_ASSUMPTION, TASK_SIZE_ASSUMPTION) + pretrained
+    scoped = (ScopedPlan(INPUT_EMBEDDINGS_SCOPE_NAME, DPSGD_INPUT_EMBEDDINGS_SCOPE, (token,)),)
+    if n == 0:
         return TaskPlan(
             events=(),
-            noise={
-                "calibration": v["calibration"],
-                "epsilon_lower": lower,
-                "epsilon_upper": upper,
-                "clip_norm": float(v["clip_norm"]),
-                "delta": delta,
-                "releases_per_token": int(v["epochs"]),
-                "sigma_min": sigma_min,
-                "sigma_max": float(worst.sigmas[1]),
-                "per_token": {k: val for k, val in summary.items() if k not in ("assumptions",)},
-            },
-            assumptions=(DATA_DEPENDENCE_ASSUMPTION, SCOPE_ASSUMPTION)
-            + ((PRETRAINED_PUBLIC_ASSUMPTION,) if v["pretrained_path"] else ()),
-            notes=tuple(notes),
-            release=PAPER_RELEASE,
-            scoped=(ScopedPlan(INPUT_EMBEDDINGS_SCOPE_NAME, INPUT_EMBEDDINGS_SCOPE, (token,)),),
+            noise={**noise, EMPTY_TASK_RELEASE_KEY: "previous release", "steps": 0, "max_grad_norm": max_grad_norm},
+            assumptions=assumptions,
+            notes=(f"task {task_index} is empty after label filtering: the previous release (or the public "
+                   "initialisation) is released again (Prop. F.1) and nothing is charged.",),
+            release=EMPTY_DPSGD_RELEASE,
         )
+    q, steps = dpsgd_schedule(n, int(v["batch_size"]), int(v["epochs"]), task_index)
+    try:
+        calibration = _calibrate_dpsgd(eps, delta, q, steps, calibration_accountant_for(accountant, adjacency),
+                                       adjacency.value)
+    except UnsupportedEventError as exc:
+        raise ConfigError(
+            f"[privacy] accountant = {accountant!r} cannot account task {task_index}'s DP-SGD run "
+            f"(q={q:.6g}, {steps} steps, {adjacency.value!r} adjacency, epsilon={eps:g}, delta={delta:g}): {exc} "
+            + _accountant_advice(accountant, adjacency)
+        ) from None
+    event = dpsgd_events(calibration.noise_multiplier, q, steps, adjacency=adjacency.value, unit="example")
+    noise.update({
+        "noise_multiplier": float(calibration.noise_multiplier),
+        "sample_rate": q,
+        "steps": steps,
+        "max_grad_norm": max_grad_norm,
+        "task_epsilon": float(calibration.epsilon),
+        "calibration_accountant": calibration.accountant,
+        EMPTY_TASK_RELEASE_KEY: "previous release",
+    })
+    checkpoint_note = (
+        f"task {task_index}: checkpoint guarantee: DP-SGD on {n} fortunes (unit: one fortune, {adjacency.value}), "
+        f"q={q:.6g}, {steps} steps, noise multiplier {calibration.noise_multiplier:.6g}, clipping "
+        f"{max_grad_norm:g} -> epsilon={calibration.epsilon:.6g} at delta={delta:.3g} ({calibration.accountant})."
+    )
+    return TaskPlan(
+        events=(event,),
+        noise=noise,
+        assumptions=assumptions,
+        notes=(checkpoint_note, *notes),
+        release=DPSGD_PECL_RELEASE,
+        scoped=scoped,
+    )
 
 
 #: The spec ``dpcl.guarantees.method_schema.get_method_spec("pecl")`` returns.

@@ -246,7 +246,7 @@ def test_pecl_spec_plan_uses_worst_token_at_true_sensitivity():
     spec = get_method_spec("pecl")
     assert spec is pt.PECL_SPEC
     assert all(k.help for k in spec.keys)
-    method = {"calibration": "analytic", "epochs": 2, "clip_norm": 0.5, "epsilon_upper": 8.0, "max_seq_len": 32}
+    method = {"training": "paper", "calibration": "analytic", "epochs": 2, "clip_norm": 0.5, "epsilon_upper": 8.0, "max_seq_len": 32}
     plan = spec.plan_task(method, {"delta": 1e-5}, n_examples=100, task_index=0)
     (event,) = plan.scoped[0].events  # the per-token statement is scoped to the input embeddings
     assert plan.events == ()
@@ -264,7 +264,7 @@ def test_pecl_spec_plan_uses_worst_token_at_true_sensitivity():
 
 
 def test_pecl_spec_paper_calibration_reports_true_epsilon():
-    plan = pt.PECL_SPEC.plan_task({"calibration": "paper"}, {"delta": 1e-6}, n_examples=10, task_index=3)
+    plan = pt.PECL_SPEC.plan_task({"training": "paper", "calibration": "paper"}, {"delta": 1e-6}, n_examples=10, task_index=3)
     sigma = plan.scoped[0].events[0].event.sigma
     assert sigma == pytest.approx(math.sqrt(2 * math.log(1.25e6)) / 10.0)
     true_eps = plan.noise["per_token"]["epsilon"]
@@ -275,9 +275,9 @@ def test_pecl_spec_paper_calibration_reports_true_epsilon():
 
 def test_pecl_spec_refuses_bad_config():
     with pytest.raises(ConfigError, match="delta"):
-        pt.PECL_SPEC.plan_task({}, {}, n_examples=10, task_index=0)
+        pt.PECL_SPEC.plan_task({"training": "paper"}, {}, n_examples=10, task_index=0)
     with pytest.raises(ConfigError, match="epsilon_upper"):
-        pt.PECL_SPEC.plan_task({"epsilon_lower": 5.0, "epsilon_upper": 2.0}, {"delta": 1e-6}, 10, 0)
+        pt.PECL_SPEC.plan_task({"training": "paper", "epsilon_lower": 5.0, "epsilon_upper": 2.0}, {"delta": 1e-6}, 10, 0)
     keys = {k.name: k for k in pt.PECL_SPEC.keys}
     assert keys["calibration"].check("classic") is not None
     assert keys["calibration"].check("paper") is None
@@ -295,25 +295,25 @@ def test_pecl_spec_refuses_bad_config():
 def test_pecl_spec_refuses_keys_the_learner_would_refuse_only_at_training(method, message):
     """`dpcl audit` must refuse what `dpcl run` would refuse, before any training."""
     with pytest.raises(ConfigError, match=message):
-        pt.PECL_SPEC.plan_task(method, {"delta": 1e-6}, 10, 0)
+        pt.PECL_SPEC.plan_task({"training": "paper", **method}, {"delta": 1e-6}, 10, 0)
 
 
 def test_pecl_spec_n_head_is_not_checked_against_a_loaded_model():
     """With pretrained_path the model's own config decides its heads; n_embd/n_head are unused."""
-    plan = pt.PECL_SPEC.plan_task({"n_embd": 64, "n_head": 3, "pretrained_path": "/some/model"}, {"delta": 1e-6}, 10, 0)
+    plan = pt.PECL_SPEC.plan_task({"training": "paper", "n_embd": 64, "n_head": 3, "pretrained_path": "/some/model"}, {"delta": 1e-6}, 10, 0)
     assert plan.scoped[0].events
 
 
 def test_pecl_spec_budget_check_against_privacy_epsilon():
     with pytest.raises(ConfigError, match="epsilon_upper"):
-        pt.PECL_SPEC.plan_task({"epsilon_upper": 10.0}, {"delta": 1e-6, "epsilon": 8.0}, 10, 0)
+        pt.PECL_SPEC.plan_task({"training": "paper", "epsilon_upper": 10.0}, {"delta": 1e-6, "epsilon": 8.0}, 10, 0)
     # the paper calibration is not refused: its true epsilon is certified and the excess is stated
-    plan = pt.PECL_SPEC.plan_task({"calibration": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
+    plan = pt.PECL_SPEC.plan_task({"training": "paper", "calibration": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
     assert any("exceeds [privacy] epsilon" in n for n in plan.notes)
     # every task gets the same data-independent plan; every release states its per-token and sequence
     # guarantee, the Remark 1 discussion is stated once, with task 0
-    first = pt.PECL_SPEC.plan_task({}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
-    later = pt.PECL_SPEC.plan_task({}, {"delta": 1e-6, "epsilon": 10.0}, 99, 2)
+    first = pt.PECL_SPEC.plan_task({"training": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
+    later = pt.PECL_SPEC.plan_task({"training": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 99, 2)
     assert later.scoped == first.scoped and later.events == first.events == ()
     assert any(n.startswith("sequence-level guarantee") for n in later.notes)
     assert not any("Remark 1" in n for n in later.notes) and any("Remark 1" in n for n in first.notes)
@@ -327,7 +327,7 @@ def test_pecl_paper_certificate_is_not_private_and_scopes_the_true_per_token_gua
     from dpcl.guarantees.certificates import ScopedLedger, non_private_certificate, verify_certificate, write_certificate
     from dpcl.guarantees.ledger import TaskLedger
 
-    method = {"calibration": calibration, "epochs": 3, "max_seq_len": 16}
+    method = {"training": "paper", "calibration": calibration, "epochs": 3, "max_seq_len": 16}
     privacy = {"delta": 1e-6, "epsilon": 10.0}
     scoped = TaskLedger(delta=1e-6, across_tasks="parallel", adjacency="replace_one", unit="token")
     for t in range(3):

@@ -47,7 +47,7 @@ def test_l2dpml_with_fixed_hidden_layers_is_covered():
 
 
 def test_pecl_as_in_the_paper_is_not_covered_and_says_why():
-    plan = _plan("pecl", {}, {**PRIVACY, "adjacency": "replace_one", "epsilon": 10.0})
+    plan = _plan("pecl", {"training": "paper"}, {**PRIVACY, "adjacency": "replace_one", "epsilon": 10.0})
     assert not plan.release.covered
     assert plan.release.reasons == (PAPER_CLEAN_TARGETS_REASON, PAPER_SCORES_REASON, PAPER_SCULPTING_REASON)
     assert "clean private next-token targets" in PAPER_CLEAN_TARGETS_REASON

@@ -16,7 +16,8 @@ from dpcl.accounting.events import ComposedEvent  # noqa: E402
 from dpcl.methods.pecl.experiment import _dpsgd_epsilon, fortunes_text_stream, markdown_table  # noqa: E402
 
 pytestmark = pytest.mark.torch
-PAPER_CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl_paper.toml"
+CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl.toml"
+PAPER_CONFIG = CONFIG.with_name("pecl_paper.toml")
 
 
 def _records():
@@ -71,6 +72,22 @@ def test_bundled_paper_config_audits_its_scoped_per_token_guarantee(capsys):
     assert report["scoped_guarantees"][0]["epsilon"] == pytest.approx(10.0, rel=1e-6)
     text = json.dumps(report)
     assert "do not depend on the private data" in text and "replace_one" in text
+
+
+def test_bundled_config_is_the_dp_pecl_with_an_example_level_epsilon(capsys):
+    import json
+    import tomllib
+
+    from dpcl.cli import main
+
+    config = tomllib.loads(CONFIG.read_text())
+    assert config["method"]["training"] == "dp_sgd"
+    assert tomllib.loads(PAPER_CONFIG.read_text())["method"]["training"] == "paper"
+    assert main(["audit", str(CONFIG), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    budget = config["privacy"]["epsilon"]
+    assert math.isfinite(report["epsilon"]) and report["epsilon"] <= budget * (1 + 1e-6)
+    assert report["adjacency"] == config["privacy"]["adjacency"] and report["unit"] == "example"
 
 
 def test_experiment_records_its_noise_source_and_repeats_only_under_the_opt_in(tmp_path):
@@ -130,3 +147,33 @@ def test_ablation_runs_the_rows_of_the_papers_ablation_table(tmp_path, monkeypat
     assert all(t["lambda_dyn"] == 0.0 and t["last_losses"].get("reg", 0.0) == 0.0 for t in no_reg["tasks"])
     assert all("unlearn" in t["last_losses"] for t in no_reg["tasks"])
     assert no_reg["privacy"]["epsilon"] <= 10.0 * (1 + 1e-6)
+
+
+def test_like_for_like_table_separates_the_checkpoint_from_the_input_release():
+    from dpcl.methods.pecl.experiment import like_for_like_table
+
+    rows = [
+        {"method": "PeCL (paper sigma)", "backward_transfer": -0.5, "last": 0.1, "avg": 0.2,
+         "task_incremental": {"backward_transfer": -0.1, "last": 0.5, "avg": 0.55},
+         "privacy": {"epsilon": 24.4, "unit": "token (replace-one)", "checkpoint": "not DP"}},
+        {"method": "DP PeCL (eps=1)", "backward_transfer": -0.4, "last": 0.1, "avg": 0.2,
+         "task_incremental": {"backward_transfer": 0.0, "last": 0.5, "avg": 0.5},
+         "privacy": {"epsilon": 0.99, "unit": "example (add/remove)", "input_token_epsilon": 1.63}},
+    ]
+    table = like_for_like_table(rows).splitlines()
+    assert table[2] == "| PeCL (paper sigma) | 0.500 | 0.550 | -0.100 | 0.100 | 0.200 | -0.500 | ∞ (not DP) | 24.4 |"
+    assert table[3].endswith("| 0.99 (example (add/remove)) | 1.63 |")
+    assert "∞ checkpoint (not DP); input embeddings 24.4 per token" in markdown_table(rows[:1])
+
+
+def test_experiment_plans_a_dp_pecl_task_as_dpcl_run_does():
+    from dpcl.guarantees.per_token import PECL_SPEC
+    from dpcl.methods.pecl.experiment import METHODS, dp_pecl_plan
+    from dpcl.methods.pecl.learner import learner_config
+
+    config = learner_config(**{**METHODS["DP PeCL (eps=1)"], "epochs": 3, "batch_size": 32})
+    plan = dp_pecl_plan(config, 200, 1)
+    same = PECL_SPEC.plan_task({"training": "dp_sgd", "epochs": 3, "batch_size": 32},
+                               {"epsilon": 1.0, "delta": config.delta, "adjacency": "add_remove"}, 200, 1)
+    assert plan.events == same.events and plan.release.covered
+    assert plan.events[0].unit == "example" and plan.noise["task_epsilon"] <= 1.0

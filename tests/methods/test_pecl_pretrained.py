@@ -131,7 +131,7 @@ def test_tdp_perturbs_the_loaded_models_input_embeddings(model_dir, monkeypatch)
 def _setup(model_dir, **method):
     from dpcl.methods.base import MethodSetup
 
-    keys = {**TINY, "pretrained_path": model_dir, **method}
+    keys = {"training": "paper", **TINY, "pretrained_path": model_dir, **method}
     return MethodSetup(method={"name": "pecl", **keys}, privacy={"delta": 1e-6, "epsilon": 10.0},
                        label_space=(0, 1, 2, 3), input_dim=1, seed=0)
 
@@ -195,8 +195,8 @@ def test_dpcl_run_with_pretrained_path_writes_verified_per_token_certificates(mo
         "across_tasks = \"auto\"\n\n[stream]\ndataset = \"fortunes_texts\"\n"
         "dataset_options = { categories = [\"food\", \"law\", \"science\", \"work\"], max_per_class = 6 }\n"
         "tasks = [[0, 1], [2, 3]]\nlabel_space = \"prior\"\nprior_labels = [[0, 1], [2, 3]]\n"
-        "disjoint_units = true\n\n[method]\nname = \"pecl\"\nepsilon_lower = 1.0\nepsilon_upper = 10.0\n"
-        f"epochs = 1\nbatch_size = 8\nmax_seq_len = 16\nlora_rank = 2\npretrained_path = {model_dir!r}\n"
+        "disjoint_units = true\n\n[method]\nname = \"pecl\"\ntraining = \"paper\"\nepsilon_lower = 1.0\n"
+        f"epsilon_upper = 10.0\nepochs = 1\nbatch_size = 8\nmax_seq_len = 16\nlora_rank = 2\npretrained_path = {model_dir!r}\n"
         "\n[run]\nprivate = false\n",  # PeCL as in the paper: its checkpoint is not private, a private run is refused
         encoding="utf-8",
     )

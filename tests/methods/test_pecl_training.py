@@ -116,7 +116,7 @@ def test_pecl_learns_a_separable_task():
 def _setup(**method):
     from dpcl.methods.base import MethodSetup
 
-    keys = {k: v for k, v in TINY.items()}
+    keys = {"training": "paper", **TINY}  # PeCL as in the paper; the DP PeCL: test_pecl_dp_training.py
     keys.update(method)
     return MethodSetup(method={"name": "pecl", **keys}, privacy={"delta": 1e-6, "epsilon": 10.0},
                        label_space=(0, 1, 2, 3), input_dim=1, seed=0)

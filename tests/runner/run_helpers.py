@@ -82,7 +82,8 @@ def write_pecl_config(directory: Path, *, name: str = "pecl.toml", private: bool
         "across_tasks = \"auto\"\n\n[stream]\ndataset = \"fortunes_texts\"\n"
         "dataset_options = { categories = [\"food\", \"law\", \"science\", \"work\"], max_per_class = 6 }\n"
         "tasks = [[0, 1], [2, 3]]\nlabel_space = \"prior\"\nprior_labels = [[0, 1], [2, 3]]\n"
-        "disjoint_units = true\n\n[method]\nname = \"pecl\"\nepsilon_lower = 1.0\nepsilon_upper = 10.0\n"
+        "disjoint_units = true\n\n[method]\nname = \"pecl\"\ntraining = \"paper\"\nepsilon_lower = 1.0\n"
+        "epsilon_upper = 10.0\n"
         "epochs = 1\nbatch_size = 8\nmax_seq_len = 32\nlora_rank = 2\nn_layer = 1\nn_embd = 16\nn_head = 2\n"
         "pretrain_steps = 2\n" + ("" if private else "\n[run]\nprivate = false\n"),
         encoding="utf-8",

@@ -8,12 +8,19 @@ public pre-training corpus of the language model. Canaries (:mod:`.canary`) are
 inserted into the first task's training text and their exposure is measured
 after the last task.
 
-Every method reports the privacy it really has: PeCL its per-token epsilon at
-the true sensitivity (worst token) and the sequence-level epsilon of the worst
-sequence (:mod:`dpcl.guarantees.per_token`); DP-SGD baselines the example-level
-epsilon of their worst example over the stream (ER replays past examples, so
-its examples are charged in several tasks); non-private runs epsilon = inf.
-Accuracies are measured on the test split, which nothing here tunes on.
+Every method reports the privacy it really has: PeCL as in the paper
+(``training = "paper"``) has no checkpoint guarantee (epsilon = inf for the
+checkpoint) and reports its per-token epsilon of the input release at the true
+sensitivity (worst token) and the sequence-level epsilon of the worst sequence
+(:mod:`dpcl.guarantees.per_token`); the DP PeCL (``training = "dp_sgd"``) the
+example-level epsilon of its checkpoint (its DP-SGD plan, the one ``dpcl run``
+certifies) next to the scoped per-token statement; DP-SGD baselines the
+example-level epsilon of their worst example over the stream (ER replays past
+examples, so its examples are charged in several tasks); non-private runs
+epsilon = inf. Accuracies are measured on the test split, which nothing here
+tunes on: class-incremental (argmax over every label seen so far) and
+task-incremental (argmax over the evaluated task's own label set, the paper's
+per-task evaluation).
 """
 
 from __future__ import annotations
@@ -43,12 +50,18 @@ PUBLIC_CATEGORIES = ("fortunes", "humorists", "literature", "wisdom", "platitude
 METHODS: dict[str, dict[str, Any]] = {
     "PeCL (analytic sigma)": {"strategy": "pecl", "privacy": "tdp", "calibration": "analytic"},
     "PeCL (paper sigma)": {"strategy": "pecl", "privacy": "tdp", "calibration": "paper"},
+    "DP PeCL (eps=1)": {"strategy": "pecl", "privacy": "tdp", "training": "dp_sgd", "dpsgd_epsilon": 1.0},
+    "DP PeCL (eps=8)": {"strategy": "pecl", "privacy": "tdp", "training": "dp_sgd", "dpsgd_epsilon": 8.0},
+    "DP PeCL w/o TDP (eps=8)": {"strategy": "pecl", "privacy": "none", "training": "dp_sgd", "dpsgd_epsilon": 8.0},
     "SeqFT": {"strategy": "seqft", "privacy": "none"},
     "SeqFT+DPSGD": {"strategy": "seqft", "privacy": "dpsgd"},
     "ER": {"strategy": "er", "privacy": "none"},
     "ER+DPSGD": {"strategy": "er", "privacy": "dpsgd"},
     "EWC": {"strategy": "ewc", "privacy": "none"},
     "EWC+DPSGD": {"strategy": "ewc", "privacy": "dpsgd"},
+    "SeqFT+DPSGD (eps=8)": {"strategy": "seqft", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
+    "ER+DPSGD (eps=8)": {"strategy": "er", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
+    "EWC+DPSGD (eps=8)": {"strategy": "ewc", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
     "MTL (upper reference)": {"strategy": "mtl", "privacy": "none"},
 }
 
@@ -59,6 +72,8 @@ class TextTask:
     train_labels: np.ndarray
     test_texts: tuple[str, ...]
     test_labels: np.ndarray
+    #: the task's public label set (its categories), fixed before training
+    label_set: tuple[int, ...] = ()
 
 
 def fortunes_text_stream(
@@ -86,11 +101,29 @@ def fortunes_text_stream(
             train_labels=np.asarray(task.train.labels, dtype=np.int64),
             test_texts=tuple(str(x) for x in task.test.texts),
             test_labels=np.asarray(task.test.labels, dtype=np.int64),
+            label_set=tuple(int(c) for c in group),
         )
-        for task in stream
+        for task, group in zip(stream, groups)
     ]
     public = load_fortunes_texts(PUBLIC_CATEGORIES, max_per_class=public_per_category, min_count=1)
     return tasks, [str(x) for x in public.texts], dataset.class_names
+
+
+def public_corpus(public_per_category: int = 200) -> tuple[list[str], np.ndarray]:
+    """The public pre-training texts and their category (Score_2's groups under ``training = "dp_sgd"``)."""
+    from dpcl.data.fortunes import load_fortunes_texts
+
+    public = load_fortunes_texts(PUBLIC_CATEGORIES, max_per_class=public_per_category, min_count=1)
+    return [str(x) for x in public.texts], np.asarray(public.labels, dtype=np.int64)
+
+
+def dp_pecl_plan(config: LearnerConfig, n_examples: int, task_index: int):
+    """The plan ``dpcl run`` would make for a DP PeCL task (add/remove, one fortune, ``dpsgd_epsilon`` per task)."""
+    from dpcl.guarantees.per_token import PECL_KEYS, PECL_SPEC
+
+    method = {k.name: getattr(config, k.name) for k in PECL_KEYS if hasattr(config, k.name)}
+    privacy = {"epsilon": config.dpsgd_epsilon, "delta": config.delta, "adjacency": "add_remove", "accountant": "auto"}
+    return PECL_SPEC.plan_task(method, privacy, int(n_examples), int(task_index))
 
 
 def _dpsgd_epsilon(records: Sequence[dict[str, Any]], strategy: str, delta: float) -> dict[str, Any]:
@@ -128,6 +161,8 @@ def run_method(
     n_candidates: int = 200,
     base: dict[str, Any] | None = None,
     reproducible_noise: bool = False,
+    public_labels: Sequence[int] | None = None,
+    canary_task: int = 0,
 ) -> dict[str, Any]:
     """Train one method over the stream; accuracy matrix, BWT/Last/Avg, canary exposure, privacy.
 
@@ -143,15 +178,18 @@ def run_method(
             f"max_seq_len={config.max_seq_len} truncates the canary {too_long[0]!r}; raise max_seq_len so the "
             "secret is trained on and scored."
         )
+    if not 0 <= canary_task < len(tasks):
+        raise InvalidParameterError(f"canary_task must lie in [0, {len(tasks)}), got {canary_task}.")
     start = time.perf_counter()
-    learner = ContinualLM(n_labels, config, seed, public, reproducible_noise=reproducible_noise)
+    learner = ContinualLM(n_labels, config, seed, public, reproducible_noise=reproducible_noise,
+                          public_labels=public_labels)
     n = len(tasks)
-    first_train_texts, first_train_labels = list(tasks[0].train_texts), tasks[0].train_labels
+    train_sets = [(list(t.train_texts), t.train_labels) for t in tasks]
     if canaries:
-        first_train_texts, first_train_labels = insert_canaries(
-            first_train_texts, first_train_labels, canaries, canary_repeats, int(tasks[0].train_labels[0])
-        )
-    train_sets = [(first_train_texts, first_train_labels)] + [(list(t.train_texts), t.train_labels) for t in tasks[1:]]
+        texts, labels = train_sets[canary_task]
+        train_sets[canary_task] = insert_canaries(texts, labels, canaries, canary_repeats, int(labels[0]))
+    dp_pecl = config.strategy == "pecl" and config.training == "dp_sgd"
+    plans = []
     records = []
     if config.strategy == "mtl":
         texts = [x for tx, _ in train_sets for x in tx]
@@ -159,13 +197,25 @@ def run_method(
         records.append(learner.fit_task(0, texts, labels))
         row = [learner.accuracy(t.test_texts, t.test_labels) for t in tasks]
         matrix = np.array([row])
+        ti_matrix = np.array([[learner.accuracy(t.test_texts, t.test_labels, t.label_set or None) for t in tasks]])
         metrics = {"accuracy_matrix": matrix.tolist(), "last": float(np.mean(row)), "avg": None, "backward_transfer": None}
+        ti_metrics = {"last": float(np.mean(ti_matrix)), "avg": None, "backward_transfer": None}
     else:
         matrix = np.full((n, n), np.nan)
+        ti_matrix = np.full((n, n), np.nan)
         for k, (tx, lb) in enumerate(train_sets):
-            records.append(learner.fit_task(k, tx, lb))
+            if dp_pecl:
+                plan = dp_pecl_plan(config, len(tx), k)
+                plans.append(plan)
+                schedule = {key: plan.noise[key] for key in ("noise_multiplier", "sample_rate", "steps", "max_grad_norm")}
+                records.append(learner.fit_task(k, tx, lb, output_labels=tasks[k].label_set, dpsgd=schedule))
+            else:
+                records.append(learner.fit_task(k, tx, lb))
             matrix[k, : k + 1] = [learner.accuracy(t.test_texts, t.test_labels) for t in tasks[: k + 1]]
+            ti_matrix[k, : k + 1] = [learner.accuracy(t.test_texts, t.test_labels, t.label_set or None)
+                                     for t in tasks[: k + 1]]
         metrics = summarize(matrix)
+        ti_metrics = summarize(ti_matrix)
     result: dict[str, Any] = {
         "method": label,
         "options": options,
@@ -173,13 +223,38 @@ def run_method(
         "last": metrics["last"],
         "avg": metrics["avg"],
         "accuracy_matrix": [[None if not np.isfinite(v) else float(v) for v in row] for row in np.atleast_2d(matrix)],
+        "task_incremental": {
+            "backward_transfer": ti_metrics["backward_transfer"],
+            "last": ti_metrics["last"],
+            "avg": ti_metrics["avg"],
+            "accuracy_matrix": [[None if not np.isfinite(v) else float(v) for v in row]
+                                for row in np.atleast_2d(ti_matrix)],
+        },
         "seconds": time.perf_counter() - start,
     }
     if canaries:
         exposures = canary_exposures(learner.sequence_nll, canaries, n_candidates, seed + 7)
         result["canary_exposure"] = float(np.mean([e["exposure"] for e in exposures]))
         result["canaries"] = exposures
-    if config.privacy == "tdp":
+    if canaries:
+        result["canary_setup"] = {"task": canary_task, "count": len(canaries), "repeats": canary_repeats,
+                                  "candidates": n_candidates, "space_size": canaries[0].space_size}
+    if dp_pecl:
+        from dpcl.accounting.accountants import compute_epsilon
+
+        per_task = [compute_epsilon(p.events[0], config.delta).epsilon for p in plans if p.events]
+        guarantees = [r["guarantee"] for r in records if "guarantee" in r]
+        result["privacy"] = {
+            "unit": "example (add/remove)",
+            "epsilon": max(per_task) if per_task else 0.0,
+            "per_task": per_task,
+            "delta": config.delta,
+            "note": "checkpoint: DP-SGD per task, tasks hold disjoint fortunes (parallel: the worst task)",
+        }
+        if guarantees:
+            result["privacy"]["input_token_epsilon"] = max(g["epsilon"] for g in guarantees)
+            result["privacy"]["input_sequence_epsilon"] = max(g["sequence"]["epsilon"] for g in guarantees)
+    elif config.privacy == "tdp":
         guarantees = [r["guarantee"] for r in records if "guarantee" in r]
         result["privacy"] = {
             "unit": "token (replace-one)",
@@ -190,6 +265,7 @@ def run_method(
             "claimed_epsilon_upper": config.epsilon_upper,
             "per_task": guarantees,
             "assumption": "scores computed from private text: conditional on the data-dependence assumption",
+            "checkpoint": "not DP: trained on the clean private targets and labels (training = 'paper')",
         }
     elif config.privacy == "dpsgd":
         result["privacy"] = {"unit": "example (add/remove)", "delta": config.delta,
@@ -216,10 +292,35 @@ def markdown_table(results: Sequence[dict[str, Any]]) -> str:
     for r in results:
         p = r["privacy"]
         eps = "∞ (not private)" if math.isinf(p["epsilon"]) else f"{p['epsilon']:.3g} ({p['unit']})"
+        if "checkpoint" in p:  # the paper's PeCL: the per-token epsilon is the input release's, not the checkpoint's
+            eps = f"∞ checkpoint (not DP); input embeddings {p['epsilon']:.3g} per token"
+        elif "input_token_epsilon" in p:
+            eps += f"; input embeddings {p['input_token_epsilon']:.3g} per token"
         seq = _fmt(p.get("sequence_epsilon"), 1) if "sequence_epsilon" in p else "–"
         lines.append(
             f"| {r['method']} | {_fmt(r['backward_transfer'])} | {_fmt(r['last'])} | {_fmt(r['avg'])} | "
             f"{_fmt(r.get('canary_exposure'), 2)} | {eps} | {seq} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def like_for_like_table(results: Sequence[dict[str, Any]]) -> str:
+    """Task-incremental (the paper's per-task evaluation) beside class-incremental numbers, and the checkpoint's ε."""
+    lines = [
+        "| method | TI Last | TI Avg | TI BWT | CI Last | CI Avg | CI BWT | checkpoint ε (unit) | input ε per token |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        p = r["privacy"]
+        ti = r.get("task_incremental", {})
+        if "checkpoint" in p:  # the paper's PeCL: its per-token epsilon is not the checkpoint's
+            checkpoint, token = "∞ (not DP)", f"{p['epsilon']:.3g}"
+        else:
+            checkpoint = "∞ (not private)" if math.isinf(p["epsilon"]) else f"{p['epsilon']:.3g} ({p['unit']})"
+            token = f"{p['input_token_epsilon']:.3g}" if "input_token_epsilon" in p else "–"
+        lines.append(
+            f"| {r['method']} | {_fmt(ti.get('last'))} | {_fmt(ti.get('avg'))} | {_fmt(ti.get('backward_transfer'))} | "
+            f"{_fmt(r['last'])} | {_fmt(r['avg'])} | {_fmt(r['backward_transfer'])} | {checkpoint} | {token} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -244,6 +345,7 @@ def add_stream_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--reproducible-noise", action="store_true",
                         help="draw the privacy noise from --seed (research reproducibility; default: OS entropy)")
+    parser.add_argument("--lm-weight", type=float, default=1.0, help="weight of the language-modelling loss")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,6 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output directory (results.json, table.md)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", nargs="*", default=list(METHODS), help="method labels to run")
+    parser.add_argument("--canaries", type=int, default=4, help="number of canaries")
+    parser.add_argument("--canary-repeats", type=int, default=4, help="times each canary is inserted")
+    parser.add_argument("--canary-task", type=int, default=0, help="task (0-based) whose training text gets them")
+    parser.add_argument("--candidates", type=int, default=200, help="uniform candidates per canary (exposure)")
     add_stream_and_model_arguments(parser)
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)  # dp-accounting's RDP order warnings; the bounds are unaffected
@@ -259,7 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise InvalidParameterError(f"unknown methods {unknown}; known: {list(METHODS)}.")
     torch.manual_seed(args.seed)
     tasks, public, class_names = fortunes_text_stream(args.tasks, 2, args.max_per_class, args.seed)
-    canaries = make_canaries(4, seed=args.seed + 100)
+    public_texts, public_labels = public_corpus()
+    if public_texts != public:
+        raise InvalidParameterError("the public corpus of the stream and of its labels differ.")
+    canaries = make_canaries(args.canaries, seed=args.seed + 100)
     base = {
         "epochs": args.epochs,
         "pretrain_steps": args.pretrain_steps,
@@ -271,6 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "n_embd": args.n_embd,
         "n_head": args.n_head,
         "batch_size": args.batch_size,
+        "lm_weight": args.lm_weight,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -278,13 +388,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label in args.methods:
         results.append(
             run_method(label, METHODS[label], tasks, public, len(class_names), seed=args.seed, canaries=canaries, base=base,
-                       reproducible_noise=args.reproducible_noise)
+                       reproducible_noise=args.reproducible_noise, public_labels=public_labels,
+                       canary_task=args.canary_task, canary_repeats=args.canary_repeats, n_candidates=args.candidates)
         )
         _write_json(out / "results.json", {"settings": {**base, "tasks": args.tasks, "max_per_class": args.max_per_class,
                                                         "seed": args.seed, "classes": list(class_names),
-                                                        "reproducible_noise": args.reproducible_noise},
+                                                        "reproducible_noise": args.reproducible_noise,
+                                                        "canaries": args.canaries, "canary_repeats": args.canary_repeats,
+                                                        "canary_task": args.canary_task, "candidates": args.candidates},
                                            "results": results})
         write_text_atomic(out / "table.md", markdown_table(results))
+        write_text_atomic(out / "like_for_like.md", like_for_like_table(results))
         print(markdown_table(results[-1:]).splitlines()[-1], flush=True)
     return 0
 

@@ -17,6 +17,31 @@ Strategies (Zhan et al., Sec. "Baselines"):
 
 PeCL with ``privacy="none"`` (sculpting on clean embeddings, not private) is the
 "w/o TDP" ablation of the paper's Table 2.
+
+PeCL has two trainings (``training``):
+
+* ``"paper"`` -- as in the paper: adapters and head trained on the clean
+  private targets and labels, scores from the private text (token counts of the
+  tasks, model surprise), lambda_dyn from the task's mean score, Omega_k from the
+  task's clean text. Only the perturbed input embeddings have a (per-token)
+  guarantee; the checkpoint is not DP.
+* ``"dp_sgd"`` -- a DP checkpoint: the adapters and the head are trained only by
+  DP-SGD (opacus per-example clipping, Poisson sampling at the planned rate,
+  exactly the planned steps, noise from the plan). Everything else comes from
+  public data or earlier releases (:meth:`ContinualLM.public_scores`): the
+  score table over the vocabulary and its mean are computed once from the
+  public corpus under the public pre-trained model (Score_2's "tasks" are the
+  public categories), lambda_dyn from that mean, Omega_k's activation norm from
+  the public corpus through the released adapter, the label set from the
+  public prior. TDP stays as defence in depth with one sigma for every token
+  (from the public mean score), drawn once per epoch for every example (the
+  epoch's DP-SGD steps reuse it), so its per-token statement counts ``epochs``
+  perturbations whatever the Poisson sampling does. Inside a DP-SGD step an
+  example's loss (classification, language modelling, unlearning weighted by
+  the public score of its own tokens) depends only on that example and public
+  or released state, so its clipped gradient is what DP-SGD accounts; the
+  memory regulariser depends on parameters only, and its gradient is added
+  after the noise (post-processing).
 Baselines run without DP (``privacy="none"``) or with DP-SGD (``"dpsgd"``,
 opacus, Poisson sampling; noise multiplier from
 :func:`dpcl.accounting.dpsgd.dpsgd_noise_multiplier`). Under DP-SGD the EWC
@@ -45,6 +70,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
@@ -68,19 +94,25 @@ from dpcl.methods.pecl.sculpting import (
     memory_regularisation,
     task_importance,
     unlearning_loss,
+    unlearning_loss_per_sequence,
 )
-from dpcl.methods.pecl.sensitivity import TaskTokenStatistics, sensitivity_scores
+from dpcl.methods.pecl.sensitivity import TaskTokenStatistics, fuse_scores, sensitivity_scores
 from dpcl.methods.pecl.tdp import TokenDP
 from dpcl.methods.pecl.tokenizer import ByteTokenizer, load_pretrained_tokenizer
 
 STRATEGIES = ("pecl", "seqft", "er", "ewc", "mtl")
 PRIVACY_MODES = ("tdp", "dpsgd", "none")
+TRAININGS = ("paper", "dp_sgd")
+#: chunk of sequences perturbed at once when a DP PeCL epoch draws its noisy embeddings
+_PERTURB_CHUNK = 256
 
 
 @dataclass(frozen=True)
 class LearnerConfig:
     strategy: str = "pecl"
     privacy: str = "tdp"
+    #: PeCL only: "paper" (clean targets, private scores; not DP) or "dp_sgd" (DP-SGD, public scores)
+    training: str = "paper"
     # model and optimisation
     n_layer: int = 2
     n_embd: int = 64
@@ -127,6 +159,13 @@ class LearnerConfig:
                 "privacy='tdp' is PeCL's mechanism and only PeCL uses it; PeCL takes privacy='tdp' (or 'none' for "
                 "the not-private 'w/o TDP' ablation), baselines take privacy='none' or 'dpsgd' "
                 f"(got strategy={self.strategy!r}, privacy={self.privacy!r})."
+            )
+        if self.training not in TRAININGS:
+            raise InvalidParameterError(f"training must be one of {TRAININGS}, got {self.training!r}.")
+        if self.training == "dp_sgd" and self.strategy != "pecl":
+            raise InvalidParameterError(
+                f"training='dp_sgd' is PeCL's DP training; baselines take privacy='dpsgd' (got strategy="
+                f"{self.strategy!r})."
             )
         if self.device not in ("cpu", "cuda"):
             raise InvalidParameterError(f"device must be 'cpu' or 'cuda', got {self.device!r}.")
@@ -223,7 +262,7 @@ class ContinualLM:
 
     def __init__(
         self, n_labels: int, config: LearnerConfig, seed: int, public_texts: Sequence[str],
-        reproducible_noise: bool = False,
+        reproducible_noise: bool = False, public_labels: Sequence[int] | None = None,
     ) -> None:
         if n_labels < 1:
             raise InvalidParameterError(f"n_labels must be >= 1, got {n_labels}.")
@@ -286,6 +325,17 @@ class ContinualLM:
         )
         self.omegas: list[float] = []
         self.task_records: list[dict[str, Any]] = []
+        #: public corpus (dp_sgd: source of the score table, lambda_dyn and Omega's activation norms)
+        self.public_texts = list(public_texts)
+        self.public_labels = None if public_labels is None else np.asarray(public_labels, dtype=np.int64)
+        if self.public_labels is not None and self.public_labels.shape != (len(self.public_texts),):
+            raise InvalidParameterError(
+                f"public_labels must give one label per public text ({len(self.public_texts)}), got shape "
+                f"{self.public_labels.shape}."
+            )
+        self._public_scores: dict[str, Any] | None = None
+        if config.strategy == "pecl" and config.training == "dp_sgd":
+            self.public_scores()  # before any private task: a function of public data and the public model only
         # baseline state
         self.buffer_texts: list[str] = []
         self.buffer_labels: list[int] = []
@@ -375,14 +425,93 @@ class ContinualLM:
             out.append(sensitivity_scores(nll, b_ids, b_mask, table, self.config.alpha))
         return torch.cat(out) if out else torch.zeros_like(ids, dtype=torch.float32)
 
+    @torch.no_grad()
+    def public_scores(self) -> dict[str, Any]:
+        """Sensitivity scores of ``training = "dp_sgd"``, from the public corpus only (computed once, cached).
+
+        * Score_2 (eq. 3) from the token counts of the public corpus, each public
+          category one "task" of eq. 3 (one group when no public labels are given:
+          Score_2 is then 0);
+        * Score_1 (eq. 2) of a vocabulary entry: its mean surprise over its
+          occurrences in the public corpus under the public pre-trained model
+          (entries absent from the corpus: the corpus mean);
+        * ``table[v]``: the fused Score (eq. 1) of entry ``v``;
+        * ``mean_score``: the mean fused score of the public corpus' tokens (eq. 1
+          in context) -- it sets lambda_dyn (eq. 11) and the one TDP sigma.
+
+        Called before any private task is trained (in the constructor), so
+        neither the private text nor a private release enters it.
+        """
+        if self._public_scores is not None:
+            return self._public_scores
+        cfg = self.config
+        if not self.public_texts:
+            raise InvalidParameterError("training='dp_sgd' needs a public corpus for its scores; public_texts is empty.")
+        ids, mask = self._encode(self.public_texts)
+        stats = TaskTokenStatistics(self.token_stats.vocab_size, self.tokenizer.special_ids, cfg.tau)
+        groups = np.zeros(len(self.public_texts), dtype=np.int64) if self.public_labels is None else self.public_labels
+        ids_np, mask_np = ids.cpu().numpy(), mask.cpu().numpy()
+        for group in np.unique(groups):  # one "task" of eq. 3 per public category (a handful, not per token)
+            stats.add_task(ids_np[groups == group], mask_np[groups == group])
+        score2 = torch.as_tensor(stats.score2_table(), dtype=torch.float32, device=self.device)
+        self.model.eval()
+        nll = torch.cat([
+            per_token_lm_loss(self.model(self.embedding(ids[s : s + 64]), mask[s : s + 64])[1], ids[s : s + 64],
+                              mask[s : s + 64])
+            for s in range(0, ids.shape[0], 64)
+        ])
+        valid = mask.bool().clone()
+        valid[:, 0] = False
+        vocab = self.token_stats.vocab_size
+        flat_ids, flat_nll = ids[valid], nll[valid].double()
+        sums = torch.zeros(vocab, dtype=torch.float64, device=self.device).index_add_(0, flat_ids, flat_nll)
+        counts = torch.bincount(flat_ids, minlength=vocab)[:vocab].double()
+        corpus_mean = float(flat_nll.mean()) if flat_nll.numel() else 0.0
+        score1 = torch.where(counts > 0, sums / counts.clamp_min(1), torch.full_like(sums, corpus_mean))
+        table = fuse_scores(score1.float().clamp_min(0.0), score2, cfg.alpha)
+        table[list(self.tokenizer.special_ids)] = 0.0
+        in_context = sensitivity_scores(nll, ids, mask, score2, cfg.alpha)
+        mean_score = float(in_context[valid].mean()) if bool(valid.any()) else 0.0
+        self._public_scores = {
+            "table": table,
+            "mean_score": mean_score,
+            "public_ids": ids[: min(64, ids.shape[0])],
+            "public_mask": mask[: min(64, ids.shape[0])],
+            "n_public_texts": len(self.public_texts),
+            "n_public_groups": int(stats.n_tasks),
+        }
+        return self._public_scores
+
     # ------------------------------------------------------------------ training
-    def fit_task(self, task_index: int, texts: Sequence[str], labels: Sequence[int]) -> dict[str, Any]:
-        """Train on one task; returns the task record (losses, PeCL guarantee / DP-SGD parameters)."""
+    def fit_task(
+        self, task_index: int, texts: Sequence[str], labels: Sequence[int], *,
+        output_labels: Sequence[int] | None = None, dpsgd: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Train on one task; returns the task record (losses, PeCL guarantee / DP-SGD parameters).
+
+        ``output_labels`` (the task's public label set) marks the labels the
+        classifier predicts from now on; without it (not allowed under
+        ``training = "dp_sgd"``) the labels present in ``labels`` are used.
+        ``dpsgd`` is the planned DP-SGD schedule of a DP PeCL task
+        (``noise_multiplier``, ``sample_rate``, ``steps``, ``max_grad_norm``:
+        the plan's noise, :meth:`dpcl.guarantees.per_token.PeCLSpec.plan_task`).
+        """
         cfg = self.config
         labels_np = np.asarray(labels, dtype=np.int64)
         if labels_np.size and (labels_np.min() < 0 or labels_np.max() >= self.n_labels):
             raise InvalidParameterError(f"labels must lie in [0, {self.n_labels}).")
-        self.seen[np.unique(labels_np)] = True
+        dp_pecl = cfg.strategy == "pecl" and cfg.training == "dp_sgd"
+        if dp_pecl:
+            if output_labels is None or dpsgd is None:
+                raise InvalidParameterError(
+                    "training='dp_sgd' needs the task's public output_labels and its planned dpsgd schedule "
+                    "(noise_multiplier, sample_rate, steps, max_grad_norm from the plan)."
+                )
+            return self._fit_task_dp(task_index, texts, labels_np, output_labels, dpsgd)
+        if output_labels is not None:
+            self.seen[np.asarray(output_labels, dtype=np.int64)] = True
+        else:
+            self.seen[np.unique(labels_np)] = True
         own_n = len(texts)
         train_texts, train_labels = list(texts), labels_np
         if cfg.strategy == "er" and self.buffer_texts:
@@ -444,6 +573,195 @@ class ContinualLM:
         self.tasks_fitted += 1
         self.task_records.append(record)
         return record
+
+    def _fit_task_dp(
+        self, task_index: int, texts: Sequence[str], labels_np: np.ndarray, output_labels: Sequence[int],
+        dpsgd: dict[str, Any],
+    ) -> dict[str, Any]:
+        """``training = "dp_sgd"``: the private task is read only inside the DP-SGD steps."""
+        cfg = self.config
+        self.seen[np.asarray(output_labels, dtype=np.int64)] = True  # the public prior, not the data's labels
+        record: dict[str, Any] = {"task": task_index, "n_examples": len(texts), "n_trained": len(texts)}
+        self.noise_generator = noise_torch_generator(
+            self.seed, self.reproducible_noise, int(task_index), 0, device=self.device)
+        self.sampling_generator = noise_torch_generator(self.seed, self.reproducible_noise, int(task_index), 1)
+        public = self.public_scores()
+        lam = (dynamic_lambda(public["mean_score"], cfg.lambda_min, cfg.lambda_max) if cfg.dynamic_lambda
+               else 0.5 * (cfg.lambda_min + cfg.lambda_max))
+        omega_bar = float(np.mean(self.omegas)) if self.omegas else 0.0
+        record.update(public_mean_score=public["mean_score"], lambda_dyn=lam, omega_bar=omega_bar)
+        if len(texts) == 0:  # nothing read, nothing trained: the previous release is released again
+            self.tasks_fitted += 1
+            self.task_records.append(record)
+            return record
+        ids, mask = self._encode(texts)
+        y = torch.tensor(labels_np, dtype=torch.int64, device=self.device)
+        previous = self._start_adapter(task_index)
+        tdp = None
+        if cfg.privacy == "tdp":
+            tdp = TokenDP(
+                epsilon_lower=cfg.epsilon_lower, epsilon_upper=cfg.epsilon_upper, delta=cfg.delta,
+                clip_norm=cfg.clip_norm, calibration=cfg.calibration, releases=cfg.epochs, device=self.device,
+            )
+        record.update(self._fit_pecl_dpsgd(ids, mask, y, tdp, previous, lam, omega_bar, dpsgd))
+        if tdp is not None:
+            record["guarantee"] = tdp.released_guarantee()
+            record["guarantee"]["scope"] = "input embeddings (scoped statement, not the checkpoint)"
+        # Omega_k (eq. 8): the released adapter's increment x activation norms of the *public* corpus
+        record["omega"] = self._task_importance(public["public_ids"], public["public_mask"])
+        self.omegas.append(record["omega"])
+        self.tasks_fitted += 1
+        self.task_records.append(record)
+        return record
+
+    def _fit_pecl_dpsgd(self, ids, mask, y, tdp, previous, lam, omega_bar, dpsgd) -> dict[str, Any]:
+        """DP-SGD of a DP PeCL task on the adapter + head, with the plan's schedule (opacus, Poisson sampling).
+
+        TDP noise is drawn once per epoch for every example (``steps / epochs``
+        DP-SGD steps per epoch); a step's examples use their embeddings of that
+        epoch. The unlearning weights come from the public score table.
+        """
+        cfg = self.config
+        n = ids.shape[0]
+        steps, q = int(dpsgd["steps"]), float(dpsgd["sample_rate"])
+        if steps < cfg.epochs or steps % cfg.epochs:
+            raise InvalidParameterError(
+                f"the planned {steps} DP-SGD steps are not a whole number of steps per epoch for epochs="
+                f"{cfg.epochs}: the plan and the learner disagree."
+            )
+        steps_per_epoch = steps // cfg.epochs
+        public = self.public_scores()
+        valid = mask.bool().clone()
+        valid[:, 0] = False
+        unlearn_scores = torch.where(valid, public["table"][ids], torch.zeros((), device=self.device))
+        sigma_scores = torch.full(ids.shape, public["mean_score"], dtype=torch.float32, device=self.device)
+        token_sigmas = tdp.sigmas(sigma_scores) if tdp is not None else None
+        if ids.numel():
+            low, high = (int(v) for v in torch.aminmax(ids))
+            if low < 0 or high >= self.embedding.num_embeddings:
+                raise InvalidParameterError(
+                    f"token ids must lie in [0, {self.embedding.num_embeddings}), got values in [{low}, {high}]"
+                )
+        state: dict[str, torch.Tensor | None] = {"perturbed": None}
+
+        def embed(step: int, idx: torch.Tensor) -> torch.Tensor:
+            if tdp is None:
+                return self.embedding(ids[idx])
+            if step % steps_per_epoch == 0:  # a new epoch: every example's tokens perturbed afresh, once
+                tdp.record_epoch(sigma_scores, mask)
+                state["perturbed"] = torch.cat([
+                    tdp.embed_and_perturb(self.embedding.weight, ids[c : c + _PERTURB_CHUNK],
+                                          token_sigmas[c : c + _PERTURB_CHUNK], self.noise_generator,
+                                          ids_checked=True)
+                    for c in range(0, n, _PERTURB_CHUNK)
+                ])
+            return state["perturbed"][idx]
+
+        def extra(idx: torch.Tensor, tok_loss: torch.Tensor, b_mask: torch.Tensor) -> torch.Tensor | None:
+            if not (cfg.unlearning and cfg.lambda_unlearn > 0):
+                return None
+            return cfg.lambda_unlearn * unlearning_loss_per_sequence(unlearn_scores[idx], tok_loss, b_mask, cfg.theta)
+
+        penalty = None
+        if previous is not None and omega_bar > 0:
+            def penalty() -> torch.Tensor:
+                return memory_regularisation(self._lora_parameters(self.adapter), previous, lam, omega_bar)
+
+        run = self._dpsgd_steps(
+            ids, mask, y, noise_multiplier=float(dpsgd["noise_multiplier"]), sample_rate=q, steps=steps,
+            max_grad_norm=float(dpsgd["max_grad_norm"]), embed=embed, extra_loss=extra, penalty=penalty,
+        )
+        record = {
+            "dpsgd": {
+                "noise_multiplier": float(dpsgd["noise_multiplier"]),
+                "sample_rate": q,
+                "steps": steps,
+                "max_grad_norm": float(dpsgd["max_grad_norm"]),
+                "delta": cfg.delta,
+                **run,
+            }
+        }
+        if tdp is not None:
+            record["tdp_sigma"] = float(token_sigmas.flatten()[0]) if token_sigmas.numel() else None
+        return record
+
+    def _dpsgd_steps(
+        self, ids, mask, y, *, noise_multiplier: float, sample_rate: float, steps: int, max_grad_norm: float,
+        embed, extra_loss=None, penalty=None, fisher: list[torch.Tensor] | None = None,
+    ) -> dict[str, Any]:
+        """``steps`` DP-SGD steps on the trainable parameters (opacus per-example clipping and noise).
+
+        Each step draws a Poisson sample at ``sample_rate`` from the secret
+        sampling generator (empty samples still release a noise-only step);
+        ``embed(step, idx)`` gives the sampled examples' input embeddings,
+        ``extra_loss(idx, token_loss, mask)`` an optional per-example loss term,
+        ``penalty()`` an optional parameter-only loss whose gradient is added after
+        the noise (it depends on no private example). Returns the counts of
+        steps run, empty steps and examples sampled.
+        """
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        cfg = self.config
+        n = ids.shape[0]
+        params = self._trainable()
+        gsm = GradSampleModule(self.model)
+        opt = DPOptimizer(
+            torch.optim.AdamW(self._param_groups()),
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=max(1, round(sample_rate * n)),
+            generator=self.noise_generator,
+        )
+        gsm.train()
+        steps_run = empty_steps = sampled = 0
+        for step in range(steps):
+            take = torch.rand(n, generator=self.sampling_generator) < sample_rate  # Poisson sampling (secret)
+            idx = torch.nonzero(take).flatten().to(self.device)
+            opt.zero_grad()
+            if idx.numel() == 0:
+                # An empty Poisson sample still releases a noise-only step: skipping it would reveal that the
+                # sample was empty, which the subsampled-Gaussian accounting does not cover.
+                for p in params:
+                    p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+                empty_steps += 1
+            else:
+                b_ids, b_mask, b_y = ids[idx], mask[idx], y[idx]
+                with torch.no_grad():
+                    emb = embed(step, idx)
+                cls_logits, lm_logits = gsm(emb, b_mask)
+                tok = per_token_lm_loss(lm_logits, b_ids, b_mask)
+                per_example = nn.functional.cross_entropy(cls_logits, b_y, reduction="none") + cfg.lm_weight * (
+                    tok.sum(1) / b_mask[:, 1:].sum(1).clamp_min(1)
+                )
+                more = extra_loss(idx, tok, b_mask) if extra_loss is not None else None
+                if more is not None:
+                    per_example = per_example + more
+                # GradSampleModule (loss_reduction="mean") multiplies by the actual batch size, so the mean over
+                # the batch gives grad_sample = each example's own gradient, which is what gets clipped; the
+                # DPOptimizer then divides the noisy sum by the expected batch size
+                with warnings.catch_warnings():
+                    # opacus' backward hooks fire on module outputs because the frozen inputs need no grad
+                    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                    per_example.mean().backward()
+                sampled += int(idx.numel())
+            if idx.numel() == 0 and embed is not None:
+                with torch.no_grad():
+                    embed(step, idx)  # keeps the per-epoch TDP draw on schedule when an epoch starts empty
+            if opt.pre_step():  # clip per-example gradients, add noise: p.grad is the released gradient
+                if fisher is not None:
+                    for f, p in zip(fisher, params):
+                        f += p.grad.detach() ** 2 / steps
+                if penalty is not None:
+                    # the penalty depends only on earlier releases: post-processing, added after the noise
+                    penalty_grads = torch.autograd.grad(penalty(), params, allow_unused=True)
+                    for p, g in zip(params, penalty_grads):
+                        if g is not None:
+                            p.grad = p.grad + g
+                opt.original_optimizer.step()
+                steps_run += 1
+        gsm._close()
+        return {"steps_run": steps_run, "empty_steps": empty_steps, "examples_sampled": sampled}
 
     def _task_loss(self, ids, mask, y, emb):
         cls_logits, lm_logits = self.model(emb, mask)
@@ -517,60 +835,20 @@ class ContinualLM:
         return {"last_losses": last}
 
     def _fit_dpsgd(self, ids, mask, y) -> dict[str, Any]:
-        """DP-SGD (opacus, Poisson sampling) on the adapter + head; noise from dpcl.accounting."""
-        from opacus import GradSampleModule
-        from opacus.optimizers import DPOptimizer
-
+        """DP-SGD (opacus, Poisson sampling) on the adapter + head of a baseline; noise from dpcl.accounting."""
         cfg = self.config
         n = ids.shape[0]
         sample_rate = min(1.0, cfg.batch_size / n)
         steps = max(1, cfg.epochs * math.ceil(1.0 / sample_rate))
         noise_multiplier = _noise_multiplier(cfg.dpsgd_epsilon, cfg.delta, sample_rate, steps)
         params = self._trainable()
-        gsm = GradSampleModule(self.model)
-        opt = DPOptimizer(
-            torch.optim.AdamW(self._param_groups()),
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=cfg.max_grad_norm,
-            expected_batch_size=cfg.batch_size,
-            generator=self.noise_generator,
-        )
         fisher = [torch.zeros_like(p) for p in params] if cfg.strategy == "ewc" else None
-        gsm.train()
-        for _ in range(steps):
-            take = torch.rand(n, generator=self.sampling_generator) < sample_rate  # Poisson sampling (secret)
-            idx = torch.nonzero(take).flatten().to(self.device)
-            opt.zero_grad()
-            if idx.numel() == 0:
-                # An empty Poisson sample still releases a noise-only step: skipping it would reveal that the
-                # sample was empty, which the subsampled-Gaussian accounting does not cover.
-                for p in params:
-                    p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
-            else:
-                b_ids, b_mask, b_y = ids[idx], mask[idx], y[idx]
-                with torch.no_grad():
-                    emb = self.embedding(b_ids)
-                cls_logits, lm_logits = gsm(emb, b_mask)
-                tok = per_token_lm_loss(lm_logits, b_ids, b_mask)
-                per_example = nn.functional.cross_entropy(cls_logits, b_y, reduction="none") + cfg.lm_weight * (
-                    tok.sum(1) / b_mask[:, 1:].sum(1).clamp_min(1)
-                )
-                # GradSampleModule (loss_reduction="mean") multiplies by the actual batch size, so the mean over
-                # the batch gives grad_sample = each example's own gradient, which is what gets clipped; the
-                # DPOptimizer then divides the noisy sum by the expected batch size
-                per_example.mean().backward()
-            if opt.pre_step():  # clip per-example gradients, add noise: p.grad is the released gradient
-                if fisher is not None:
-                    for f, p in zip(fisher, params):
-                        f += p.grad.detach() ** 2 / steps
-                if cfg.strategy == "ewc" and self.ewc_terms:
-                    # the penalty depends only on earlier releases: post-processing, added after the noise
-                    penalty_grads = torch.autograd.grad(self._ewc_penalty(), params, allow_unused=True)
-                    for p, g in zip(params, penalty_grads):
-                        if g is not None:
-                            p.grad = p.grad + g
-                opt.original_optimizer.step()
-        gsm._close()
+        penalty = self._ewc_penalty if cfg.strategy == "ewc" and self.ewc_terms else None
+        self._dpsgd_steps(
+            ids, mask, y, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+            max_grad_norm=cfg.max_grad_norm, embed=lambda _step, idx: self.embedding(ids[idx]), penalty=penalty,
+            fisher=fisher,
+        )
         if fisher is not None:
             self.ewc_terms.append((fisher, [p.detach().clone() for p in params]))
         return {
@@ -623,18 +901,24 @@ class ContinualLM:
         ]
         return np.concatenate(out) if out else np.zeros((0, self.n_labels))
 
-    def predict(self, texts: Sequence[str]) -> np.ndarray:
-        """argmax over the labels released so far (class-incremental prediction)."""
+    def predict(self, texts: Sequence[str], label_set: Sequence[int] | None = None) -> np.ndarray:
+        """argmax over the labels released so far (class-incremental prediction), or over ``label_set``
+        (task-incremental prediction: the evaluated task's own public label set)."""
         if not self.seen.any():
             raise InvalidParameterError("predict called before any task was fitted.")
-        scores = np.where(self.seen[None, :], self.class_scores(texts), -np.inf)
+        if label_set is None:
+            allowed = self.seen
+        else:
+            allowed = np.zeros(self.n_labels, dtype=bool)
+            allowed[np.asarray(label_set, dtype=np.int64)] = True
+        scores = np.where(allowed[None, :], self.class_scores(texts), -np.inf)
         return np.argmax(scores, axis=1)
 
-    def accuracy(self, texts: Sequence[str], labels: Sequence[int]) -> float:
+    def accuracy(self, texts: Sequence[str], labels: Sequence[int], label_set: Sequence[int] | None = None) -> float:
         labels = np.asarray(labels, dtype=np.int64)
         if labels.size == 0:
             return float("nan")
-        return float(np.mean(self.predict(texts) == labels))
+        return float(np.mean(self.predict(texts, label_set) == labels))
 
     @torch.no_grad()
     def sequence_nll(self, texts: Sequence[str], batch_size: int = 128) -> np.ndarray:

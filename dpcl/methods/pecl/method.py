@@ -2,10 +2,18 @@
 
 The noise comes from the task's :class:`~dpcl.guarantees.method_schema.TaskPlan`
 (``PECL_SPEC.plan_task``, the same plan ``dpcl audit`` checks): budgets,
-clipping norm, delta, calibration and perturbations per token. Before training,
-the method checks that the smallest sigma its TDP table will use is at least the
-plan's ``sigma_min`` -- the noise the certificate's events state -- and refuses
-(PrivacyViolationError) otherwise.
+clipping norm, delta, calibration and perturbations per token and, under
+``[method] training = "dp_sgd"`` (the default), the DP-SGD noise multiplier,
+sampling rate, steps and clipping norm the learner runs exactly. Before
+training, the method checks that the smallest sigma its TDP table will use is
+at least the plan's ``sigma_min`` -- the noise the certificate's events state --
+and that the plan's training and DP-SGD clipping are the configured ones, and
+refuses (PrivacyViolationError) otherwise.
+
+``training = "dp_sgd"``: the checkpoint is DP (the plan's DP-SGD events, one
+fortune as the unit); the scores come from the public corpus with its
+categories as Score_2's groups, the output label set from the plan's public
+prior. ``training = "paper"``: PeCL as in the paper (not DP).
 
 PeCL is a token-level method: it needs the raw text of every example
 (``TrainingData.texts``) and predicts from texts. ``scores`` therefore accepts
@@ -20,13 +28,16 @@ from a local directory instead of building the small model (see
 :mod:`dpcl.methods.pecl.learner`); the plan, TDP and certificates are the same.
 
 The released checkpoint (:meth:`PeCLMethod.state_dict`) holds the model and
-adapter names only. What the learner computed from the private text without
-noise -- the token frequency counts behind the sensitivity scores (eq. 1-3),
+adapter names only. Under ``training = "paper"``, what the learner computed
+from the private text without noise -- the token frequency counts behind the sensitivity scores (eq. 1-3),
 the activation norms ``Omega_t`` of the clean text (eq. 8-9), the labels present
 in each task's data, and the per-task records (mean sensitivity score,
 ``lambda_dyn``, ``Omega``, training losses, the sigma actually used and the
 longest sequence) -- is curator state (:meth:`PeCLMethod.curator_state_dict`),
-kept under the run directory's private ``curator/``.
+kept under the run directory's private ``curator/``. Under ``training = "dp_sgd"``
+the token counts stay empty and the Omega values and records hold public and
+released quantities; the records (with the TDP sigma, the DP-SGD step counts)
+are still kept as curator state.
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ CURATOR_KEYS = ("token_counts", "omegas", "seen", "task_records", "batch_generat
 _LEARNER_KEYS = (
     "alpha", "tau", "theta", "lambda_unlearn", "lambda_min", "lambda_max", "dynamic_lambda", "unlearning",
     "epochs", "batch_size", "learning_rate", "max_seq_len", "lora_rank", "n_layer", "n_embd", "n_head",
-    "pretrain_steps", "pretrained_path",
+    "pretrain_steps", "pretrained_path", "training", "max_grad_norm",
 )
 
 
@@ -75,6 +86,7 @@ class PeCLMethod(ContinualMethod):
         method = {k.name: setup.method.get(k.name, k.default) for k in PECL_KEYS}
         public = load_fortunes_texts(PUBLIC_CATEGORIES, max_per_class=200, min_count=1)
         self.public_unit_ids = np.asarray(public.unit_ids)
+        self.training = str(method["training"])
         options = {k: method[k] for k in _LEARNER_KEYS}
         options.update(
             strategy="pecl",
@@ -87,7 +99,8 @@ class PeCLMethod(ContinualMethod):
             device=setup.device,
         )
         self.learner = ContinualLM(len(self.label_space), learner_config(**options), setup.seed, list(public.texts),
-                                   reproducible_noise=setup.reproducible_noise)
+                                   reproducible_noise=setup.reproducible_noise,
+                                   public_labels=np.asarray(public.labels, dtype=np.int64))
         #: set by a release-only restore (load_state_dict): training on needs load_curator_state_dict first
         self._curator_missing = False
 
@@ -119,8 +132,25 @@ class PeCLMethod(ContinualMethod):
                 "curator state (token counts, Omega values of earlier tasks); call load_curator_state_dict with "
                 "the state curator_state_dict returned."
             )
+        if not plan.noise:
+            raise ConfigError(
+                f"pecl with training = {self.training!r} has no noise-free training: a [run] private = false run "
+                "gets no plan to train. Run it privately (training = 'dp_sgd' is covered), or set training = "
+                "'paper' for the paper's method, whose non-private run trains its plan as it is."
+            )
         self._check_plan(plan)
-        self.learner.fit_task(task_index, list(data.texts), self.label_positions(data.labels))
+        if self.training == "dp_sgd":
+            noise = plan.noise
+            schedule = {k: noise.get(k) for k in ("noise_multiplier", "sample_rate", "steps", "max_grad_norm")}
+            if len(data.texts) and (not plan.events or any(v is None for v in schedule.values())):
+                raise PrivacyViolationError(
+                    f"training = 'dp_sgd' needs a plan with DP-SGD events and its schedule for task {task_index}; "
+                    f"got events={plan.events!r}, noise={dict(noise)!r}."
+                )
+            self.learner.fit_task(task_index, list(data.texts), self.label_positions(data.labels),
+                                  output_labels=self.label_positions(output_labels), dpsgd=schedule)
+        else:
+            self.learner.fit_task(task_index, list(data.texts), self.label_positions(data.labels))
         self.mark_released(output_labels)
         self.tasks_fitted += 1
         if progress is not None:
@@ -130,6 +160,7 @@ class PeCLMethod(ContinualMethod):
         noise = plan.noise
         cfg = self.learner.config
         expected = {
+            "training": cfg.training,
             "calibration": cfg.calibration,
             "epsilon_lower": cfg.epsilon_lower,
             "epsilon_upper": cfg.epsilon_upper,
@@ -137,6 +168,8 @@ class PeCLMethod(ContinualMethod):
             "delta": cfg.delta,
             "releases_per_token": cfg.epochs,
         }
+        if cfg.training == "dp_sgd" and noise.get("steps"):
+            expected["max_grad_norm"] = cfg.max_grad_norm
         for key, value in expected.items():
             if noise.get(key) != value:
                 raise PrivacyViolationError(

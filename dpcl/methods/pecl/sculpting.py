@@ -28,15 +28,21 @@ def dynamic_lambda(mean_score: float, lambda_min: float, lambda_max: float) -> f
     return float(lambda_max * (1.0 - mean_score) + lambda_min * mean_score)
 
 
-def unlearning_loss(scores: torch.Tensor, token_loss: torch.Tensor, mask: torch.Tensor, theta: float) -> torch.Tensor:
-    """Eq. 12 (000) / eq. 13 (002), per sequence then averaged over the batch -> scalar.
+def unlearning_loss_per_sequence(
+    scores: torch.Tensor, token_loss: torch.Tensor, mask: torch.Tensor, theta: float
+) -> torch.Tensor:
+    """Eq. 12 (000) / eq. 13 (002) of every sequence -> ``[B]`` (DP-SGD clips each sequence's own gradient).
 
     ``M`` is the number of (non-padding) tokens of each sequence.
     """
     weight = (scores - theta).clamp_min(0.0)  # (Score - theta) * 1[Score > theta]
     m = mask.to(token_loss.dtype).sum(dim=1).clamp_min(1.0)
-    per_sequence = (weight * token_loss * mask.to(token_loss.dtype)).sum(dim=1) / m
-    return per_sequence.mean()
+    return (weight * token_loss * mask.to(token_loss.dtype)).sum(dim=1) / m
+
+
+def unlearning_loss(scores: torch.Tensor, token_loss: torch.Tensor, mask: torch.Tensor, theta: float) -> torch.Tensor:
+    """Eq. 12 (000) / eq. 13 (002), per sequence then averaged over the batch -> scalar."""
+    return unlearning_loss_per_sequence(scores, token_loss, mask, theta).mean()
 
 
 def drift_penalty(current: Iterable[torch.Tensor], previous: Iterable[torch.Tensor]) -> torch.Tensor:
