@@ -40,6 +40,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="torch device (default: [method] device, else cpu); cuda must be available")
+    parser.add_argument(
+        "--sign", metavar="KEY", default=None,
+        help="sign every certificate with this Ed25519 private key (dpcl keygen); check with dpcl verify --public-key",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_json_flag(parser)
     parser.set_defaults(handler=run_command)
@@ -102,7 +106,7 @@ def run_command(args: argparse.Namespace) -> int:
     quiet_accounting_logs()
     result = run_training(
         args.config, args.out, seed=args.seed, device=args.device, quiet=args.quiet or args.json,
-        reproducible_noise=args.reproducible_noise,
+        reproducible_noise=args.reproducible_noise, sign_key=args.sign,
     )
     if args.json:
         print_json(
