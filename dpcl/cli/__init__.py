@@ -31,7 +31,17 @@ COMMAND_MODULES = (
     "calibrate",
     "epsilon",
     "audit_mechanism",
+    "keygen",
+    "sign",
 )
+
+
+class UsageError(SystemExit):
+    """A command-line usage error (exit code 2), already reported on stderr; carries the message for ``--json``."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -39,7 +49,28 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: error: {message}\n")
-        raise SystemExit(2)
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+def _asks_for_json(argv: Sequence[str]) -> bool:
+    """``--json`` among the options (before a ``--`` that ends them)."""
+    for token in argv:
+        if token == "--":
+            return False
+        if token == "--json":
+            return True
+    return False
+
+
+def _print_json_error(message: str, code: int) -> None:
+    """Under ``--json`` a refusal is one JSON object on stdout too: ``{"error": ..., "exit_code": ...}``."""
+    import json
+
+    try:
+        print(json.dumps({"error": message, "exit_code": code}))
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError, OSError):  # nobody reads stdout any more
+        pass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,11 +93,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code. Every refusal (exit 2 or 3 from an error) is one line on stderr
+    and, under ``--json``, also one JSON object ``{"error": MESSAGE, "exit_code": CODE}`` on stdout."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = _asks_for_json(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        if as_json:
+            _print_json_error(exc.message, 2)
+        raise
     if getattr(args, "handler", None) is None:
         commands = ", ".join(sorted(getattr(parser, "_dpcl_commands", ())))
-        sys.stderr.write(f"dpcl: error: a command is required ({commands}); see dpcl --help.\n")
+        message = f"a command is required ({commands}); see dpcl --help."
+        sys.stderr.write(f"dpcl: error: {message}\n")
+        if as_json:
+            _print_json_error(message, 2)
         return 2
     try:
         code = int(args.handler(args) or 0)
@@ -74,12 +117,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except DpclError as exc:
         sys.stderr.write(f"dpcl {args.command}: error: {exc}\n")
+        if as_json:
+            _print_json_error(str(exc), exc.exit_code)
         return exc.exit_code
     except BrokenPipeError:
         return _stdout_closed()
     except OSError as exc:  # a path that cannot be read or written, not caught where it was used
         where = f": {exc.filename!r}" if getattr(exc, "filename", None) else ""
-        sys.stderr.write(f"dpcl {args.command}: error: {exc.strerror or exc}{where}.\n")
+        message = f"{exc.strerror or exc}{where}."
+        sys.stderr.write(f"dpcl {args.command}: error: {message}\n")
+        if as_json:
+            _print_json_error(message, 2)
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("dpcl: interrupted\n")

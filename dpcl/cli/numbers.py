@@ -93,7 +93,26 @@ def read_sigmas(option: str, path: str | Path) -> np.ndarray:
     return _read_text(option, path)
 
 
+#: Largest sigma files read (memory stays far below 2 GB): a text file of 16 MiB holds about 1.5 million
+#: sigmas, a .npy file of 256 MiB 33 million; more belongs in several files or a .npy array.
+MAX_SIGMA_TEXT_BYTES = 16 * 1024 * 1024
+MAX_SIGMA_NPY_BYTES = 256 * 1024 * 1024
+
+
+def _check_size(option: str, path: Path, limit: int, hint: str) -> None:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return  # reported by the reader with its own message
+    if size > limit:
+        raise InvalidParameterError(
+            f"{option}: {str(path)!r} is {size} bytes; dpcl reads sigma files of at most {limit} bytes "
+            f"({limit // 2**20} MiB); {hint}"
+        )
+
+
 def _read_npy(option: str, path: Path) -> np.ndarray:
+    _check_size(option, path, MAX_SIGMA_NPY_BYTES, "split the sigmas into several compositions.")
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
@@ -117,6 +136,7 @@ def _read_npy(option: str, path: Path) -> np.ndarray:
 
 
 def _read_text(option: str, path: Path) -> np.ndarray:
+    _check_size(option, path, MAX_SIGMA_TEXT_BYTES, "save the sigmas as a .npy array (numpy.save) instead.")
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -127,8 +147,9 @@ def _read_text(option: str, path: Path) -> np.ndarray:
         raise InvalidParameterError(
             f"{option}: {str(path)!r} is not UTF-8 text; give one sigma per line or a .npy array."
         ) from None
-    stripped = np.char.strip(np.array(text.splitlines() or [""], dtype=str))
-    keep = (np.char.str_len(stripped) > 0) & ~np.char.startswith(stripped, "#")
+    # variable-width strings: a fixed-width array would take (longest line) x (lines) x 4 bytes
+    stripped = np.strings.strip(np.array(text.splitlines() or [""], dtype=np.dtypes.StringDType()))
+    keep = (np.strings.str_len(stripped) > 0) & ~np.strings.startswith(stripped, "#")
     values_text = stripped[keep]
     line_numbers = np.flatnonzero(keep) + 1
     if values_text.size == 0:

@@ -46,6 +46,10 @@ def register(subparsers: Any) -> None:
         help="data-parallel DP-SGD on N local processes (peft_ensemble, naive, non_cl; gloo on cpu, nccl on cuda); "
         "the same ledger and epsilon as one process. Under torchrun leave it out: the ranks come from torchrun",
     )
+    parser.add_argument(
+        "--sign", metavar="KEY", default=None,
+        help="sign every certificate with this Ed25519 private key (dpcl keygen); check with dpcl verify --public-key",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_json_flag(parser)
     parser.set_defaults(handler=run_command)
@@ -107,7 +111,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     quiet_accounting_logs()
     options = {"seed": args.seed, "device": args.device, "quiet": args.quiet or args.json,
-               "reproducible_noise": args.reproducible_noise}
+               "reproducible_noise": args.reproducible_noise, "sign_key": args.sign}
     if launched_by_torchrun() and args.nproc == 1:
         result = run_under_torchrun(args.config, args.out, **options)
         if result is None:  # a rank > 0: rank 0 reports

@@ -33,7 +33,12 @@ from pathlib import Path
 
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.cli.verify_cross_check import add_cross_check_flag, run_cross_checks
-from dpcl.guarantees.certificates import VerificationReport, read_certificate, verify_certificate
+from dpcl.guarantees.certificates import (
+    VerificationReport,
+    certified_checkpoint_path,
+    read_certificate,
+    verify_certificate,
+)
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, VerificationError
 
 
@@ -59,6 +64,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="checkpoint file to check (default: the file the certificate names, relative to the certificate)",
     )
     add_cross_check_flag(parser)
+    parser.add_argument(
+        "--public-key",
+        metavar="PUB",
+        default=None,
+        help="the issuer's Ed25519 public key (KEY.pub from dpcl keygen): a certificate without a valid signature by "
+        "it fails (exit 3). Without it the signature is reported (unsigned / signed by FINGERPRINT), not checked",
+    )
     add_json_flag(parser)
     parser.set_defaults(handler=run_verify)
 
@@ -82,7 +94,7 @@ def check_input_files(certificate: str, checkpoint: str | None) -> None:
         return
     named = read_certificate(path).get("checkpoint")
     if isinstance(named, dict) and isinstance(named.get("path"), str) and named["path"]:
-        resolved = (path.resolve().parent / named["path"]).resolve()
+        resolved = certified_checkpoint_path(path, named["path"])  # stays inside the run directory, no symlink
         if not resolved.is_file():
             raise InvalidParameterError(
                 f"the checkpoint this certificate names, {named['path']!r} (relative to the certificate: "
@@ -128,7 +140,12 @@ def run_verify(args: argparse.Namespace) -> int:
         )
     for path in paths:  # every input first: nothing is reported when a file is missing or malformed
         check_input_files(path, args.checkpoint)
-    reports = [verify_certificate(path, checkpoint=args.checkpoint) for path in paths]
+    public_key = None
+    if getattr(args, "public_key", None) is not None:
+        from dpcl.guarantees.signing import load_public_key
+
+        public_key = load_public_key(args.public_key)
+    reports = [verify_certificate(path, checkpoint=args.checkpoint, public_key=public_key) for path in paths]
     dicts = [r.to_dict() for r in reports]
     if getattr(args, "json", False):
         cross, cross_code = run_cross_checks(args, paths)

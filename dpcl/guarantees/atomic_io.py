@@ -21,7 +21,26 @@ from typing import Any
 
 from dpcl.errors import InvalidParameterError
 
-__all__ = ["write_bytes_atomic", "write_text_atomic", "write_json_atomic", "read_json", "sha256_file"]
+__all__ = [
+    "write_bytes_atomic",
+    "write_text_atomic",
+    "write_json_atomic",
+    "read_json",
+    "read_bytes_limited",
+    "sha256_file",
+    "FileTooLargeError",
+    "JsonLimitError",
+    "check_nesting",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+]
+
+#: Largest JSON file :func:`read_json` parses (ledgers, certificates, run state). A certificate of a
+#: thousand-task run is well under 1 MiB; parsed JSON takes up to about 25 times its size in memory, so this
+#: keeps a hostile file far below 2 GB.
+MAX_JSON_BYTES = 16 * 1024 * 1024
+#: Deepest nesting of arrays and objects :func:`read_json` accepts (dpcl's own files nest fewer than 10 levels).
+MAX_JSON_DEPTH = 64
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -37,18 +56,36 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + os.replace); returns the path."""
+def write_bytes_atomic(
+    path: str | os.PathLike[str], data: bytes, *, mode: int | None = None, overwrite: bool = True
+) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + os.replace); returns the path.
+
+    ``mode`` sets the file's permission bits before any byte is written (e.g. ``0o600`` for a private key;
+    default: those of :func:`tempfile.mkstemp`, owner read/write). ``overwrite=False`` moves the file into
+    place with :func:`os.link`, which fails with :class:`FileExistsError` when ``path`` exists (no window in
+    which another writer's file is replaced).
+    """
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
+        if overwrite:
+            os.replace(tmp_name, target)
+        else:
+            try:
+                os.link(tmp_name, target)
+            except FileExistsError as exc:
+                exc.filename = str(target)
+                raise
+            os.unlink(tmp_name)
     except BaseException:
         try:
             os.unlink(tmp_name)
@@ -88,16 +125,81 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
     return write_text_atomic(path, text + "\n")
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
+class FileTooLargeError(ValueError):
+    """A file is larger than the reader accepts; the message names the limit (a ``ValueError``, so callers that
+    map unreadable content to their typed errors refuse it the same way)."""
+
+
+class JsonLimitError(ValueError):
+    """JSON nested deeper than :data:`MAX_JSON_DEPTH`, or holding a duplicate key."""
+
+
+def read_bytes_limited(path: str | os.PathLike[str], max_bytes: int, what: str = "file") -> bytes:
+    """The bytes of ``path``, refusing (:class:`FileTooLargeError`) a file of more than ``max_bytes``.
+
+    The size is checked before reading and again while reading (a file that grows, or a device that never
+    ends, is not read past the limit). A directory raises :class:`IsADirectoryError`.
+    """
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        data = b"" if size > max_bytes else handle.read(max_bytes + 1)
+    if size > max_bytes or len(data) > max_bytes:
+        raise FileTooLargeError(
+            f"{what} {str(path)!r} is {max(size, len(data))} bytes or more; dpcl reads at most {max_bytes} bytes "
+            f"({max_bytes / 2**20:g} MiB) from it; a file this large is not one dpcl wrote (check where it came from)"
+        )
+    return data
+
+
+def read_json(
+    path: str | os.PathLike[str], *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH
+) -> Any:
     """Read a JSON file. Raises ``FileNotFoundError`` if absent and ``ValueError`` (json.JSONDecodeError)
-    if the content is not valid JSON (e.g. truncated); callers map these to their own typed errors."""
-    with open(path, "r", encoding="utf-8") as handle:
-        text = handle.read()
-    return json.loads(text, parse_constant=_refuse_constant)
+    if the content is not valid JSON (e.g. truncated); callers map these to their own typed errors.
+
+    Hostile files are refused with a ``ValueError`` naming the limit before they can exhaust memory or the
+    stack: more than ``max_bytes`` bytes (:class:`FileTooLargeError`, checked before parsing), arrays and
+    objects nested deeper than ``max_depth``, a key repeated in one object (readers that keep the first or the
+    last value would see different files), and NaN/Infinity.
+    """
+    raw = read_bytes_limited(path, max_bytes, "JSON file")
+    text = raw.decode("utf-8")
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys)
+    except RecursionError:
+        raise JsonLimitError(f"arrays or objects are nested deeper than {max_depth} levels") from None
+    check_nesting(value, max_depth)
+    return value
 
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"non-finite JSON constant {name} is not allowed")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise JsonLimitError(f"key {duplicate[:80]!r} appears twice in one object")
+    return result
+
+
+def check_nesting(value: Any, max_depth: int) -> None:
+    """Refuse dicts and lists nested deeper than ``max_depth`` with :class:`JsonLimitError` (iterative: a deep
+    value cannot exhaust the stack here, nor later in code that walks it recursively)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            raise JsonLimitError(f"arrays or objects are nested deeper than {max_depth} levels")
+        children = []
+        for item in level:
+            for child in item.values() if isinstance(item, dict) else item:
+                if isinstance(child, (dict, list)):
+                    children.append(child)
+        level = children
 
 
 def sha256_file(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20) -> str:

@@ -146,8 +146,11 @@ def _tolerance(accountant: str) -> float:
 
 
 def content_sha256(certificate: Mapping[str, Any]) -> str:
-    """SHA-256 of a certificate's canonical JSON (sorted keys, no whitespace), its ``sha256`` field excluded."""
-    body = {k: v for k, v in certificate.items() if k != "sha256"}
+    """SHA-256 of a certificate's canonical JSON (sorted keys, no whitespace), its ``sha256`` field excluded.
+
+    The ``signature`` block (:mod:`dpcl.guarantees.signing`) is excluded too: it is added after the hash and
+    covers the hash, so signing a certificate does not change it."""
+    body = {k: v for k, v in certificate.items() if k not in ("sha256", "signature")}
     return hashlib.sha256(
         json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
     ).hexdigest()
@@ -449,7 +452,8 @@ def write_certificate(path: "str | os.PathLike[str]", certificate: Mapping[str, 
     """Write ``certificate`` atomically to ``path``, storing the checkpoint path relative to it and the
     SHA-256 of the certificate's content (:func:`content_sha256`) in its ``sha256`` field."""
     target = Path(path)
-    cert = {k: v for k, v in certificate.items() if k != "sha256"}
+    # a signature covers the content it was made for: a (re)written certificate is unsigned until signed again
+    cert = {k: v for k, v in certificate.items() if k not in ("sha256", "signature")}
     ckpt = cert.get("checkpoint")
     if ckpt and ckpt.get("path"):
         absolute = Path(ckpt["path"]).resolve()
@@ -541,6 +545,10 @@ def read_certificate(path: "str | os.PathLike[str]") -> dict[str, Any]:
     missing = [k for k in required if k not in data]
     if missing:
         raise MalformedCertificateError(f"certificate {str(p)!r} lacks required field(s): {', '.join(missing)}.")
+    if data["checkpoint"] is not None and not isinstance(data["checkpoint"], dict):
+        raise MalformedCertificateError(
+            f"certificate checkpoint must be an object {{path, sha256}} or null, got {type(data['checkpoint']).__name__}."
+        )
     g = data["guarantee"]
     if not isinstance(g, dict):
         raise MalformedCertificateError("certificate guarantee must be an object.")
@@ -801,7 +809,7 @@ def _recompute(
 
 
 def verify_certificate(
-    path: "str | os.PathLike[str]", checkpoint: "str | os.PathLike[str] | None" = None
+    path: "str | os.PathLike[str]", checkpoint: "str | os.PathLike[str] | None" = None, *, public_key: Any = None
 ) -> VerificationReport:
     """Check a certificate: recompute its guarantees from their events, re-hash its checkpoint and its content.
 
@@ -817,7 +825,11 @@ def verify_certificate(
     (SHA-256 of the certificate's own content, :func:`content_sha256`, so an edit of any field is noticed).
 
     ``checkpoint`` overrides the checkpoint path named in the certificate (which is
-    relative to the certificate's directory). Returns a :class:`VerificationReport`;
+    relative to the certificate's directory and must stay inside the run directory holding the certificate's
+    folder, through no symbolic link: :func:`certified_checkpoint_path`). ``signature``
+    (:func:`dpcl.guarantees.signing.signature_check`) checks the Ed25519 signature against ``public_key`` (a
+    PEM file or key object) when one is given, and otherwise only reports "unsigned" or "signed by ... (not
+    checked)". Returns a :class:`VerificationReport`;
     call :meth:`VerificationReport.raise_if_invalid` to turn a failure into
     :class:`VerificationError`. A malformed certificate raises
     :class:`MalformedCertificateError` (exit code 2). Version-1 certificates are verified as
@@ -891,7 +903,7 @@ def verify_certificate(
         if checkpoint is not None:
             cpath = Path(checkpoint)
         else:
-            cpath = (p.resolve().parent / ckpt["path"]).resolve()
+            cpath = certified_checkpoint_path(p, ckpt["path"])
         if not ckpt or not ckpt.get("sha256"):
             checks.append(VerificationCheck("checkpoint", False, "certificate records no checkpoint SHA-256"))
         elif not cpath.is_file():
@@ -929,6 +941,12 @@ def verify_certificate(
             )
         )
 
+    # 6. who issued it (only when a public key is given; otherwise the signature is reported, not checked).
+    from dpcl.guarantees.signing import signature_check
+
+    signed_ok, signed_detail = signature_check(data, public_key)
+    checks.append(VerificationCheck("signature", signed_ok, signed_detail))
+
     return VerificationReport(
         path=str(p),
         stated_epsilon=stated,
@@ -941,3 +959,22 @@ def verify_certificate(
         reasons=reasons,
         scoped=tuple(scoped),
     )
+
+
+def certified_checkpoint_path(certificate: "str | os.PathLike[str]", name: Any) -> Path:
+    """The checkpoint file a certificate names (``name``, relative to the certificate), refusing with
+    :class:`~dpcl.guarantees.safe_paths.UnsafePathError` (exit code 2) a path that leaves the run directory (the
+    certificate's folder's parent) or passes through a symbolic link."""
+    from dpcl.guarantees.safe_paths import contained_path
+
+    p = Path(certificate)
+    return contained_path(p.resolve().parent.parent, _relative_to_parent(p, name),
+                          what=f"certificate {str(p)!r} checkpoint path")
+
+
+def _relative_to_parent(certificate: Path, name: Any) -> Any:
+    """A checkpoint path relative to the certificate, rewritten relative to the run directory (the certificate's
+    folder's parent) for :func:`~dpcl.guarantees.safe_paths.contained_path`; non-strings are left for it to refuse."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute():
+        return name
+    return f"{certificate.resolve().parent.name}/{name}"

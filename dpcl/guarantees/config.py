@@ -52,6 +52,7 @@ from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import METHOD_SPECS, REQUIRED, MethodSpec, get_method_spec
 
 __all__ = [
+    "MAX_TASKS",
     "PRIVACY_KEYS",
     "GUARANTEE_STREAM_KEYS",
     "CONFIG_ACCOUNTANTS",
@@ -319,6 +320,25 @@ def _parse_run(section: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Most tasks a config may have. Auditing plans, calibrates and composes every task (and every release of
+#: Non-CL reads every earlier task), so the time of ``dpcl audit`` grows with the task count: a hundred
+#: DP-SGD tasks take tens of seconds; far longer streams would not answer in a minute.
+MAX_TASKS = 100
+
+
+def _check_task_count(stream: Mapping[str, Any]) -> None:
+    """Refuse a stream of more than :data:`MAX_TASKS` tasks up front, naming the key that sets the count."""
+    for key in ("tasks", "task_sizes", "n_tasks"):
+        value = stream.get(key)
+        count = len(value) if isinstance(value, list) else value
+        if isinstance(count, int) and not isinstance(count, bool) and count > MAX_TASKS:
+            raise ConfigError(
+                f"[stream] {key} gives {count} tasks; dpcl audits and trains at most {MAX_TASKS} tasks per config "
+                "(each task is planned, calibrated and composed, so the audit of a longer stream would not answer "
+                f"in a minute). Group the stream into at most {MAX_TASKS} tasks (several classes or shards per task)."
+            )
+
+
 def parse_config(
     raw: Mapping[str, Any],
     *,
@@ -344,6 +364,7 @@ def parse_config(
     method, spec = _parse_method(_table(raw, "method"))
     if stream.get("tasks") is None and stream.get("task_sizes") is None and "n_tasks" not in stream:
         raise ConfigError("[stream] tasks is required (one list of labels per task), or give task_sizes.")
+    _check_task_count(stream)
     if stream.get("encoder") is not None:
         # the plan names the public encoder it assumes (dpcl.guarantees.public_encoder), so audit and certificates
         # state which one; [method] cannot set this key itself (it is not a method key)
@@ -364,21 +385,42 @@ def parse_config(
     return config
 
 
+#: Largest config file :func:`load_config` parses (a thousand-task config is a few tens of KiB).
+MAX_CONFIG_BYTES = 1024 * 1024
+#: Deepest nesting of tables and arrays in a config (dpcl's own configs nest at most 4 levels).
+MAX_CONFIG_DEPTH = 16
+
+
 def load_config(
     path: "str | Path", *, data_stream_keys: Iterable[str] | None = None
 ) -> TrainingConfig:
-    """Read and validate a TOML config file; problems raise ConfigError (exit code 2)."""
+    """Read and validate a TOML config file; problems raise ConfigError (exit code 2).
+
+    A file larger than :data:`MAX_CONFIG_BYTES` is refused before it is parsed, and one nesting tables or
+    arrays deeper than :data:`MAX_CONFIG_DEPTH` levels while or after it is parsed, so a hostile config cannot
+    exhaust memory or the stack.
+    """
+    from dpcl.guarantees.atomic_io import FileTooLargeError, JsonLimitError, check_nesting, read_bytes_limited
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_bytes_limited(p, MAX_CONFIG_BYTES, "config file").decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {str(p)!r} does not exist.") from None
+    except FileTooLargeError as exc:
+        raise ConfigError(f"{exc}.") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}.") from None
     try:
         raw = tomllib.loads(text)
+        check_nesting(raw, MAX_CONFIG_DEPTH)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}.") from None
+    except (RecursionError, JsonLimitError):
+        raise ConfigError(
+            f"config file {str(p)!r} nests tables or arrays deeper than {MAX_CONFIG_DEPTH} levels; a dpcl config "
+            "nests at most 4 (see docs/guarantees.md)."
+        ) from None
     try:
         return parse_config(raw, source=str(p), data_stream_keys=data_stream_keys)
     except ConfigError:

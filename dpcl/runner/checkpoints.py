@@ -36,6 +36,23 @@ CURATOR_STATE_FORMAT = "dpcl-curator-state"
 CURATOR_STATE_VERSION = 1
 
 
+def _load_failure(exc: BaseException) -> str:
+    """One line saying why ``torch.load(weights_only=True)`` refused a file (torch's own message spans many lines
+    and suggests allow-listing the refused global, which is exactly what must not be done with a hostile file)."""
+    import pickle
+
+    if isinstance(exc, pickle.UnpicklingError):
+        first = next((line.strip() for line in str(exc).splitlines() if "Unsupported global" in line), "")
+        refused = f" ({first.split(':', 1)[1].strip().split(' was ')[0]})" if ":" in first else ""
+        return (
+            f"it holds Python objects other than tensors and plain containers{refused}, which could run code when "
+            "loaded; dpcl loads only with weights_only=True and did not unpickle them (it is not a file dpcl wrote: "
+            "do not load it elsewhere either)"
+        )
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
 def save_checkpoint(path: "str | os.PathLike[str]", *, method: str, task_index: int, state: Mapping[str, Any],
                     meta: Mapping[str, Any] | None = None) -> str:
     """Write the checkpoint atomically; returns its SHA-256."""
@@ -68,7 +85,7 @@ def load_checkpoint(path: "str | os.PathLike[str]", *, expected_sha256: str | No
     try:
         payload = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several unrelated types for a damaged file
-        raise InvalidParameterError(f"checkpoint {str(p)!r} cannot be read: {exc}") from exc
+        raise InvalidParameterError(f"checkpoint {str(p)!r} cannot be read: {_load_failure(exc)}") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise InvalidParameterError(f"{str(p)!r} is not a dpcl checkpoint.")
     if payload.get("version") != CHECKPOINT_VERSION:
@@ -119,7 +136,7 @@ def load_curator_state(path: "str | os.PathLike[str]", *, expected_sha256: str, 
     try:
         payload = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several unrelated types for a damaged file
-        raise LedgerCorruptError(f"curator state {str(p)!r} cannot be read ({exc}); {remedy}") from exc
+        raise LedgerCorruptError(f"curator state {str(p)!r} cannot be read ({_load_failure(exc)}); {remedy}") from None
     if (not isinstance(payload, dict) or payload.get("format") != CURATOR_STATE_FORMAT
             or payload.get("version") != CURATOR_STATE_VERSION):
         raise LedgerCorruptError(f"{str(p)!r} is not a dpcl curator state of version {CURATOR_STATE_VERSION}; {remedy}")

@@ -257,6 +257,7 @@ def run_data_parallel(
     quiet: bool = False,
     stop_after_task: int | None = None,
     reproducible_noise: bool = False,
+    sign_key: "str | Path | None" = None,
 ) -> Any:
     """``dpcl run --nproc N``: the run of :func:`~dpcl.runner.run.run_training` on ``nproc`` local processes.
 
@@ -268,7 +269,7 @@ def run_data_parallel(
 
     world = _check_nproc(nproc)
     options = {"seed": seed, "quiet": quiet, "stop_after_task": stop_after_task,
-               "reproducible_noise": reproducible_noise}
+               "reproducible_noise": reproducible_noise, "sign_key": sign_key}
     if world == 1:
         return run_training(config_path, out_dir, device=device, **options)
     if launched_by_torchrun():
@@ -342,6 +343,7 @@ def run_under_torchrun(
     quiet: bool = False,
     stop_after_task: int | None = None,
     reproducible_noise: bool = False,
+    sign_key: "str | Path | None" = None,
 ) -> Any:
     """One rank of ``torchrun --nproc-per-node N -m dpcl run CONFIG --out DIR``: rank 0's RunResult, else None."""
     import torch.distributed as dist
@@ -356,7 +358,7 @@ def run_under_torchrun(
     try:
         if rank == 0:
             options = {"seed": seed, "quiet": quiet, "stop_after_task": stop_after_task,
-                       "reproducible_noise": reproducible_noise}
+                       "reproducible_noise": reproducible_noise, "sign_key": sign_key}
             return _lead(config_path, out_dir, device=rank_device, run_options=options)
         _follow(config_path, out_dir, device=rank_device, seed=seed, reproducible_noise=reproducible_noise)
         return None

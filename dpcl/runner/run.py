@@ -33,6 +33,7 @@ Run directory::
     DIR/curator/task001.state.pt         curator state per release (private), atomic
     DIR/scoped/NAME.ledger.json          one ledger per scoped statement (private), atomic
     DIR/metrics.json, DIR/accuracy.png
+    DIR/run.lock                         held while a run works on DIR (dpcl.guarantees.run_lock)
 
 What may be published: ``checkpoints/`` and ``certificates/`` (each
 certificate covers its checkpoint and nothing else). ``curator/``,
@@ -97,6 +98,7 @@ from dpcl.errors import (
 )
 from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
+from dpcl.guarantees.run_lock import acquire_run_lock, releases_run_locks  # one live run per --out directory
 
 RUN_STATE_FORMAT = "dpcl-run"
 RUN_STATE_VERSION = 2  # 2: releases record their curator state (checkpoints of version 1 held it)
@@ -335,6 +337,7 @@ def _config_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@releases_run_locks
 def run_training(
     config_path: "str | Path",
     out_dir: "str | Path",
@@ -344,6 +347,7 @@ def run_training(
     quiet: bool = False,
     stop_after_task: int | None = None,
     reproducible_noise: bool = False,
+    sign_key: Any = None,
 ) -> RunResult:
     """Train, certify and evaluate the run ``config_path`` describes, into ``out_dir`` (resuming if possible).
 
@@ -356,6 +360,9 @@ def run_training(
     (:mod:`dpcl.methods.noise_source`) unless ``reproducible_noise`` (or
     ``[run] reproducible_noise = true``) draws them from ``seed``; each
     certificate states which, as an assumption.
+
+    ``sign_key`` (a private key file or an Ed25519 key, :mod:`dpcl.guarantees.signing`) signs every
+    certificate after it is written and verified; it is loaded before any work, so a bad key fails first.
     """
     from dpcl.data import STREAM_KEYS, build_stream
     from dpcl.guarantees.audit_config import audit_config, resolve_across_tasks
@@ -368,6 +375,10 @@ def run_training(
         raise InvalidParameterError(f"--seed must be an integer >= 0, got {seed!r}.")
     if not isinstance(reproducible_noise, bool):
         raise InvalidParameterError(f"--reproducible-noise is a switch (true/false), got {reproducible_noise!r}.")
+    if sign_key is not None:
+        from dpcl.guarantees.signing import load_private_key, sign_certificate
+
+        sign_key = load_private_key(sign_key, option="--sign")
     config_file = Path(config_path)
     config = load_config(config_file, data_stream_keys=STREAM_KEYS)
     out = check_run_directory(out_dir)
@@ -417,6 +428,10 @@ def run_training(
 
     # -- run directory and resume ------------------------------------------------------------------
     _make_run_directory(out)
+    lock = acquire_run_lock(out)  # refuses (exit 2) while another live run holds --out; released on return
+    if lock.took_over and not quiet:
+        print(f"dpcl run: {str(out)!r} was left locked by a run that ended without releasing it "
+              f"(pid {lock.took_over.get('pid')!r}); taking it over and resuming.", file=sys.stderr)
     state_path = out / "run.json"
     digest = _config_digest(config_file)
     releases: list[ReleaseSummary] = []
@@ -425,7 +440,7 @@ def run_training(
             state = read_json(state_path)
         except ValueError as exc:
             raise ConfigError(f"{state_path} is damaged ({exc}); move the run directory away to start over.") from exc
-        if state.get("format") != RUN_STATE_FORMAT:
+        if not isinstance(state, dict) or state.get("format") != RUN_STATE_FORMAT:
             raise ConfigError(f"{state_path} is not a dpcl run state; use another --out directory.")
         if state.get("version") != RUN_STATE_VERSION:
             raise ConfigError(
@@ -450,7 +465,10 @@ def run_training(
                 f"--out {str(out)!r} holds a run with a different {', '.join(mismatch)}; resume it with the same "
                 "config file, --seed and --reproducible-noise setting, or use a new --out directory."
             )
-        releases = [ReleaseSummary.from_dict(r) for r in state["releases"]]
+        try:
+            releases = [ReleaseSummary.from_dict(r) for r in state["releases"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{state_path} is damaged ({exc!r}); move the run directory away to start over.") from None
     resumed_after = releases[-1].task_index if releases else None
 
     label_space = tuple(sorted({o for s in label_sets for o in s}))
@@ -535,6 +553,12 @@ def run_training(
 
     if releases:
         last = releases[-1]
+        from dpcl.guarantees.safe_paths import contained_path  # run.json may have been edited: stay inside --out
+
+        where = f"{str(state_path)!r} release of task {last.task_index + 1}:"
+        last = ReleaseSummary(**{**last.__dict__, **{
+            name: contained_path(out, getattr(last, name), what=f"{where} {name} path").relative_to(out.resolve())
+            .as_posix() for name in ("certificate", "checkpoint", "curator_state")}})
         expected = _recorded_checkpoint_hash(out / last.certificate)
         payload = load_checkpoint(out / last.checkpoint, expected_sha256=expected)
         if payload["method"] != method_name or payload["task_index"] != last.task_index:
@@ -632,6 +656,8 @@ def run_training(
         write_certificate(certificate, cert)
         _crash_point("certificate", t)
         verify_certificate(certificate).raise_if_invalid()
+        if sign_key is not None:
+            sign_certificate(certificate, sign_key, verify=False)
 
         accuracies = tuple(
             method.accuracy(prepared[j].test_features, prepared[j].test_labels) for j in range(t + 1)

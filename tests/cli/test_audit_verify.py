@@ -312,7 +312,8 @@ def test_verify_legacy_non_private_statement_exit_3(tmp_path, capsys):
     }))
     for extra in ((), ("--json",)):
         code, out, err = _run(capsys, "verify", str(statement), *extra)
-        assert code == 3 and out == ""
+        assert code == 3 and (json.loads(out) == {"error": err.split("error: ", 1)[1].strip(), "exit_code": 3}
+                              if extra else out == "")
         assert err.count("\n") == 1 and "NOT differentially private" in err and "not a certificate" in err
         assert "private = false" in err and "task 0" in err
 
@@ -328,11 +329,11 @@ def test_verify_missing_or_wrong_input_files_exit_2(certificate, tmp_path, capsy
         ((str(path), "--checkpoint", str(tmp_path)), "--checkpoint"),
     ]:
         code, out, err = _run(capsys, "verify", *argv, "--json")
-        assert code == 2 and out == "", argv
+        assert code == 2 and set(json.loads(out)) == {"error", "exit_code"}, argv  # only the refusal, no verdict
         assert err.count("\n") == 1 and needle in err and "Traceback" not in err
     ckpt.rename(tmp_path / "moved.ckpt")
     code, out, err = _run(capsys, "verify", str(path), "--json")
-    assert code == 2 and out == "" and err.count("\n") == 1
+    assert code == 2 and json.loads(out)["exit_code"] == 2 and err.count("\n") == 1
     assert "task0.ckpt" in err and "does not exist" in err and "--checkpoint" in err
     code, out, err = _run(capsys, "verify", str(path), "--checkpoint", str(tmp_path / "moved.ckpt"), "--json")
     assert code == 0, err
