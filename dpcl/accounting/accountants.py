@@ -36,7 +36,7 @@ assumptions/settings behind the number. Accountants:
     less). Otherwise the smallest of rdp, pld, advanced and basic, whichever
     apply, and prv where the PLD is refused or did not converge; the winner is
     named and all candidates listed. Inside auto the PLD starts at interval
-    RDP epsilon / 5000 clipped to [1e-5, 1e-3] (coarser if it would not fit in
+    RDP epsilon / 500 clipped to [1e-5, 1e-3] (coarser if it would not fit in
     memory) and is refined (halved, or more where the change says the error is
     still large) until one refinement changes epsilon by at most 0.5 %
     (:data:`AUTO_PLD_TOLERANCE`) or 8 s are spent; each step is pessimistic,
@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -66,6 +67,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from dpcl.accounting.events import (
+    MAX_COMPOSITIONS,
+    MAX_SAMPLED_STEPS,
+    STEPS_HINT,
     Adjacency,
     ComposedEvent,
     EpsilonDeltaEvent,
@@ -97,11 +101,13 @@ ACCOUNTANT_NAMES = ("exact", "basic", "advanced", "rdp", "pld", "prv", "auto")
 PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 #: Inside ``auto`` the PLD refinement starts at the RDP epsilon of the same events divided by
 #: this (clipped to [1e-5, 1e-3]; coarser where the grid would not fit in memory).
-AUTO_PLD_RESOLUTION = 5000.0
+AUTO_PLD_RESOLUTION = 500.0
 AUTO_PLD_INTERVAL_RANGE = (1e-5, 1e-3)
 #: PRV ``eps_error`` as a fraction of the RDP epsilon of the same events.
 PRV_RELATIVE_EPS_ERROR = 0.01
 PRV_MIN_EPS_ERROR = 1e-3
+#: Largest PRV grid dpcl allocates (prv-accountant uses ~110 bytes per point: ~1.3 GB).
+PRV_MAX_GRID_POINTS = 1.2e7
 #: PRV ``delta_error`` as a fraction of delta.
 PRV_RELATIVE_DELTA_ERROR = 1e-3
 _UNIT_ROUNDOFF = 2.0**-53
@@ -200,6 +206,16 @@ def _collect(events: PrivacyEvent | Sequence[PrivacyEvent]) -> _Mechanisms:
         root = ComposedEvent(list(events))  # validates: non-empty, same adjacency and unit
     mech = _Mechanisms(adjacency=root.adjacency, unit=root.unit)
     for leaf, count in root.leaves():
+        if count > MAX_COMPOSITIONS:
+            raise InvalidParameterError(
+                f"count (repetitions of one {leaf.kind} mechanism) must be at most {MAX_COMPOSITIONS:.0e}, got {count:.3g}; "
+                "no accountant is tested beyond it."
+            )
+        if isinstance(leaf, PoissonSampledGaussianEvent) and leaf.sample_rate < 1.0 and count > MAX_SAMPLED_STEPS:
+            raise InvalidParameterError(
+                f"steps (repetitions of a Poisson-subsampled Gaussian step) must be at most {MAX_SAMPLED_STEPS:.0e}, "
+                f"got {count:.3g}; {STEPS_HINT}."
+            )
         if isinstance(leaf, GaussianEvent):
             mech.gauss_mus.append(np.array([leaf.mu]))
             mech.gauss_counts.append(count)
@@ -379,6 +395,36 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
             ),
             count, _single_step_points(z_size, 1.0), f"subsampled-Gaussian steps with noise multiplier {z:.3g}",
         ))
+    try:
+        with np.errstate(all="ignore"):
+            singles = _sized_single_steps(pieces, interval)
+    except UnsupportedEventError:
+        raise
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+        raise _pld_library_error(exc) from exc
+    total = None
+    try:
+        with np.errstate(all="ignore"):
+            for pld, count in singles:
+                composed = _self_compose(pld, count)
+                total = composed if total is None else total.compose(composed)
+            eps = float(total.get_epsilon_for_delta(delta))
+    except UnsupportedEventError:
+        raise
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+        raise _pld_library_error(exc) from exc
+    if not math.isfinite(eps):
+        raise UnsupportedEventError(
+            f"dp-accounting's PLD gives no finite epsilon at delta={delta!r}: the tail mass it truncates "
+            "(counted as infinite loss) exceeds delta. Use a larger delta or accountant 'rdp' or 'exact'."
+        )
+    return eps, tuple(notes)
+
+
+def _sized_single_steps(
+    pieces: list[tuple[Callable[[float], Any], int, float, str]], interval: float,
+) -> list[tuple[Any, int]]:
+    """Build each piece's single-step PLD at ``interval`` after checking that its composition fits (see :func:`_pld`)."""
     points = 0.0
     singles: list[tuple[Any, int]] = []
     for build, count, width, what in pieces:
@@ -396,17 +442,14 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
         if not points <= PLD_MAX_GRID_POINTS:
             raise _pld_too_large(points, interval, what)
         singles.append((pld, count))
-    total = None
-    for pld, count in singles:
-        composed = _self_compose(pld, count)
-        total = composed if total is None else total.compose(composed)
-    eps = float(total.get_epsilon_for_delta(delta))
-    if not math.isfinite(eps):
-        raise UnsupportedEventError(
-            f"dp-accounting's PLD gives no finite epsilon at delta={delta!r}: the tail mass it truncates "
-            "(counted as infinite loss) exceeds delta. Use a larger delta or accountant 'rdp' or 'exact'."
-        )
-    return eps, tuple(notes)
+    return singles
+
+
+def _pld_library_error(exc: BaseException) -> UnsupportedEventError:
+    return UnsupportedEventError(
+        f"dp-accounting's PLD cannot evaluate these events in floating point ({type(exc).__name__}: "
+        f"{str(exc)[:120]}); use accountant 'rdp' or 'prv' (or 'auto', which picks what applies)."
+    )
 
 
 #: Self-compositions of a sparse PLD are split into blocks of this many copies (see :func:`_self_compose`).
@@ -538,12 +581,17 @@ class _CountAndDropLibraryWarnings(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.excluded_orders = 0
+        self.orders: list[float] = []  # the excluded orders, where the message names them
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR:
             return True
-        if "Excluding this order" in record.getMessage():
+        message = record.getMessage()
+        if "Excluding this order" in message:
             self.excluded_orders += 1
+            match = re.search(r"alpha=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)", message)
+            if match:
+                self.orders.append(float(match.group(1)))
         return False
 
 
@@ -586,11 +634,17 @@ def _rdp_accountant(mech: _Mechanisms) -> Any:
 
 def _rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
     if delta not in mech.rdp_cache:
-        with _dp_accounting_warnings_dropped() as dropped:
-            eps = float(_rdp_accountant(mech).get_epsilon(delta))
+        try:
+            with _dp_accounting_warnings_dropped() as dropped, np.errstate(all="ignore"):
+                eps = float(_rdp_accountant(mech).get_epsilon(delta))
+        except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+            raise UnsupportedEventError(
+                f"dp-accounting's RDP accountant cannot evaluate these events in floating point "
+                f"({type(exc).__name__}: {str(exc)[:120]}); use accountant 'pld' or 'prv' (or 'auto')."
+            ) from exc
         mech.rdp_excluded_orders = max(mech.rdp_excluded_orders, dropped.excluded_orders)
-        if dropped.excluded_orders:
-            other = _prv_rdp_epsilon(mech, delta)
+        if dropped.orders:
+            other = _prv_rdp_epsilon(mech, delta, sorted(set(dropped.orders)))
             if other < eps:
                 eps = other
                 mech.rdp_from_prv = True
@@ -598,13 +652,15 @@ def _rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
     return mech.rdp_cache[delta]
 
 
-def _prv_rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
-    """prv-accountant's RDP accountant on the same events (its own orders 1.1..63 and conversion).
+def _prv_rdp_epsilon(mech: _Mechanisms, delta: float, orders: list[float]) -> float:
+    """prv-accountant's RDP accountant on the same events at the ``orders`` dp-accounting dropped.
 
     dp-accounting gives up on a fractional order after 1000 terms of its series (e.g. q = 0.1,
     z = 1: orders 1.1 to 1.5 are dropped and epsilon at T = 1e5 is 1544); prv-accountant (like
     opacus) sums the same TF-Privacy series until its terms fall below e^-30 and keeps those
-    orders (921.6 there). Both are RDP upper bounds of the same mechanisms, so the smaller is.
+    orders (921.6 there). Both are RDP upper bounds of the same mechanisms, and each order's
+    conversion to (epsilon, delta) is a valid bound, so the smaller is. Only the dropped orders are
+    evaluated here (prv-accountant's series is slow for large noise: ~0.3 s per order at z = 1e6).
     """
     from prv_accountant.other_accountants import RDP
     from prv_accountant.privacy_random_variables import (
@@ -627,7 +683,7 @@ def _prv_rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            eps = float(RDP(prvs=prvs).compute_epsilon(delta, counts)[2])
+            eps = float(RDP(prvs=prvs, orders=orders).compute_epsilon(delta, counts)[2])
     except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError):
         return math.inf
     return eps if math.isfinite(eps) and eps >= 0 else math.inf
@@ -641,10 +697,10 @@ def _rdp(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
             f"rdp: dp-accounting excluded {mech.rdp_excluded_orders} order(s) whose RDP series did not converge; "
             "the bound is the minimum over the remaining orders (still an upper bound)."
             + (
-                " prv-accountant's RDP accountant (same series summed to convergence, orders 1.1..63) is "
+                " prv-accountant's RDP accountant (the same series summed to convergence) at those orders is "
                 "tighter here and is reported."
                 if mech.rdp_from_prv
-                else " prv-accountant's RDP accountant was also evaluated and is not tighter."
+                else " prv-accountant's RDP accountant at those orders was also evaluated and is not tighter."
             )
         )
     return eps, tuple(notes)
@@ -675,11 +731,26 @@ def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         prvs.append(PoissonSubsampledGaussianMechanism(noise_multiplier=z, sampling_probability=q))
         counts.append(count)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            acc = PRVAccountant(prvs=prvs, eps_error=eps_error, delta_error=delta_error, max_self_compositions=counts)
+            # size the grid first, as PRVAccountant would (its domain [-L, L], its mesh), and refuse
+            # before allocating; then hand it the same L (eps_max) so that it is not computed twice
+            domain = _prv_safe_domain(mech, counts, eps_error, delta_error)
+            mesh = eps_error / math.sqrt(sum(counts) / 2.0 * math.log(12.0 / delta_error))
+            points = 2.0 * domain / mesh
+            if not points <= PRV_MAX_GRID_POINTS:
+                raise UnsupportedEventError(
+                    f"prv-accountant would need ~{points:.2g} grid points for these events (domain +-{domain:.3g}, "
+                    f"mesh {mesh:.2g}; dpcl allocates at most {PRV_MAX_GRID_POINTS:.2g}, about 1.3 GB); use accountant "
+                    "'auto', 'pld' or 'rdp'."
+                )
+            acc = PRVAccountant(
+                prvs=prvs, eps_error=eps_error, delta_error=delta_error, max_self_compositions=counts, eps_max=domain,
+            )
             _, _, eps_upper = acc.compute_epsilon(delta=delta, num_self_compositions=counts)
-    except (ValueError, RuntimeError, FloatingPointError) as exc:
+    except UnsupportedEventError:
+        raise
+    except (ValueError, RuntimeError, FloatingPointError, OverflowError, ZeroDivisionError) as exc:
         raise UnsupportedEventError(
             f"prv-accountant cannot bound epsilon for these events at delta={delta!r} ({exc}); use accountant 'pld' or 'rdp'."
         ) from exc
@@ -691,6 +762,29 @@ def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     return max(eps_upper, 0.0), (
         f"prv: prv-accountant upper bound (not its estimate), eps_error={eps_error:.3g}, delta_error={delta_error:.3g}.",
     )
+
+
+def _prv_safe_domain(mech: _Mechanisms, counts: list[int], eps_error: float, delta_error: float) -> float:
+    """prv-accountant's safe domain size L (its remark 5.6, ``compute_safe_domain_size``), from dp-accounting's RDP.
+
+    prv-accountant takes L from an RDP epsilon of the composition at delta_error / 4 and of each
+    single mechanism at delta_error / (8 * compositions), plus 3; any sound RDP accountant gives a
+    sound L. dp-accounting's is used because prv-accountant's own series takes minutes for large
+    noise multipliers (46 s at z = 1e6); where dp-accounting dropped orders, L is only larger.
+    """
+    total = sum(counts)
+    with _dp_accounting_warnings_dropped(), np.errstate(all="ignore"):
+        domain = float(_rdp_accountant(mech).get_epsilon(delta_error / 4.0))
+        pieces: list[_Mechanisms] = []
+        if mech.gauss_mus:
+            pieces.append(_Mechanisms(adjacency=mech.adjacency, unit=mech.unit, gauss_mus=mech.gauss_mus, gauss_counts=mech.gauss_counts))
+        for eps0, _ in _grouped(mech.laplace):
+            pieces.append(_Mechanisms(adjacency=mech.adjacency, unit=mech.unit, laplace=[(eps0, 1)]))
+        for (z, q), _ in _grouped_pairs(mech.sampled):
+            pieces.append(_Mechanisms(adjacency=mech.adjacency, unit=mech.unit, sampled=[(z, q, 1)]))
+        for piece in pieces:
+            domain = max(domain, float(_rdp_accountant(piece).get_epsilon(delta_error / 8.0 / total)))
+    return max(domain, eps_error) + 3.0
 
 
 def _profile_pieces(mech: _Mechanisms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dpcl.accounting.accountants import AccountingResult, _auto_epsilon, _check_accountant, compute_epsilon
-from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, RepeatedEvent
+from dpcl.accounting.events import (
+    MAX_SAMPLED_STEPS,
+    STEPS_HINT,
+    Adjacency,
+    PoissonSampledGaussianEvent,
+    RepeatedEvent,
+)
 from dpcl.accounting.validation import check_count, check_delta_scalar, check_positive_scalar, check_sample_rate
 from dpcl.errors import InvalidParameterError
 
@@ -36,7 +42,11 @@ def dpsgd_events(
     step = PoissonSampledGaussianEvent(
         noise_multiplier=noise_multiplier, sample_rate=sample_rate, adjacency=adjacency, unit=unit
     )
-    return RepeatedEvent(step, check_count("steps", steps))
+    return RepeatedEvent(step, _check_steps(steps))
+
+
+def _check_steps(steps: Any) -> int:
+    return check_count("steps", steps, maximum=MAX_SAMPLED_STEPS, hint=STEPS_HINT)
 
 
 def dpsgd_epsilon(
@@ -102,7 +112,8 @@ def dpsgd_noise_multiplier(
     target = check_positive_scalar("target_epsilon", target_epsilon)
     delta = check_delta_scalar("delta", delta)
     q = check_sample_rate("sample_rate", sample_rate)
-    steps = check_count("steps", steps)
+    steps = _check_steps(steps)
+    PoissonSampledGaussianEvent(noise_multiplier=1.0, sample_rate=q)  # the same limits as the events searched
     name = _check_accountant(accountant)
     rtol = check_positive_scalar("rtol", rtol)
     if rtol >= 0.5:
