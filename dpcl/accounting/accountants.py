@@ -636,15 +636,21 @@ def _rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
     if delta not in mech.rdp_cache:
         try:
             with _dp_accounting_warnings_dropped() as dropped, np.errstate(all="ignore"):
-                eps = float(_rdp_accountant(mech).get_epsilon(delta))
+                accountant = _rdp_accountant(mech)
+                eps = float(accountant.get_epsilon(delta))
         except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
             raise UnsupportedEventError(
                 f"dp-accounting's RDP accountant cannot evaluate these events in floating point "
                 f"({type(exc).__name__}: {str(exc)[:120]}); use accountant 'pld' or 'prv' (or 'auto')."
             ) from exc
-        mech.rdp_excluded_orders = max(mech.rdp_excluded_orders, dropped.excluded_orders)
-        if dropped.orders:
-            other = _prv_rdp_epsilon(mech, delta, sorted(set(dropped.orders)))
+        # the orders dp-accounting dropped hold an infinite RDP in the accountant (its log warnings
+        # are not repeated for results it has cached, so they cannot be relied on to find them)
+        orders = np.asarray(getattr(accountant, "_orders", dropped.orders), dtype=np.float64)
+        values = np.asarray(getattr(accountant, "_rdp", np.zeros_like(orders)), dtype=np.float64)
+        excluded = sorted(set(orders[~np.isfinite(values)].tolist()) | set(dropped.orders))
+        mech.rdp_excluded_orders = max(mech.rdp_excluded_orders, dropped.excluded_orders, len(excluded))
+        if excluded:
+            other = _prv_rdp_epsilon(mech, delta, excluded)
             if other < eps:
                 eps = other
                 mech.rdp_from_prv = True

@@ -86,6 +86,8 @@ def test_rdp_keeps_the_orders_dp_accounting_drops() -> None:
     assert r.epsilon == pytest.approx(prv_rdp, rel=1e-12)
     assert r.epsilon < 0.8 * dpa_rdp(1.0, 0.1, 10_000)
     assert any("prv-accountant's RDP" in n for n in r.notes)
+    # dp-accounting caches these orders and does not log them again: the second call finds them too
+    assert dpsgd_epsilon(1.0, 0.1, 10_000, DELTA, "rdp").epsilon == r.epsilon
 
 
 def test_pld_is_sized_by_its_composed_grid_not_by_epsilon() -> None:
