@@ -17,11 +17,16 @@ assumptions/settings behind the number. Accountants:
     split optimised on a grid. Poisson subsampling is amplified by
     (log(1 + q(e^eps - 1)), q delta) (Balle, Barthe & Gaboardi 2018, Poisson subsampling under add/remove).
 ``rdp``
-    dp-accounting's ``RdpAccountant`` (default orders; its RDP-to-DP conversion).
+    dp-accounting's ``RdpAccountant`` (default orders; its RDP-to-DP conversion). Where
+    dp-accounting drops orders whose series it cannot sum in 1000 terms (e.g. q = 0.1,
+    z = 1: 1544 at T = 1e5), prv-accountant's RDP accountant (the same series summed to
+    convergence, as opacus does: 921.6) is evaluated too and the smaller bound reported.
 ``pld``
     dp-accounting's privacy loss distributions, ``pessimistic_estimate=True``
     (an upper bound whatever the discretisation), value discretisation interval
-    1e-4 (dp-accounting's default).
+    1e-4 (dp-accounting's default). Sized before anything is allocated by
+    dp-accounting's own Chernoff bound on the composed grid; more than
+    :data:`PLD_MAX_GRID_POINTS` (~1.3 GB) is refused, pointing to ``auto``.
 ``prv``
     prv-accountant's ``PRVAccountant``; the *upper* bound is reported, never the
     estimate. ``eps_error`` = 1% of the RDP epsilon of the same events (floor
@@ -29,11 +34,14 @@ assumptions/settings behind the number. Accountants:
 ``auto``
     Exact when it applies (it is the true epsilon: no sound accountant reports
     less). Otherwise the smallest of rdp, pld, advanced and basic, whichever
-    apply; the winner is named and all candidates listed. Inside auto, PLD's
-    interval is the RDP epsilon / 5000 clipped to [1e-5, 1e-3] (still
-    pessimistic, so still an upper bound; ~0.1% of epsilon, and for DP-SGD
-    at epsilon ~ 6 about 5x faster than the 1e-4 default: benchmarks/RESULTS.md, time x 0.18). PRV is not in auto's set: at equal tightness it
-    is slower than pessimistic PLD here (see benchmarks/); ask for it by name.
+    apply, and prv where the PLD is refused or did not converge; the winner is
+    named and all candidates listed. Inside auto the PLD starts at interval
+    RDP epsilon / 500 clipped to [1e-5, 1e-3] (coarser if it would not fit in
+    memory) and is refined (halved, or more where the change says the error is
+    still large) until one refinement changes epsilon by at most 0.5 %
+    (:data:`AUTO_PLD_TOLERANCE`) or 8 s are spent; each step is pessimistic,
+    so each is an upper bound, and the smallest is reported; a note gives the
+    intervals, epsilons and why it stopped.
 
 Neighbouring relations. A Gaussian or Laplace event states its sensitivity
 *under its own relation*, so its privacy curve is the same shift-by-sensitivity
@@ -51,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -58,6 +67,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from dpcl.accounting.events import (
+    MAX_COMPOSITIONS,
+    MAX_SAMPLED_STEPS,
+    STEPS_HINT,
     Adjacency,
     ComposedEvent,
     EpsilonDeltaEvent,
@@ -77,6 +89,9 @@ __all__ = [
     "AccountingResult",
     "PLD_VALUE_DISCRETIZATION_INTERVAL",
     "AUTO_PLD_RESOLUTION",
+    "AUTO_PLD_TOLERANCE",
+    "AUTO_PLD_TIME_BUDGET_S",
+    "PLD_MAX_GRID_POINTS",
     "PRV_RELATIVE_EPS_ERROR",
     "compute_epsilon",
 ]
@@ -84,14 +99,15 @@ __all__ = [
 ACCOUNTANT_NAMES = ("exact", "basic", "advanced", "rdp", "pld", "prv", "auto")
 #: dp-accounting's default discretisation of the privacy loss, used by ``pld``.
 PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
-#: Inside ``auto`` the PLD interval is the RDP epsilon of the same events divided by
-#: this (clipped to [1e-5, 1e-3]): the pessimistic discretisation error then stays
-#: ~0.1% of epsilon while the cost (support size ~ epsilon / interval) stays bounded.
-AUTO_PLD_RESOLUTION = 5000.0
+#: Inside ``auto`` the PLD refinement starts at the RDP epsilon of the same events divided by
+#: this (clipped to [1e-5, 1e-3]; coarser where the grid would not fit in memory).
+AUTO_PLD_RESOLUTION = 500.0
 AUTO_PLD_INTERVAL_RANGE = (1e-5, 1e-3)
 #: PRV ``eps_error`` as a fraction of the RDP epsilon of the same events.
 PRV_RELATIVE_EPS_ERROR = 0.01
 PRV_MIN_EPS_ERROR = 1e-3
+#: Largest PRV grid dpcl allocates (prv-accountant uses ~110 bytes per point: ~1.3 GB).
+PRV_MAX_GRID_POINTS = 1.2e7
 #: PRV ``delta_error`` as a fraction of delta.
 PRV_RELATIVE_DELTA_ERROR = 1e-3
 _UNIT_ROUNDOFF = 2.0**-53
@@ -145,6 +161,7 @@ class _Mechanisms:
     eps_delta: list[tuple[float, float, int]] = field(default_factory=list)  # (eps, delta, count)
     rdp_cache: dict[float, float] = field(default_factory=dict)  # delta -> RDP epsilon
     rdp_excluded_orders: int = 0  # RDP orders dp-accounting dropped (series did not converge)
+    rdp_from_prv: bool = False  # the RDP bound came from prv-accountant's RDP accountant (tighter)
 
     @property
     def only_gaussian(self) -> bool:
@@ -189,6 +206,16 @@ def _collect(events: PrivacyEvent | Sequence[PrivacyEvent]) -> _Mechanisms:
         root = ComposedEvent(list(events))  # validates: non-empty, same adjacency and unit
     mech = _Mechanisms(adjacency=root.adjacency, unit=root.unit)
     for leaf, count in root.leaves():
+        if count > MAX_COMPOSITIONS:
+            raise InvalidParameterError(
+                f"count (repetitions of one {leaf.kind} mechanism) must be at most {MAX_COMPOSITIONS:.0e}, got {count:.3g}; "
+                "no accountant is tested beyond it."
+            )
+        if isinstance(leaf, PoissonSampledGaussianEvent) and leaf.sample_rate < 1.0 and count > MAX_SAMPLED_STEPS:
+            raise InvalidParameterError(
+                f"steps (repetitions of a Poisson-subsampled Gaussian step) must be at most {MAX_SAMPLED_STEPS:.0e}, "
+                f"got {count:.3g}; {STEPS_HINT}."
+            )
         if isinstance(leaf, GaussianEvent):
             mech.gauss_mus.append(np.array([leaf.mu]))
             mech.gauss_counts.append(count)
@@ -256,51 +283,173 @@ def _exact(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     )
 
 
+class _PldTooLarge(UnsupportedEventError):
+    """A PLD at this interval would not fit in memory; ``points`` is the estimated grid size."""
+
+    def __init__(self, message: str, points: float) -> None:
+        super().__init__(message)
+        self.points = points
+
+
+#: Largest number of grid points of a (composed) PLD that dpcl allocates. dp-accounting's FFT
+#: self-composition peaks at about 100 bytes per output point (measured: 7e6 points, 0.7 GB), so
+#: this keeps one PLD computation under ~1.3 GB.
+PLD_MAX_GRID_POINTS = 1.2e7
+#: dp-accounting's default tail mass truncated per self-composition (``DensePLDPmf.self_compose``).
+_PLD_TAIL_MASS_TRUNCATION = 1e-15
+#: Standard deviations of the Gaussian noise that dp-accounting's single-step discretisation spans
+#: (its log_mass_truncation_bound of -50 is ~10 standard deviations per tail; 12 leaves a margin).
+_PLD_GAUSSIAN_TAIL_SIGMAS = 12.0
+
+
+def _single_step_points(z: float, interval: float) -> float:
+    """An upper estimate of the grid size of one Gaussian (std z, sensitivity 1) step's PLD.
+
+    Its privacy loss (x - 1/2) / z^2 is discretised for x within ~10 z of the mean on
+    either side: width (2 * 10 z + 1) / z^2 in loss units. Subsampling only narrows it.
+    """
+    with np.errstate(over="ignore"):
+        return (2.0 * _PLD_GAUSSIAN_TAIL_SIGMAS / z + 1.0 / (z * z)) / interval + 1.0
+
+
+def _composed_points(pld: Any, count: int) -> float:
+    """Grid points of ``pld`` self-composed ``count`` times, by dp-accounting's own Chernoff bound.
+
+    ``common.compute_self_convolve_bounds`` is what ``DensePLDPmf.self_compose`` uses to size its
+    FFT; it is evaluated here on the single-step PMFs (cheap) before anything is composed.
+    """
+    from dp_accounting.pld import common, pld_pmf
+
+    points = 0.0
+    for pmf in (pld._pmf_remove, pld._pmf_add):  # noqa: SLF001 (sizes only; nothing is modified)
+        if isinstance(pmf, pld_pmf.SparsePLDPmf):
+            keys = list(pmf._loss_probs)  # noqa: SLF001
+            span = (max(keys) - min(keys) + 1) if keys else 1
+            if span > PLD_MAX_GRID_POINTS:
+                return float(span)
+            pmf = pmf.to_dense_pmf()
+        probs = pmf._probs  # noqa: SLF001
+        if count == 1:
+            points = max(points, float(probs.size))
+            continue
+        lower, upper = common.compute_self_convolve_bounds(probs, count, _PLD_TAIL_MASS_TRUNCATION)
+        points = max(points, float(upper - lower + 1), float(probs.size))
+    return points
+
+
+def _pld_too_large(points: float, interval: float, what: str) -> _PldTooLarge:
+    return _PldTooLarge(
+        f"a PLD for these events would need ~{points:.2g} grid points at discretisation interval {interval:g} "
+        f"({what}; dpcl allocates at most {PLD_MAX_GRID_POINTS:.2g}, about 1.3 GB); use accountant 'auto' "
+        "(it coarsens the interval until the PLD fits and refines it within time and memory) or 'prv', "
+        "or add noise.",
+        points,
+    )
+
+
+#: Single-step grids larger than this are sized first on a coarser proxy grid (cheap to build).
+_PLD_PROXY_POINTS = 5e4
+
+
 def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple[str, ...]]:
-    from dp_accounting import dp_event  # noqa: F401  (ensures the package is importable)
+    """dp-accounting pessimistic PLD at ``interval``; refuses (before allocating) a grid that would not fit.
+
+    Each piece (a group of identical mechanisms) is sized by dp-accounting's Chernoff bound on its
+    composed grid. Where the single step alone would have many points, that bound is first taken
+    on a proxy grid with at most ~5e4 points and scaled by proxy interval / interval (the loss
+    range it spans does not depend on the interval), so that a PLD which will be refused is never built.
+    """
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
     from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
 
     _refuse_eps_delta(mech, "pld")
-    _pld_size_guard(mech, delta, interval)
-    plds = []
+    # (builder(interval) -> single-step PLD, repetitions, single-step size estimate at 1.0, description)
+    pieces: list[tuple[Callable[[float], Any], int, float, str]] = []
     notes = [f"pld: dp-accounting PLD, pessimistic estimate, value discretisation interval {interval:g}."]
     if mech.gauss_mus:
         mu = mech.gaussian_mu_total()
-        plds.append(
-            pld_lib.from_gaussian_mechanism(
-                standard_deviation=1.0 / mu, sensitivity=1.0, pessimistic_estimate=True,
-                value_discretization_interval=interval,
-            )
-        )
+        pieces.append((
+            lambda h, mu=mu: pld_lib.from_gaussian_mechanism(
+                standard_deviation=1.0 / mu, sensitivity=1.0, pessimistic_estimate=True, value_discretization_interval=h,
+            ),
+            1, _single_step_points(1.0 / mu, 1.0), f"one Gaussian with mu = {mu:.3g}",
+        ))
         notes.append(f"pld: Gaussian mechanisms merged exactly into one with mu = {mu:.6g} (Dong, Roth & Su 2022, Cor. 3.3).")
     for eps0, count in _grouped(mech.laplace):
-        plds.append(_self_compose(
-            pld_lib.from_laplace_mechanism(
-                parameter=1.0, sensitivity=eps0, pessimistic_estimate=True,
-                value_discretization_interval=interval,
-            ), count)
-        )
+        pieces.append((
+            lambda h, eps0=eps0: pld_lib.from_laplace_mechanism(
+                parameter=1.0, sensitivity=eps0, pessimistic_estimate=True, value_discretization_interval=h,
+            ),
+            count, 2.0 * eps0, f"Laplace mechanisms with epsilon0 = {eps0:.3g}",
+        ))
     relation = (
         NeighborRel.REPLACE_ONE if mech.adjacency is Adjacency.REPLACE_ONE else NeighborRel.ADD_OR_REMOVE_ONE
     )
     for (z, q), count in _grouped_pairs(mech.sampled):
-        plds.append(_self_compose(
-            pld_lib.from_gaussian_mechanism(
+        # replace-one moves a clipped gradient by up to 2C: size it as noise z / 2
+        z_size = z / 2.0 if mech.adjacency is Adjacency.REPLACE_ONE else z
+        pieces.append((
+            lambda h, z=z, q=q: pld_lib.from_gaussian_mechanism(
                 standard_deviation=z, sensitivity=1.0, pessimistic_estimate=True,
-                value_discretization_interval=interval, sampling_prob=q, neighboring_relation=relation,
-            ), count)
-        )
-    total = plds[0]
-    for other in plds[1:]:
-        total = total.compose(other)
-    eps = float(total.get_epsilon_for_delta(delta))
+                value_discretization_interval=h, sampling_prob=q, neighboring_relation=relation,
+            ),
+            count, _single_step_points(z_size, 1.0), f"subsampled-Gaussian steps with noise multiplier {z:.3g}",
+        ))
+    try:
+        with np.errstate(all="ignore"):
+            singles = _sized_single_steps(pieces, interval)
+    except UnsupportedEventError:
+        raise
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+        raise _pld_library_error(exc) from exc
+    total = None
+    try:
+        with np.errstate(all="ignore"):
+            for pld, count in singles:
+                composed = _self_compose(pld, count)
+                total = composed if total is None else total.compose(composed)
+            eps = float(total.get_epsilon_for_delta(delta))
+    except UnsupportedEventError:
+        raise
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+        raise _pld_library_error(exc) from exc
     if not math.isfinite(eps):
         raise UnsupportedEventError(
             f"dp-accounting's PLD gives no finite epsilon at delta={delta!r}: the tail mass it truncates "
             "(counted as infinite loss) exceeds delta. Use a larger delta or accountant 'rdp' or 'exact'."
         )
     return eps, tuple(notes)
+
+
+def _sized_single_steps(
+    pieces: list[tuple[Callable[[float], Any], int, float, str]], interval: float,
+) -> list[tuple[Any, int]]:
+    """Build each piece's single-step PLD at ``interval`` after checking that its composition fits (see :func:`_pld`)."""
+    points = 0.0
+    singles: list[tuple[Any, int]] = []
+    for build, count, width, what in pieces:
+        with np.errstate(over="ignore"):
+            single = width / interval + 1.0
+        if not single <= PLD_MAX_GRID_POINTS:
+            raise _pld_too_large(single, interval, what)
+        if single > _PLD_PROXY_POINTS:
+            proxy = interval * single / _PLD_PROXY_POINTS
+            estimate = _composed_points(build(proxy), count) * proxy / interval
+            if not points + estimate <= PLD_MAX_GRID_POINTS:
+                raise _pld_too_large(points + estimate, interval, what)
+        pld = build(interval)
+        points += _composed_points(pld, count)
+        if not points <= PLD_MAX_GRID_POINTS:
+            raise _pld_too_large(points, interval, what)
+        singles.append((pld, count))
+    return singles
+
+
+def _pld_library_error(exc: BaseException) -> UnsupportedEventError:
+    return UnsupportedEventError(
+        f"dp-accounting's PLD cannot evaluate these events in floating point ({type(exc).__name__}: "
+        f"{str(exc)[:120]}); use accountant 'rdp' or 'prv' (or 'auto', which picks what applies)."
+    )
 
 
 #: Self-compositions of a sparse PLD are split into blocks of this many copies (see :func:`_self_compose`).
@@ -330,29 +479,100 @@ def _self_compose(pld: Any, count: int) -> Any:
     return out.compose(pld.self_compose(rest)) if rest else out
 
 
-#: PLD refuses events whose RDP epsilon / interval exceeds this (grid points of the
-#: composed privacy-loss distribution grow like that ratio; 1e6 points is ~1-2 s
-#: and tens of MB, far more would exhaust memory).
-PLD_MAX_GRID_POINTS = 1e6
+#: ``auto`` refines its PLD until one refinement changes epsilon by at most this (relative) ...
+AUTO_PLD_TOLERANCE = 0.005
+#: ... or this many seconds of PLD work are spent (the note then says so).
+AUTO_PLD_TIME_BUDGET_S = 8.0
+#: A PLD that does not fit is coarsened to about this fraction of :data:`PLD_MAX_GRID_POINTS`.
+_AUTO_PLD_COARSEN_TARGET = 0.25
+#: Coarsest interval auto starts from; a PLD that does not fit in memory is coarsened beyond it.
+AUTO_PLD_MAX_INTERVAL = 1.0
 
 
-def _pld_size_guard(mech: _Mechanisms, delta: float, interval: float) -> None:
-    """Refuse, before allocating, a PLD whose grid would not fit in memory."""
-    scale_events = mech
-    if mech.sampled and mech.adjacency is Adjacency.REPLACE_ONE:
-        # size proxy only: the same steps under add/remove with doubled sensitivity
-        scale_events = _Mechanisms(
-            adjacency=Adjacency.ADD_REMOVE, unit=mech.unit, gauss_mus=mech.gauss_mus,
-            gauss_counts=mech.gauss_counts, laplace=mech.laplace,
-            sampled=[(z / 2.0, q, c) for z, q, c in mech.sampled],
-        )
-    eps_scale = _rdp_epsilon(scale_events, delta)
-    points = eps_scale / interval
-    if not points <= PLD_MAX_GRID_POINTS:
-        raise UnsupportedEventError(
-            f"a PLD for these events would need ~{points:.2g} grid points at discretisation interval {interval:g} "
-            f"(their RDP epsilon is {eps_scale:.4g}); use accountant 'rdp' or 'prv', or add noise."
-        )
+@dataclass
+class _PldRefinement:
+    """What auto's PLD refinement did: (interval, epsilon, seconds) per step and how it stopped."""
+
+    steps: list[tuple[float, float, float]] = field(default_factory=list)
+    stopped: str = ""
+    interval: float = math.nan  # interval of the reported (smallest) epsilon
+
+    def note(self) -> str:
+        path = " -> ".join(f"{h:.3g} (eps {e:.6g})" for h, e, _ in self.steps)
+        return f"auto: PLD intervals {path}; {self.stopped}"
+
+
+def _pld_refined(
+    mech: _Mechanisms, delta: float, start_interval: float, budget_s: float = AUTO_PLD_TIME_BUDGET_S,
+    tolerance: float = AUTO_PLD_TOLERANCE,
+) -> tuple[float, tuple[str, ...], _PldRefinement]:
+    """Pessimistic PLD, refined from ``start_interval`` until it has converged (see :data:`AUTO_PLD_TOLERANCE`).
+
+    Every step is a pessimistic dp-accounting PLD, so each is an upper bound and the smallest is
+    reported. Convergence: the connect-the-dots discretisation error of dp-accounting's PLD falls
+    like interval^2 (measured for DP-SGD: 1e-3 -> 3e-4 -> 1e-4 changes epsilon by 0.33, then 0.027
+    at q = 0.001, T = 1e6), so once halving the interval changes epsilon by at most 0.5 %, the finer
+    value is within ~0.5/3 % of the limit interval -> 0 (within 0.5 % if it converged only
+    linearly). A PLD too large for memory is coarsened first (x size / limit); refinement stops
+    when the next interval would not fit or the time budget would be exceeded, and the note says
+    which happened and the last relative change.
+    """
+    import time
+
+    info = _PldRefinement()
+    start = time.perf_counter()
+    h = start_interval
+    last_change = math.inf
+    while True:
+        t0 = time.perf_counter()
+        if not info.steps and t0 - start > budget_s:
+            raise UnsupportedEventError(
+                f"no PLD fitting in memory was found within auto's time budget ({budget_s:g} s); last interval tried {h:.3g}."
+            )
+        try:
+            eps, notes = _pld(mech, delta, h)
+        except _PldTooLarge as exc:
+            if info.steps:
+                info.stopped = (
+                    f"not refined further: interval {h:.3g} would need ~{exc.points:.2g} grid points "
+                    f"(limit {PLD_MAX_GRID_POINTS:.2g}); last refinement changed epsilon by {last_change:.2%}."
+                )
+                break
+            # aim at a quarter of the limit: a grid at the limit takes ~10 s; refinement may go finer
+            coarser = h * max(2.0, exc.points / (_AUTO_PLD_COARSEN_TARGET * PLD_MAX_GRID_POINTS))
+            if coarser > AUTO_PLD_MAX_INTERVAL:
+                raise
+            h = coarser
+            continue
+        seconds = time.perf_counter() - t0
+        info.steps.append((h, eps, seconds))
+        if len(info.steps) >= 2:
+            prev = info.steps[-2][1]
+            last_change = (prev - eps) / eps if eps > 0 else (0.0 if prev == eps else math.inf)
+            if last_change <= tolerance:
+                info.stopped = (
+                    f"converged: the last refinement changed epsilon by {max(last_change, 0.0):.2%} "
+                    f"(<= {tolerance:.1%}; the discretisation error of the finer PLD is at most about that)."
+                )
+                break
+        # next interval: halve, or less if the change so far says the error is still large
+        # (error ~ c h^2; aim at an error of ~0.35 % at the next interval, never more than /8)
+        factor = 0.5
+        if len(info.steps) >= 2 and math.isfinite(last_change) and last_change > 0:
+            factor = min(0.5, max(0.125, math.sqrt(0.7 * tolerance / (last_change / 3.0))))
+        elapsed = time.perf_counter() - start
+        if elapsed + seconds / factor > budget_s:
+            change = f"last refinement changed epsilon by {last_change:.2%}" if len(info.steps) >= 2 else "not refined"
+            info.stopped = (
+                f"refinement stopped at its time budget ({budget_s:g} s; the next interval {h * factor:.3g} would "
+                f"take ~{seconds / factor:.2g} s); {change}."
+            )
+            break
+        h *= factor
+    best = min(info.steps, key=lambda s: s[1])
+    info.interval = best[0]
+    eps, notes = best[1], (f"pld: dp-accounting PLD, pessimistic estimate, value discretisation interval {best[0]:.3g}.",) + notes[1:]
+    return eps, notes, info
 
 
 class _CountAndDropLibraryWarnings(logging.Filter):
@@ -361,12 +581,17 @@ class _CountAndDropLibraryWarnings(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.excluded_orders = 0
+        self.orders: list[float] = []  # the excluded orders, where the message names them
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR:
             return True
-        if "Excluding this order" in record.getMessage():
+        message = record.getMessage()
+        if "Excluding this order" in message:
             self.excluded_orders += 1
+            match = re.search(r"alpha=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)", message)
+            if match:
+                self.orders.append(float(match.group(1)))
         return False
 
 
@@ -409,10 +634,65 @@ def _rdp_accountant(mech: _Mechanisms) -> Any:
 
 def _rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
     if delta not in mech.rdp_cache:
-        with _dp_accounting_warnings_dropped() as dropped:
-            mech.rdp_cache[delta] = float(_rdp_accountant(mech).get_epsilon(delta))
-        mech.rdp_excluded_orders = max(mech.rdp_excluded_orders, dropped.excluded_orders)
+        try:
+            with _dp_accounting_warnings_dropped() as dropped, np.errstate(all="ignore"):
+                accountant = _rdp_accountant(mech)
+                eps = float(accountant.get_epsilon(delta))
+        except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+            raise UnsupportedEventError(
+                f"dp-accounting's RDP accountant cannot evaluate these events in floating point "
+                f"({type(exc).__name__}: {str(exc)[:120]}); use accountant 'pld' or 'prv' (or 'auto')."
+            ) from exc
+        # the orders dp-accounting dropped hold an infinite RDP in the accountant (its log warnings
+        # are not repeated for results it has cached, so they cannot be relied on to find them)
+        orders = np.asarray(getattr(accountant, "_orders", dropped.orders), dtype=np.float64)
+        values = np.asarray(getattr(accountant, "_rdp", np.zeros_like(orders)), dtype=np.float64)
+        excluded = sorted(set(orders[~np.isfinite(values)].tolist()) | set(dropped.orders))
+        mech.rdp_excluded_orders = max(mech.rdp_excluded_orders, dropped.excluded_orders, len(excluded))
+        if excluded:
+            other = _prv_rdp_epsilon(mech, delta, excluded)
+            if other < eps:
+                eps = other
+                mech.rdp_from_prv = True
+        mech.rdp_cache[delta] = eps
     return mech.rdp_cache[delta]
+
+
+def _prv_rdp_epsilon(mech: _Mechanisms, delta: float, orders: list[float]) -> float:
+    """prv-accountant's RDP accountant on the same events at the ``orders`` dp-accounting dropped.
+
+    dp-accounting gives up on a fractional order after 1000 terms of its series (e.g. q = 0.1,
+    z = 1: orders 1.1 to 1.5 are dropped and epsilon at T = 1e5 is 1544); prv-accountant (like
+    opacus) sums the same TF-Privacy series until its terms fall below e^-30 and keeps those
+    orders (921.6 there). Both are RDP upper bounds of the same mechanisms, and each order's
+    conversion to (epsilon, delta) is a valid bound, so the smaller is. Only the dropped orders are
+    evaluated here (prv-accountant's series is slow for large noise: ~0.3 s per order at z = 1e6).
+    """
+    from prv_accountant.other_accountants import RDP
+    from prv_accountant.privacy_random_variables import (
+        GaussianMechanism,
+        LaplaceMechanism,
+        PoissonSubsampledGaussianMechanism,
+    )
+
+    prvs: list[Any] = []
+    counts: list[int] = []
+    if mech.gauss_mus:
+        prvs.append(GaussianMechanism(noise_multiplier=1.0 / mech.gaussian_mu_total()))
+        counts.append(1)
+    for eps0, count in _grouped(mech.laplace):
+        prvs.append(LaplaceMechanism(mu=eps0))
+        counts.append(count)
+    for (z, q), count in _grouped_pairs(mech.sampled):
+        prvs.append(PoissonSubsampledGaussianMechanism(noise_multiplier=z, sampling_probability=q))
+        counts.append(count)
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            eps = float(RDP(prvs=prvs, orders=orders).compute_epsilon(delta, counts)[2])
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError):
+        return math.inf
+    return eps if math.isfinite(eps) and eps >= 0 else math.inf
 
 
 def _rdp(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
@@ -422,6 +702,12 @@ def _rdp(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         notes.append(
             f"rdp: dp-accounting excluded {mech.rdp_excluded_orders} order(s) whose RDP series did not converge; "
             "the bound is the minimum over the remaining orders (still an upper bound)."
+            + (
+                " prv-accountant's RDP accountant (the same series summed to convergence) at those orders is "
+                "tighter here and is reported."
+                if mech.rdp_from_prv
+                else " prv-accountant's RDP accountant at those orders was also evaluated and is not tighter."
+            )
         )
     return eps, tuple(notes)
 
@@ -451,11 +737,26 @@ def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         prvs.append(PoissonSubsampledGaussianMechanism(noise_multiplier=z, sampling_probability=q))
         counts.append(count)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            acc = PRVAccountant(prvs=prvs, eps_error=eps_error, delta_error=delta_error, max_self_compositions=counts)
+            # size the grid first, as PRVAccountant would (its domain [-L, L], its mesh), and refuse
+            # before allocating; then hand it the same L (eps_max) so that it is not computed twice
+            domain = _prv_safe_domain(mech, counts, eps_error, delta_error)
+            mesh = eps_error / math.sqrt(sum(counts) / 2.0 * math.log(12.0 / delta_error))
+            points = 2.0 * domain / mesh
+            if not points <= PRV_MAX_GRID_POINTS:
+                raise UnsupportedEventError(
+                    f"prv-accountant would need ~{points:.2g} grid points for these events (domain +-{domain:.3g}, "
+                    f"mesh {mesh:.2g}; dpcl allocates at most {PRV_MAX_GRID_POINTS:.2g}, about 1.3 GB); use accountant "
+                    "'auto', 'pld' or 'rdp'."
+                )
+            acc = PRVAccountant(
+                prvs=prvs, eps_error=eps_error, delta_error=delta_error, max_self_compositions=counts, eps_max=domain,
+            )
             _, _, eps_upper = acc.compute_epsilon(delta=delta, num_self_compositions=counts)
-    except (ValueError, RuntimeError, FloatingPointError) as exc:
+    except UnsupportedEventError:
+        raise
+    except (ValueError, RuntimeError, FloatingPointError, OverflowError, ZeroDivisionError) as exc:
         raise UnsupportedEventError(
             f"prv-accountant cannot bound epsilon for these events at delta={delta!r} ({exc}); use accountant 'pld' or 'rdp'."
         ) from exc
@@ -467,6 +768,29 @@ def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     return max(eps_upper, 0.0), (
         f"prv: prv-accountant upper bound (not its estimate), eps_error={eps_error:.3g}, delta_error={delta_error:.3g}.",
     )
+
+
+def _prv_safe_domain(mech: _Mechanisms, counts: list[int], eps_error: float, delta_error: float) -> float:
+    """prv-accountant's safe domain size L (its remark 5.6, ``compute_safe_domain_size``), from dp-accounting's RDP.
+
+    prv-accountant takes L from an RDP epsilon of the composition at delta_error / 4 and of each
+    single mechanism at delta_error / (8 * compositions), plus 3; any sound RDP accountant gives a
+    sound L. dp-accounting's is used because prv-accountant's own series takes minutes for large
+    noise multipliers (46 s at z = 1e6); where dp-accounting dropped orders, L is only larger.
+    """
+    total = sum(counts)
+    with _dp_accounting_warnings_dropped(), np.errstate(all="ignore"):
+        domain = float(_rdp_accountant(mech).get_epsilon(delta_error / 4.0))
+        pieces: list[_Mechanisms] = []
+        if mech.gauss_mus:
+            pieces.append(_Mechanisms(adjacency=mech.adjacency, unit=mech.unit, gauss_mus=mech.gauss_mus, gauss_counts=mech.gauss_counts))
+        for eps0, _ in _grouped(mech.laplace):
+            pieces.append(_Mechanisms(adjacency=mech.adjacency, unit=mech.unit, laplace=[(eps0, 1)]))
+        for (z, q), _ in _grouped_pairs(mech.sampled):
+            pieces.append(_Mechanisms(adjacency=mech.adjacency, unit=mech.unit, sampled=[(z, q, 1)]))
+        for piece in pieces:
+            domain = max(domain, float(_rdp_accountant(piece).get_epsilon(delta_error / 8.0 / total)))
+    return max(domain, eps_error) + 3.0
 
 
 def _profile_pieces(mech: _Mechanisms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -637,7 +961,17 @@ def compute_epsilon(
     return _auto(mech, delta, base)
 
 
-def _auto(mech: _Mechanisms, delta: float, base: dict[str, Any]) -> AccountingResult:
+def _auto(
+    mech: _Mechanisms, delta: float, base: dict[str, Any], pld_interval: float | None = None,
+    tolerance: float = AUTO_PLD_TOLERANCE, used: dict[str, float] | None = None,
+) -> AccountingResult:
+    """The tightest sound bound of the accountants dpcl runs (see the module docstring).
+
+    ``pld_interval`` (used by calibration, which evaluates many nearby noise levels) fixes the PLD
+    interval instead of refining it; the result is still a pessimistic PLD, so still an upper bound.
+    ``tolerance`` is the refinement's stopping change; ``used["pld_interval"]`` receives the PLD
+    interval of the reported PLD epsilon.
+    """
     try:
         eps, notes = _exact(mech, delta)
     except UnsupportedEventError:
@@ -649,43 +983,57 @@ def _auto(mech: _Mechanisms, delta: float, base: dict[str, Any]) -> AccountingRe
             notes=(*notes, "auto: exact accounting applies; every other sound accountant reports at least this.", _RELATION_NOTE),
             **base,
         )
-    rdp_eps: list[float] = []
-
-    def rdp_first(m: _Mechanisms, d: float) -> tuple[float, tuple[str, ...]]:
-        eps, notes = _rdp(m, d)
-        rdp_eps.append(eps)
-        return eps, notes
-
-    def pld_scaled(m: _Mechanisms, d: float) -> tuple[float, tuple[str, ...]]:
-        lo, hi = AUTO_PLD_INTERVAL_RANGE
-        interval = min(max(rdp_eps[0] / AUTO_PLD_RESOLUTION, lo), hi) if rdp_eps else PLD_VALUE_DISCRETIZATION_INTERVAL
-        return _pld(m, d, interval)
-
-    runs: dict[str, Callable[[_Mechanisms, float], tuple[float, tuple[str, ...]]]] = {
-        "rdp": rdp_first,
-        "pld": pld_scaled,
-        "advanced": _advanced,
-        "basic": _basic,
-    }
     candidates: dict[str, float] = {}
     all_notes: dict[str, tuple[str, ...]] = {}
     refusals: list[str] = []
-    for cand, fn in runs.items():
+    auto_notes: list[str] = []
+
+    def attempt(name: str, fn: Callable[[], tuple[float, tuple[str, ...]]]) -> None:
         try:
-            eps, notes = fn(mech, delta)
-            _check_result(eps, cand)
+            eps, notes = fn()
+            _check_result(eps, name)
         except UnsupportedEventError as exc:
-            refusals.append(f"{cand}: {exc}")
-            continue
-        candidates[cand] = eps
-        all_notes[cand] = notes
+            refusals.append(f"{name}: {exc}")
+            return
+        candidates[name] = eps
+        all_notes[name] = notes
+
+    attempt("rdp", lambda: _rdp(mech, delta))
+    pld_converged = False
+
+    def pld_auto() -> tuple[float, tuple[str, ...]]:
+        nonlocal pld_converged
+        if pld_interval is not None:
+            eps, notes = _pld(mech, delta, pld_interval)
+            pld_converged = True
+            if used is not None:
+                used["pld_interval"] = pld_interval
+            return eps, notes
+        lo, hi = AUTO_PLD_INTERVAL_RANGE
+        rdp_eps = candidates.get("rdp")
+        start = min(max(rdp_eps / AUTO_PLD_RESOLUTION, lo), hi) if rdp_eps is not None else PLD_VALUE_DISCRETIZATION_INTERVAL
+        eps, notes, info = _pld_refined(mech, delta, start, tolerance=tolerance)
+        pld_converged = info.stopped.startswith("converged")
+        if used is not None:
+            used["pld_interval"] = info.interval
+        auto_notes.append(info.note())
+        return eps, notes
+
+    attempt("pld", pld_auto)
+    attempt("advanced", lambda: _advanced(mech, delta))
+    attempt("basic", lambda: _basic(mech, delta))
+    if not pld_converged:
+        # PLD refused or not refined to 0.5 %: prv-accountant's upper bound may be tighter
+        attempt("prv", lambda: _prv(mech, delta))
     if not candidates:
         raise UnsupportedEventError("no accountant can bound these events: " + " | ".join(refusals))
     winner = min(candidates, key=lambda k: candidates[k])
     listing = ", ".join(f"{k}={v:.6g}" for k, v in candidates.items())
+    skipped = [r.split(":", 1)[0] for r in refusals]
+    refused = f" Not applicable or refused: {', '.join(skipped)}." if skipped else ""
     return AccountingResult(
         epsilon=candidates[winner], accountant=winner, candidates=candidates,
-        notes=(*all_notes[winner], f"auto: tightest of {listing}.", _RELATION_NOTE),
+        notes=(*all_notes[winner], *auto_notes, f"auto: tightest of {listing}.{refused}", _RELATION_NOTE),
         **base,
     )
 
@@ -698,6 +1046,22 @@ def _check_result(eps: float, name: str) -> None:
         )
     if not (isinstance(eps, float) and eps >= 0 and math.isfinite(eps)):
         raise ArithmeticError(f"accountant {name!r} produced an invalid epsilon {eps!r}")  # pragma: no cover
+
+
+def _auto_epsilon(
+    events: PrivacyEvent | Sequence[PrivacyEvent],
+    delta: float,
+    *,
+    pld_interval: float | None = None,
+    tolerance: float = AUTO_PLD_TOLERANCE,
+) -> tuple[AccountingResult, float | None]:
+    """``compute_epsilon(events, delta, "auto")`` with calibration's knobs; also returns the PLD interval used."""
+    delta = check_delta_scalar("delta", delta)
+    mech = _collect(events)
+    base = dict(delta=delta, adjacency=mech.adjacency.value, unit=mech.unit)
+    used: dict[str, float] = {}
+    result = _auto(mech, delta, base, pld_interval=pld_interval, tolerance=tolerance, used=used)
+    return result, used.get("pld_interval")
 
 
 def epsilon_for(events: PrivacyEvent | Sequence[PrivacyEvent], delta: float, accountant: str = "auto") -> float:

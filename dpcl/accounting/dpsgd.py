@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from dpcl.accounting.accountants import AccountingResult, _check_accountant, compute_epsilon
-from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, RepeatedEvent
+from dpcl.accounting.accountants import AccountingResult, _auto_epsilon, _check_accountant, compute_epsilon
+from dpcl.accounting.events import (
+    MAX_SAMPLED_STEPS,
+    STEPS_HINT,
+    Adjacency,
+    PoissonSampledGaussianEvent,
+    RepeatedEvent,
+)
 from dpcl.accounting.validation import check_count, check_delta_scalar, check_positive_scalar, check_sample_rate
 from dpcl.errors import InvalidParameterError
 
@@ -36,7 +42,11 @@ def dpsgd_events(
     step = PoissonSampledGaussianEvent(
         noise_multiplier=noise_multiplier, sample_rate=sample_rate, adjacency=adjacency, unit=unit
     )
-    return RepeatedEvent(step, check_count("steps", steps))
+    return RepeatedEvent(step, _check_steps(steps))
+
+
+def _check_steps(steps: Any) -> int:
+    return check_count("steps", steps, maximum=MAX_SAMPLED_STEPS, hint=STEPS_HINT)
 
 
 def dpsgd_epsilon(
@@ -79,7 +89,7 @@ def dpsgd_noise_multiplier(
     delta: float,
     sample_rate: float,
     steps: int,
-    accountant: str = "prv",
+    accountant: str = "auto",
     adjacency: Adjacency | str = "add_remove",
     rtol: float = 1e-3,
 ) -> NoiseCalibration:
@@ -93,21 +103,58 @@ def dpsgd_noise_multiplier(
     The search covers [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: a target that
     needs more noise is refused; one met with less stops the search at the last
     multiplier tried (within x8 of the minimum), which meets it but is not the smallest.
+
+    With ``accountant="auto"`` (the default) every evaluation is ``auto``'s tightest sound bound;
+    its PLD interval is refined once (at z = 1, to a 0.2 % change) and then held fixed during the
+    search (a fixed pessimistic interval is still an upper bound); at the multiplier found the
+    refinement is repeated, and the search is redone at the finer interval if it asks for one.
     """
     target = check_positive_scalar("target_epsilon", target_epsilon)
     delta = check_delta_scalar("delta", delta)
     q = check_sample_rate("sample_rate", sample_rate)
-    steps = check_count("steps", steps)
+    steps = _check_steps(steps)
+    PoissonSampledGaussianEvent(noise_multiplier=1.0, sample_rate=q)  # the same limits as the events searched
     name = _check_accountant(accountant)
     rtol = check_positive_scalar("rtol", rtol)
     if rtol >= 0.5:
         raise InvalidParameterError(f"rtol must be < 0.5, got {rtol!r}.")
 
+    pld_interval: float | None = None
+
+    def evaluate(z: float) -> AccountingResult:
+        if name != "auto":
+            return dpsgd_epsilon(z, q, steps, delta, name, adjacency)
+        events = dpsgd_events(z, q, steps, adjacency)
+        if pld_interval is None:
+            return _auto_epsilon(events, delta, tolerance=CALIBRATION_PLD_TOLERANCE)[0]
+        return _auto_epsilon(events, delta, pld_interval=pld_interval)[0]
+
+    if name == "auto":
+        _, pld_interval = _auto_epsilon(dpsgd_events(1.0, q, steps, adjacency), delta, tolerance=CALIBRATION_PLD_TOLERANCE)
+    z, result = _search(evaluate, target, delta, q, steps, rtol)
+    if name == "auto" and pld_interval is not None:
+        refined, finer = _auto_epsilon(dpsgd_events(z, q, steps, adjacency), delta, tolerance=CALIBRATION_PLD_TOLERANCE)
+        if finer is not None and finer < pld_interval / 1.9:
+            pld_interval = finer
+            z, result = _search(evaluate, target, delta, q, steps, rtol)
+        elif refined.epsilon < result.epsilon:
+            result = refined
+    return _calibration(z, result, q, steps)
+
+
+#: ``auto`` calibration refines its PLD until one refinement changes epsilon by at most this.
+CALIBRATION_PLD_TOLERANCE = 0.002
+
+
+def _search(
+    evaluate: Callable[[float], AccountingResult], target: float, delta: float, q: float, steps: int, rtol: float,
+) -> tuple[float, AccountingResult]:
+    """The root search of :func:`dpsgd_noise_multiplier`: (z, its accounting result)."""
     cache: dict[float, AccountingResult] = {}
 
     def eps_of(z: float) -> float:
         if z not in cache:
-            cache[z] = dpsgd_epsilon(z, q, steps, delta, name, adjacency)
+            cache[z] = evaluate(z)
         return cache[z].epsilon
 
     def f(z: float) -> float:
@@ -129,7 +176,7 @@ def dpsgd_noise_multiplier(
         z_new = math.exp(x_new)
         if z_new < MIN_NOISE_MULTIPLIER:
             # epsilon <= target even with (almost) no noise: the smallest searched value is returned
-            return _calibration(math.exp(x_prev), cache[math.exp(x_prev)], q, steps)
+            return math.exp(x_prev), cache[math.exp(x_prev)]
         if z_new > MAX_NOISE_MULTIPLIER:
             raise InvalidParameterError(
                 f"target_epsilon={target!r} is not reachable with noise multipliers up to {MAX_NOISE_MULTIPLIER:g} "
@@ -170,7 +217,7 @@ def dpsgd_noise_multiplier(
     z = math.exp(x_hi)
     if z not in cache:  # exp(log z) round trip
         eps_of(z)
-    return _calibration(z, cache[z], q, steps)
+    return z, cache[z]
 
 
 def _calibration(z: float, result: AccountingResult, q: float, steps: int) -> NoiseCalibration:

@@ -186,6 +186,17 @@ class LaplaceEvent(PrivacyEvent):
         return self.sensitivity / self.scale
 
 
+#: Noise multipliers a Poisson-subsampled Gaussian event accepts (the accountants are tested on it).
+NOISE_MULTIPLIER_RANGE = (1e-4, 1e6)
+#: Smallest Poisson sampling rate accepted (below it dp-accounting's PLD breaks down in float64).
+MIN_SAMPLE_RATE = 1e-12
+#: Most repetitions of one Poisson-subsampled Gaussian step the accountants take (DP-SGD steps).
+MAX_SAMPLED_STEPS = 10**9
+#: Most repetitions of any one mechanism in a composition.
+MAX_COMPOSITIONS = 10**15
+STEPS_HINT = "split the run into stages or account a shorter one; no DP-SGD run needs more steps"
+
+
 @dataclass(frozen=True, kw_only=True)
 class PoissonSampledGaussianEvent(PrivacyEvent):
     """One DP-SGD step: Poisson sampling at rate ``sample_rate``, clipped sum, Gaussian noise.
@@ -200,8 +211,25 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "noise_multiplier", check_positive_scalar("noise_multiplier", self.noise_multiplier))
-        object.__setattr__(self, "sample_rate", check_sample_rate("sample_rate", self.sample_rate))
+        z = check_positive_scalar("noise_multiplier", self.noise_multiplier)
+        low, high = NOISE_MULTIPLIER_RANGE
+        if not low <= z <= high:
+            raise InvalidParameterError(
+                f"noise_multiplier must lie in [{low:g}, {high:g}] for accounting, got {z!r}; "
+                + (
+                    "below it every step alone has epsilon > 1e5 and no accountant bounds it reliably in floating point."
+                    if z < low
+                    else "above it a step's privacy loss is below float resolution (its epsilon is ~0): use the largest value."
+                )
+            )
+        object.__setattr__(self, "noise_multiplier", z)
+        q = check_sample_rate("sample_rate", self.sample_rate)
+        if q < MIN_SAMPLE_RATE:
+            raise InvalidParameterError(
+                f"sample_rate must be at least {MIN_SAMPLE_RATE:g} for accounting, got {q!r}; a smaller rate is "
+                f"bounded by the same accounting at {MIN_SAMPLE_RATE:g} (less sampling can only help), so use that."
+            )
+        object.__setattr__(self, "sample_rate", q)
 
 
 @dataclass(frozen=True, kw_only=True)

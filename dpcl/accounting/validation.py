@@ -100,17 +100,38 @@ def check_sample_rate(name: str, value: Any) -> float:
     return q
 
 
-def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
-    """An integer count >= ``minimum`` (steps, repetitions, tasks)."""
+def check_count(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None, hint: str = "") -> int:
+    """An integer count >= ``minimum`` (and <= ``maximum``: steps, repetitions, tasks).
+
+    A count above ``maximum`` is refused with the largest value handled and ``hint``.
+    """
+    allowed = f"an integer >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
-        raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+        raise InvalidParameterError(f"{name} must be {allowed}, got {value!r}.")
     if isinstance(value, Real) and not isinstance(value, Integral):
         if not math.isfinite(float(value)) or float(value) != int(value):
-            raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+            raise InvalidParameterError(f"{name} must be {allowed}, got {value!r}.")
     count = int(value)
     if count < minimum:
-        raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {count}.")
+        raise InvalidParameterError(f"{name} must be {allowed}, got {count}.")
+    if maximum is not None and count > maximum:
+        raise InvalidParameterError(
+            f"{name} must be at most {maximum:.3g}, got {count:.3g}{'; ' + hint if hint else ''}."
+        )
     return count
+
+
+def check_range_scalar(name: str, value: Any, low: float, high: float, hint: str = "") -> float:
+    """One finite number in [low, high]; outside it the message names the limits and ``hint``."""
+    array, scalar = _as_float_array(name, value)
+    if not scalar:
+        raise InvalidParameterError(f"{name} must be a single number in [{low:g}, {high:g}], got an array.")
+    x = float(array)
+    if not low <= x <= high:
+        raise InvalidParameterError(
+            f"{name} must lie in [{low:g}, {high:g}], got {x!r}{'; ' + hint if hint else ''}."
+        )
+    return x
 
 
 def check_positive_scalar(name: str, value: Any) -> float:

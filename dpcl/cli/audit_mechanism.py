@@ -23,9 +23,25 @@ import numpy as np
 
 from dpcl.cli.numbers import parse_count, parse_delta, parse_positive
 from dpcl.cli.output import add_json_flag, emit
+from dpcl.errors import InvalidParameterError
 
 #: Default number of outputs drawn per neighbouring input.
 DEFAULT_TRIALS = 1_000_000
+
+
+#: Largest noise scale or sensitivity audited: the mechanism's outputs (query value plus noise,
+#: up to ~10 noise scales for 1e8 trials) and the auditor's thresholds between them stay finite.
+MAX_AUDITED_SCALE = 1e300
+
+
+def _parse_scale(option: str, text: str) -> float:
+    value = parse_positive(option, text)
+    if value > MAX_AUDITED_SCALE:
+        raise InvalidParameterError(
+            f"{option} must be at most {MAX_AUDITED_SCALE:g}, got {text!r}; the sampled outputs would overflow a "
+            "float. Only the ratio sensitivity / noise scale matters: divide both by the same factor."
+        )
+    return value
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +99,7 @@ def run_audit_mechanism(args: argparse.Namespace) -> int:
         audit_mechanism,
     )
 
-    sensitivity = parse_positive("--sensitivity", args.sensitivity)
+    sensitivity = _parse_scale("--sensitivity", args.sensitivity)
     claimed = parse_positive("--claimed-epsilon", args.claimed_epsilon)
     delta = parse_delta("--delta", args.delta, allow_zero=True)
     trials = parse_count("--trials", args.trials, 4, MAX_TRIALS)
@@ -91,14 +107,14 @@ def run_audit_mechanism(args: argparse.Namespace) -> int:
     confidence = parse_delta("--confidence", args.confidence)
     payload: dict = {"mechanism": args.mechanism}
     if args.mechanism == "gaussian":
-        mechanism = GaussianMechanism(parse_positive("--sigma", args.sigma), sensitivity)
+        mechanism = GaussianMechanism(_parse_scale("--sigma", args.sigma), sensitivity)
         payload["sigma"] = mechanism.sigma
         exact = mechanism.epsilon(delta) if delta > 0 else math.inf
         exact_note = "exact epsilon of this sigma at delta (Balle & Wang 2018, Thm 8)"
     else:
         from dpcl.accounting.laplace import laplace_epsilon_for_delta
 
-        mechanism = LaplaceMechanism(parse_positive("--scale", args.scale), sensitivity)
+        mechanism = LaplaceMechanism(_parse_scale("--scale", args.scale), sensitivity)
         payload["scale"] = mechanism.scale
         with np.errstate(over="ignore", invalid="ignore"):  # sensitivity / scale may overflow: epsilon is then inf
             exact = mechanism.epsilon() if delta == 0 else float(laplace_epsilon_for_delta(mechanism.scale, delta, sensitivity))

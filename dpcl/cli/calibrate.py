@@ -7,10 +7,10 @@
     Thm A.1), its validity flag (the theorem needs E < 1) and the epsilon that
     classic sigma truly gives at D.
 
-``dpcl calibrate dpsgd --epsilon E --delta D --sample-rate Q --steps T [--accountant prv|pld|rdp]``
+``dpcl calibrate dpsgd --epsilon E --delta D --sample-rate Q --steps T [--accountant auto|prv|pld|rdp]``
     The smallest DP-SGD noise multiplier (Poisson sampling at rate Q, T steps,
     add/remove adjacency, one example as privacy unit) whose accounted epsilon
-    at D does not exceed E.
+    at D does not exceed E; ``auto`` (default) is the tightest sound bound.
 
 Every number is parsed by :mod:`dpcl.cli.numbers`, so bad values exit with code
 2 and one line naming the option. The accounting modules are imported inside
@@ -20,10 +20,11 @@ the handlers: ``dpcl --help`` stays fast and does not load dp-accounting.
 from __future__ import annotations
 
 import argparse
+import math
 
 import numpy as np
 
-from dpcl.cli.numbers import computed, parse_count, parse_delta, parse_positive, parse_sample_rate
+from dpcl.cli.numbers import computed, parse_delta, parse_dpsgd_inputs, parse_positive
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.errors import InvalidParameterError
 
@@ -34,8 +35,8 @@ def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
         payload = {**payload, "notes": "\n".join(payload["notes"])}
     emit(args, title, payload)
 
-#: Accountants that can calibrate DP-SGD noise (``auto`` is for reporting epsilon only).
-DPSGD_CALIBRATION_ACCOUNTANTS = ("prv", "pld", "rdp")
+#: Accountants that can calibrate DP-SGD noise (default ``auto``: the tightest sound bound).
+DPSGD_CALIBRATION_ACCOUNTANTS = ("auto", "prv", "pld", "rdp")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -76,9 +77,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     dpsgd.add_argument("--steps", required=True, metavar="T", help="number of noisy steps, integer >= 1")
     dpsgd.add_argument(
         "--accountant",
-        default="prv",
+        default="auto",
         choices=DPSGD_CALIBRATION_ACCOUNTANTS,
-        help="accountant used for the search (default prv, its upper bound)",
+        help=(
+            "accountant used for the search (default auto: the tightest sound bound of dpcl's accountants; "
+            "prv uses prv-accountant's upper bound)"
+        ),
     )
     add_json_flag(dpsgd)
     dpsgd.set_defaults(handler=run_calibrate_dpsgd)
@@ -96,10 +100,16 @@ def calibrate_gaussian_payload(epsilon: float, delta: float, sensitivity: float)
             raise InvalidParameterError(f"sigma cannot be computed for {inputs}: {exc}") from exc
         sigma = computed("sigma", raw_sigma, inputs)
         classic = classic_gaussian_sigma(epsilon, delta, sensitivity=sensitivity)
-        classic_sigma = computed("classic_sigma", classic.sigma, inputs)
+        # the classic sigma S sqrt(2 ln(1.25/D)) / E overflows for tiny E: infinite noise, epsilon 0
+        classic_sigma = computed("classic_sigma", classic.sigma, inputs, allow_inf=True)
         classic_valid = bool(classic.valid)
-        classic_actual = computed(
-            "classic_actual_epsilon", gaussian_epsilon(classic_sigma, delta, sensitivity=sensitivity), inputs, allow_inf=True
+        classic_actual = (
+            computed(
+                "classic_actual_epsilon", gaussian_epsilon(classic_sigma, delta, sensitivity=sensitivity), inputs,
+                allow_inf=True,
+            )
+            if math.isfinite(classic_sigma)
+            else 0.0
         )
     notes = [
         "sigma is the smallest noise with exact delta(epsilon) <= delta (Balle & Wang 2018, Thm 8).",
@@ -137,8 +147,7 @@ def run_calibrate_gaussian(args: argparse.Namespace) -> int:
 def run_calibrate_dpsgd(args: argparse.Namespace) -> int:
     epsilon = parse_positive("--epsilon", args.epsilon)
     delta = parse_delta("--delta", args.delta)
-    sample_rate = parse_sample_rate("--sample-rate", args.sample_rate)
-    steps = parse_count("--steps", args.steps)
+    sample_rate, steps = parse_dpsgd_inputs(args)
 
     from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 

@@ -4,7 +4,7 @@
     Exact epsilon of one Gaussian mechanism (Balle & Wang 2018, Thm 8, solved
     for epsilon by root finding).
 
-``dpcl epsilon dpsgd --noise-multiplier Z --sample-rate Q --steps T --delta D [--accountant prv|pld|rdp|auto]``
+``dpcl epsilon dpsgd --noise-multiplier Z --sample-rate Q --steps T --delta D [--accountant auto|prv|pld|rdp]``
     Epsilon of T DP-SGD steps (Poisson sampling, add/remove adjacency, one
     example as privacy unit). ``prv`` reports prv-accountant's upper bound,
     ``auto`` the tightest sound bound among the applicable accountants.
@@ -19,11 +19,20 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 import numpy as np
 
-from dpcl.cli.numbers import computed, parse_count, parse_delta, parse_positive, parse_sample_rate, read_sigmas
+from dpcl.cli.numbers import (
+    computed,
+    parse_delta,
+    parse_dpsgd_inputs,
+    parse_noise_multiplier,
+    parse_positive,
+    read_sigmas,
+)
 from dpcl.cli.output import add_json_flag, emit
+from dpcl.errors import InvalidParameterError
 
 
 def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
@@ -36,7 +45,7 @@ def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
     emit(args, title, payload)
 
 #: Accountants ``dpcl epsilon dpsgd`` offers.
-DPSGD_ACCOUNTANTS = ("prv", "pld", "rdp", "auto")
+DPSGD_ACCOUNTANTS = ("auto", "prv", "pld", "rdp")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -120,9 +129,8 @@ def run_epsilon_gaussian(args: argparse.Namespace) -> int:
 
 
 def run_epsilon_dpsgd(args: argparse.Namespace) -> int:
-    noise_multiplier = parse_positive("--noise-multiplier", args.noise_multiplier)
-    sample_rate = parse_sample_rate("--sample-rate", args.sample_rate)
-    steps = parse_count("--steps", args.steps)
+    noise_multiplier = parse_noise_multiplier("--noise-multiplier", args.noise_multiplier)
+    sample_rate, steps = parse_dpsgd_inputs(args)
     delta = parse_delta("--delta", args.delta)
 
     from dpcl.accounting.dpsgd import dpsgd_epsilon
@@ -155,6 +163,14 @@ def run_epsilon_compose_gaussians(args: argparse.Namespace) -> int:
     from dpcl.accounting.composition import compose_gaussians_epsilon, gaussian_composition_mu
 
     inputs = f"{sigmas.size} sigmas from --sigmas, --delta {delta!r}, --sensitivity {sensitivity!r}"
+    # (sensitivity / sigma)^2 summed over the file must be a finite float: each sigma at least this
+    smallest_sigma = sensitivity * math.sqrt(sigmas.size) / 1e154
+    if not np.all(sigmas >= smallest_sigma):
+        raise InvalidParameterError(
+            f"--sigmas: every sigma must be at least --sensitivity * sqrt(count) / 1e154 = {smallest_sigma:.3g} here "
+            f"(got {float(sigmas.min()):.3g} among {sigmas.size}); below it the sum of (sensitivity / sigma)^2 overflows "
+            "a float and epsilon is astronomically large: add noise or lower --sensitivity."
+        )
     with np.errstate(all="ignore"):  # extreme inputs: the result is checked instead of warned about
         epsilon = computed("epsilon", compose_gaussians_epsilon(sigmas, delta, sensitivities=sensitivity), inputs, allow_inf=True)
         mu = computed("mu", gaussian_composition_mu(sigmas, sensitivities=sensitivity), inputs, allow_inf=True)

@@ -16,6 +16,7 @@ is never printed.
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 
@@ -61,8 +62,11 @@ def parse_sample_rate(option: str, text: str) -> float:
     return value
 
 
-def parse_count(option: str, text: str, minimum: int = 1, maximum: int | None = None) -> int:
-    """An integer >= ``minimum`` (and <= ``maximum``); ``10000`` and ``1e4`` are accepted, ``2.5`` is not."""
+def parse_count(option: str, text: str, minimum: int = 1, maximum: int | None = None, hint: str = "") -> int:
+    """An integer >= ``minimum`` (and <= ``maximum``); ``10000`` and ``1e4`` are accepted, ``2.5`` is not.
+
+    Above ``maximum`` the message gives the largest value handled and ``hint``.
+    """
     allowed = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
     stripped = str(text).strip()
     try:
@@ -72,8 +76,22 @@ def parse_count(option: str, text: str, minimum: int = 1, maximum: int | None = 
         if as_float != math.floor(as_float):
             raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.") from None
         value = int(as_float)
-    if value < minimum or (maximum is not None and value > maximum):
+    if value < minimum:
         raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}.")
+    if maximum is not None and value > maximum:
+        largest = f"{maximum:.0e}" if maximum >= 10**6 else str(maximum)
+        raise InvalidParameterError(
+            f"{option} must be at most {largest}, got {text!r}{'; ' + hint if hint else ''}."
+        )
+    return value
+
+
+def parse_range(option: str, text: str, low: float, high: float, hint: str = "") -> float:
+    """A finite number in [low, high]; outside it the message gives the limits and ``hint``."""
+    allowed = f"a number in [{low:g}, {high:g}]"
+    value = _finite_float(option, text, allowed)
+    if not low <= value <= high:
+        raise InvalidParameterError(f"{option} must be {allowed}, got {text!r}{'; ' + hint if hint else ''}.")
     return value
 
 
@@ -93,10 +111,11 @@ def read_sigmas(option: str, path: str | Path) -> np.ndarray:
     return _read_text(option, path)
 
 
-#: Largest sigma files read (memory stays far below 2 GB): a text file of 16 MiB holds about 1.5 million
-#: sigmas, a .npy file of 256 MiB 33 million; more belongs in several files or a .npy array.
-MAX_SIGMA_TEXT_BYTES = 16 * 1024 * 1024
+#: Largest ``--sigmas`` inputs read (memory stays far below 2 GB): a text file of 16 MiB holds about 1.5 million
+#: sigmas; a .npy file of at most 256 MiB and 1e7 entries (80 MB as float64). More belongs in several files.
+MAX_SIGMAS_TEXT_BYTES = 16 * 1024 * 1024
 MAX_SIGMA_NPY_BYTES = 256 * 1024 * 1024
+MAX_SIGMAS_ENTRIES = 10**7
 
 
 def _check_size(option: str, path: Path, limit: int, hint: str) -> None:
@@ -107,12 +126,23 @@ def _check_size(option: str, path: Path, limit: int, hint: str) -> None:
     if size > limit:
         raise InvalidParameterError(
             f"{option}: {str(path)!r} is {size} bytes; dpcl reads sigma files of at most {limit} bytes "
-            f"({limit // 2**20} MiB); {hint}"
+            f"({limit / 2**20:.3g} MiB); {hint}"
         )
 
 
 def _read_npy(option: str, path: Path) -> np.ndarray:
     _check_size(option, path, MAX_SIGMA_NPY_BYTES, "split the sigmas into several compositions.")
+    try:
+        header = np.load(path, mmap_mode="r", allow_pickle=False)
+        entries = int(getattr(header, "size", 0))
+        del header
+    except (OSError, ValueError, EOFError):
+        entries = 0  # reported by the full read below
+    if entries > MAX_SIGMAS_ENTRIES:
+        raise InvalidParameterError(
+            f"{option}: {str(path)!r} holds {entries:.3g} sigmas; at most {MAX_SIGMAS_ENTRIES:.0e} are read. "
+            "Group equal sigmas (their composition is exact: mu^2 adds) or split the file."
+        )
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
@@ -136,7 +166,8 @@ def _read_npy(option: str, path: Path) -> np.ndarray:
 
 
 def _read_text(option: str, path: Path) -> np.ndarray:
-    _check_size(option, path, MAX_SIGMA_TEXT_BYTES, "save the sigmas as a .npy array (numpy.save) instead.")
+    _check_size(option, path, MAX_SIGMAS_TEXT_BYTES,
+                f"save the sigmas as a .npy array (numpy.save; up to {MAX_SIGMAS_ENTRIES:.0e} entries) instead.")
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -191,3 +222,37 @@ def computed(name: str, value: float, inputs: str, *, allow_inf: bool = False) -
             "numerically supported range, choose less extreme ones."
         )
     return value
+
+
+def parse_dpsgd_inputs(args: argparse.Namespace) -> tuple[float, int]:
+    """``--sample-rate`` and ``--steps`` of a DP-SGD command, within what the accountants handle."""
+    from dpcl.accounting.events import MAX_SAMPLED_STEPS, MIN_SAMPLE_RATE, STEPS_HINT
+
+    sample_rate = parse_sample_rate("--sample-rate", args.sample_rate)
+    if sample_rate < MIN_SAMPLE_RATE:
+        raise InvalidParameterError(
+            f"--sample-rate must be at least {MIN_SAMPLE_RATE:g}, got {args.sample_rate!r}; a smaller rate is "
+            f"bounded by the same accounting at {MIN_SAMPLE_RATE:g} (less sampling can only help), so use that."
+        )
+    steps = parse_count("--steps", args.steps, maximum=MAX_SAMPLED_STEPS, hint=STEPS_HINT)
+    return sample_rate, steps
+
+
+def parse_noise_multiplier(option: str, text: str) -> float:
+    """A DP-SGD noise multiplier within what the accountants handle (:data:`NOISE_MULTIPLIER_RANGE`)."""
+    from dpcl.accounting.events import NOISE_MULTIPLIER_RANGE
+
+    low, high = NOISE_MULTIPLIER_RANGE
+    value = parse_positive(option, text)
+    if value < low:
+        raise InvalidParameterError(
+            f"{option} must be at least {low:g}, got {text!r}; below it every step alone has epsilon > 1e5, "
+            "which no accountant bounds reliably in floating point: add noise."
+        )
+    if value > high:
+        raise InvalidParameterError(
+            f"{option} must be at most {high:g}, got {text!r}; above it a step's privacy loss is below float "
+            f"resolution (epsilon ~0): use {high:g}, whose epsilon bounds yours."
+        )
+    return value
+

@@ -27,12 +27,41 @@ def to_jsonable(value: Any) -> Any:
     if hasattr(value, "value") and type(value).__module__.startswith("dpcl"):
         return value.value
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        return None  # listed by non_finite_fields; see print_json
     return value
 
 
+#: Top-level key of a ``--json`` object that lists the fields written as null because they are not finite.
+NON_FINITE_KEY = "non_finite"
+
+
+def non_finite_fields(value: Any, path: str = "") -> dict[str, str]:
+    """Dotted key paths of the non-finite floats in ``value``, mapped to ``"inf"``, ``"-inf"`` or ``"nan"``."""
+    found: dict[str, str] = {}
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            found.update(non_finite_fields(v, f"{path}.{k}" if path else str(k)))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found.update(non_finite_fields(v, f"{path}.{i}" if path else str(i)))
+    elif isinstance(value, (float, np.floating)) and not math.isfinite(float(value)):
+        found[path] = str(float(value))
+    return found
+
+
 def print_json(payload: Mapping[str, Any]) -> None:
-    print(json.dumps(to_jsonable(payload), indent=2, sort_keys=False))
+    """One JSON object (strict JSON: no Infinity/NaN tokens).
+
+    A non-finite number (an epsilon too large for a float: a true but vacuous upper bound) is
+    written as ``null`` and its key path listed in the top-level ``"non_finite"`` object with
+    the value ``"inf"`` (``"-inf"``, ``"nan"``), e.g. ``{"epsilon": null, ..., "non_finite":
+    {"epsilon": "inf"}}``. Without non-finite values the key is absent.
+    """
+    obj = to_jsonable(payload)
+    missing = non_finite_fields(payload)
+    if missing and isinstance(obj, dict):
+        obj[NON_FINITE_KEY] = missing
+    print(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False))
 
 
 def _fmt(value: Any) -> str:

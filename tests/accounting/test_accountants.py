@@ -247,10 +247,15 @@ def test_property_pld_and_rdp_never_below_exact(sigma: float, count: int, delta:
 def test_pld_refuses_grids_that_would_not_fit_and_auto_falls_back() -> None:
     # almost no noise: a PLD grid would need ~1e9 points; refuse before allocating
     ev = RepeatedEvent(PoissonSampledGaussianEvent(noise_multiplier=0.05, sample_rate=0.5), 1000)
-    with pytest.raises(UnsupportedEventError, match="grid points"):
+    with pytest.raises(UnsupportedEventError, match="grid points.*'auto'"):
         compute_epsilon(ev, 1e-10, "pld")
+    # auto coarsens the interval until the PLD fits (still pessimistic, so still an upper bound)
     r = compute_epsilon(ev, 1e-10, "auto")
-    assert "pld" not in r.candidates and math.isfinite(r.epsilon)
+    assert math.isfinite(r.epsilon) and r.epsilon == min(r.candidates.values())
+    assert any("PLD intervals" in n for n in r.notes)
+    rdp = rdp_privacy_accountant.RdpAccountant()
+    rdp.compose(dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(0.05)), 1000)
+    assert r.epsilon <= rdp.get_epsilon(1e-10)
     json.dumps(r.to_dict(), allow_nan=False)
 
 
@@ -321,14 +326,19 @@ def test_rdp_excluded_order_warnings_do_not_reach_stderr(capfd):
         "acc = rdp_privacy_accountant.RdpAccountant()\n"
         "acc.compose(dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(0.3)), 1000)\n"
         "print(repr(float(acc.get_epsilon(1e-5))))\n"
+        "from prv_accountant.other_accountants import RDP\n"
+        "from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism as M\n"
+        "print(repr(float(RDP([M(noise_multiplier=0.3, sampling_probability=0.5)]).compute_epsilon(1e-5, [1000])[2])))\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True)
     out, err = capfd.readouterr()
     ours, control = err.split("--control--\n")
     assert ours == ""
     assert "Excluding this order" in control  # dp-accounting does warn on these settings
-    eps_dpcl, eps_direct = (float(x) for x in out.split())
-    assert eps_dpcl == eps_direct  # silencing changed no number
+    eps_dpcl, eps_direct, eps_prv_rdp = (float(x) for x in out.split())
+    # silencing changed no number: dpcl reports the smaller of dp-accounting's RDP (which drops the
+    # orders it warns about) and prv-accountant's RDP (which keeps them)
+    assert eps_dpcl == min(eps_direct, eps_prv_rdp) and eps_dpcl < eps_direct
 
 
 def test_rdp_excluded_orders_are_stated_in_notes_not_logged(caplog, capfd):

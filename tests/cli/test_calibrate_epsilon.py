@@ -178,6 +178,16 @@ def test_epsilon_dpsgd_each_accountant_against_references():
     assert auto["epsilon"] == pytest.approx(pld_reference, rel=1e-2)
 
 
+def test_calibrate_dpsgd_default_is_auto_and_says_so_in_help():
+    answer = run_json(DPSGD_CAL)
+    explicit = run_json(_with(DPSGD_CAL, "--accountant", "auto"))
+    assert answer["noise_multiplier"] == explicit["noise_multiplier"]
+    assert answer["accountant"] in ("pld", "rdp", "prv", "exact", "basic", "advanced")
+    for command in (["calibrate", "dpsgd"], ["epsilon", "dpsgd"]):
+        code, out, _ = run([*command, "--help"])
+        assert code == 0 and "default auto" in " ".join(out.split())
+
+
 def test_epsilon_dpsgd_default_is_auto_and_steps_accept_exponent_notation():
     answer = run_json(["epsilon", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "2e2", "--delta", "1e-5"])
     assert answer["steps"] == 200
@@ -272,7 +282,7 @@ def test_bad_number_exits_2_with_one_line_naming_the_option(argv, option, value)
         ["epsilon"],
         ["calibrate", "laplace", "--epsilon", "1"],
         ["calibrate", "gaussian", "--delta", "1e-5"],
-        _with(DPSGD_CAL, "--accountant", "auto"),
+        _with(DPSGD_CAL, "--accountant", "moments"),
         _with(EPS_DPSGD, "--accountant", "moments"),
         ["epsilon", "compose-gaussians", "--delta", "1e-5"],
     ],
