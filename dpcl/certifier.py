@@ -539,6 +539,12 @@ class Certifier:
         path = Path(checkpoint)
         if not path.is_file():
             raise InvalidParameterError(f"checkpoint {str(path)!r} does not exist or is not a file.")
+        run_dir = self.run_dir.resolve()
+        if path.is_symlink() or run_dir not in path.resolve().parents:
+            # a certificate names its checkpoint inside its run directory, never through a symlink
+            # (dpcl.guarantees.safe_paths): a file from elsewhere is released as a copy under checkpoints/
+            name = path.name if _FILENAME.match(path.name) else f"task{t + 1:03d}.ckpt"
+            return self._checkpoint_file(t, path.read_bytes(), name)
         resolved = path.resolve()
         private = [self.curator_dir.resolve(), self.ledger_path.resolve()]
         if any(resolved == p or p in resolved.parents for p in private):
@@ -590,7 +596,9 @@ class Certifier:
         """Release the checkpoint trained up to ``task`` and write its verified certificate.
 
         ``checkpoint`` is a file, or bytes written atomically to ``checkpoints/<filename>`` (default
-        ``taskNNN.ckpt``). ``coverage`` states whether the checkpoint is a post-processing of the charged
+        ``taskNNN.ckpt``). A file outside the run directory (or reached through a symlink) is released as
+        a copy under ``checkpoints/`` with its own name: a certificate only names files inside its run
+        directory. ``coverage`` states whether the checkpoint is a post-processing of the charged
         events (:meth:`ReleaseCoverage.post_processing` with its basis); ``assumptions`` are your plain
         sentences (at least one: how the noise was drawn, what is public...). A covered checkpoint gets a
         certificate whose headline (``guarantee.private: true``) is the cumulative guarantee of every

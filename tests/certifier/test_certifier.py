@@ -196,6 +196,9 @@ def test_release_requires_coverage_assumptions_and_a_public_checkpoint(tmp_path)
     outside = tmp_path / "model.bin"
     outside.write_bytes(b"weights")
     release = c.release(0, outside, coverage=COVERED, assumptions=ASSUMPTIONS)
+    # a file from outside the run directory is released as a copy under checkpoints/ (certificates name files
+    # inside their run directory only)
+    assert release.checkpoint == c.checkpoints_dir / "model.bin" and release.checkpoint.read_bytes() == b"weights"
     # Laplace profile delta(eps) = 1 - exp((eps - eps0) / 2) for eps < eps0 = sensitivity / scale = 1
     assert release.epsilon == pytest.approx(1.0 + 2.0 * math.log1p(-1e-5), rel=1e-9)
     again = c.release(0, b"again", coverage=COVERED, assumptions=ASSUMPTIONS)  # a second release of task 0

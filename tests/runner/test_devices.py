@@ -53,7 +53,10 @@ NAIVE_CONFIG = (
 PINNED = {
     "l2dpml": {
         "accuracy_rows": [[0.8611111111111112], [0.0, 0.9583333333333334]],
-        "eps": [4.0, 4.0],
+        # two Laplace releases at epsilon 2 each per task: since auto refines its PLD, it states the composition's
+        # epsilon at delta = 1e-5 (dp-accounting PLD at interval 1e-6: 3.99996, below dpcl's pessimistic value)
+        # instead of the pure-DP 4.0; the training itself is pinned by the accuracies and state digests.
+        "eps": [3.9999600091985084, 3.9999600091985084],
         "state_digests": ["449fd2ac87cd9abfe184453e4e24748ac869c8ae186484be894e1dc32bada185",
                           "8faa03dda394b7df554e4080d843f6eaaf1cb96abe7402c180f4bdedd1e27022"],
     },
@@ -184,7 +187,7 @@ def test_cpu_l2dpml_and_naive_runs_are_unchanged(tmp_path):
     for name, text in (("l2dpml", L2DPML_CONFIG), ("naive", NAIVE_CONFIG)):
         result, states = _run(tmp_path, name, text)
         assert [list(r.accuracies) for r in result.releases] == PINNED[name]["accuracy_rows"]
-        assert result.metrics["cumulative_epsilon"] == PINNED[name]["eps"]
+        assert result.metrics["cumulative_epsilon"] == pytest.approx(PINNED[name]["eps"], rel=1e-9)
         got = [digest(s) if name == "l2dpml" else digest(s["model"]) for s in states]
         assert got == PINNED[name]["state_digests"]
         assert result.metrics["device"] == "cpu"
