@@ -139,6 +139,14 @@ def dpsgd_noise_multiplier(
             z, result = _search(evaluate, target, delta, q, steps, rtol)
         elif refined.epsilon < result.epsilon:
             result = refined
+    if name == "auto":
+        # what every consumer computes is plain auto at z: it must meet the target too
+        for _ in range(50):
+            plain = dpsgd_epsilon(z, q, steps, delta, "auto", adjacency)
+            if plain.epsilon <= target:
+                result = plain
+                break
+            z *= 1.0 + rtol
     return _calibration(z, result, q, steps)
 
 

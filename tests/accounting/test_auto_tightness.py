@@ -118,6 +118,7 @@ def test_auto_calibration_is_within_a_fifth_of_a_percent_of_fine_pld() -> None:
     cal = dpsgd_noise_multiplier(target, DELTA, q, steps)
     assert cal.epsilon <= target
     z = cal.noise_multiplier
+    assert dpsgd_epsilon(z, q, steps, DELTA).epsilon <= target  # what a ledger computes with auto meets it
     assert dpa_pld(z, q, steps) <= target * 1.005
     assert dpa_pld(z / 1.002, q, steps) > target  # 0.2 % less noise misses the target under fine PLD
 
