@@ -669,6 +669,20 @@ def _prv_rdp_epsilon(mech: _Mechanisms, delta: float, orders: list[float]) -> fl
     evaluated here (prv-accountant's series is slow for large noise: ~0.3 s per order at z = 1e6).
     """
     from prv_accountant.other_accountants import RDP
+
+    prvs, counts = _prv_mechanisms(mech)
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            eps = float(RDP(prvs=prvs, orders=orders).compute_epsilon(delta, counts)[2])
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError):
+        return math.inf
+    return eps if math.isfinite(eps) and eps >= 0 else math.inf
+
+
+def _prv_mechanisms(mech: _Mechanisms) -> tuple[list[Any], list[int]]:
+    """prv-accountant's privacy random variables of ``mech`` and their counts (Gaussians merged into one by
+    their total mu, equal Laplace and sampled-Gaussian mechanisms grouped)."""
     from prv_accountant.privacy_random_variables import (
         GaussianMechanism,
         LaplaceMechanism,
@@ -686,13 +700,7 @@ def _prv_rdp_epsilon(mech: _Mechanisms, delta: float, orders: list[float]) -> fl
     for (z, q), count in _grouped_pairs(mech.sampled):
         prvs.append(PoissonSubsampledGaussianMechanism(noise_multiplier=z, sampling_probability=q))
         counts.append(count)
-    try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            eps = float(RDP(prvs=prvs, orders=orders).compute_epsilon(delta, counts)[2])
-    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError):
-        return math.inf
-    return eps if math.isfinite(eps) and eps >= 0 else math.inf
+    return prvs, counts
 
 
 def _rdp(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
@@ -714,28 +722,13 @@ def _rdp(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
 
 def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     from prv_accountant import PRVAccountant
-    from prv_accountant.privacy_random_variables import (
-        GaussianMechanism,
-        LaplaceMechanism,
-        PoissonSubsampledGaussianMechanism,
-    )
 
     _refuse_eps_delta(mech, "prv")
     _refuse_replace_one_sampling(mech, "prv")
     eps_rdp = _rdp_epsilon(mech, delta)
     eps_error = max(PRV_RELATIVE_EPS_ERROR * eps_rdp, PRV_MIN_EPS_ERROR)
     delta_error = PRV_RELATIVE_DELTA_ERROR * delta
-    prvs: list[Any] = []
-    counts: list[int] = []
-    if mech.gauss_mus:
-        prvs.append(GaussianMechanism(noise_multiplier=1.0 / mech.gaussian_mu_total()))
-        counts.append(1)
-    for eps0, count in _grouped(mech.laplace):
-        prvs.append(LaplaceMechanism(mu=eps0))
-        counts.append(count)
-    for (z, q), count in _grouped_pairs(mech.sampled):
-        prvs.append(PoissonSubsampledGaussianMechanism(noise_multiplier=z, sampling_probability=q))
-        counts.append(count)
+    prvs, counts = _prv_mechanisms(mech)
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
