@@ -158,6 +158,22 @@ class PeftEnsemble(ContinualMethod):
             self._text_encoder = LoraTextEncoder(self.adapter_dim).to(self.device)
         return self._text_encoder
 
+    def _features(self, data: TrainingData) -> torch.Tensor:
+        return torch.tensor(np.asarray(data.features), dtype=torch.float32, device=self.device)
+
+    def _train(self, task_index: int, model: Any, inputs: Any, targets: np.ndarray, schedule: Any,
+               progress: ProgressCallback | None) -> None:
+        """One member's DP-SGD run at the plan's schedule (dpcl.methods.dpsgd_training.train_classifier)."""
+        train_classifier(
+            model,
+            inputs,
+            torch.as_tensor(targets, dtype=torch.long, device=self.device),
+            schedule,
+            learning_rate=self.learning_rate,
+            generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
+            progress=progress,
+        )
+
     def _fit_text_member(self, task_index: int, data: TrainingData, targets: np.ndarray, n_outputs: int,
                          schedule: Any, progress: ProgressCallback | None) -> None:
         from dpcl.methods.lora_text import TextMember, tokenize
@@ -167,15 +183,7 @@ class PeftEnsemble(ContinualMethod):
         encoder = self._encoder()
         encoder.reset_adapter(int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator)))
         member = TextMember(encoder, n_outputs).to(self.device)
-        train_classifier(
-            member,
-            tokenize(data.texts, self.device),
-            torch.as_tensor(targets, dtype=torch.long, device=self.device),
-            schedule,
-            learning_rate=self.learning_rate,
-            generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
-            progress=progress,
-        )
+        self._train(task_index, member, tokenize(data.texts, self.device), targets, schedule, progress)
         self.text_members.append(
             {"adapter": encoder.adapter_state(), "head": {k: v.detach().cpu().clone() for k, v in member.head.state_dict().items()}}
         )
@@ -209,15 +217,7 @@ class PeftEnsemble(ContinualMethod):
         backbone, settings, initial = self._film_backbone()
         self._load_film(backbone, initial)  # every member starts from the public pre-trained values
         member = FilmClassifier(backbone, settings, n_outputs).to(self.device)
-        train_classifier(
-            member,
-            torch.tensor(np.asarray(data.features), dtype=torch.float32, device=self.device),
-            torch.as_tensor(targets, dtype=torch.long, device=self.device),
-            schedule,
-            learning_rate=self.learning_rate,
-            generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
-            progress=progress,
-        )
+        self._train(task_index, member, self._features(data), targets, schedule, progress)
         params = dict(backbone.named_parameters())
         self.film_members.append({
             "film": {name: params[name].detach().cpu().clone() for name in initial},
@@ -278,15 +278,7 @@ class PeftEnsemble(ContinualMethod):
             self.tasks_fitted += 1
             return
         model = self._new_model(task_labels.size)
-        train_classifier(
-            model,
-            torch.tensor(np.asarray(data.features), dtype=torch.float32, device=self.device),
-            torch.as_tensor(targets, dtype=torch.long, device=self.device),
-            schedule,
-            learning_rate=self.learning_rate,
-            generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
-            progress=progress,
-        )
+        self._train(task_index, model, self._features(data), targets, schedule, progress)
         self.models.append(model)
         self.model_labels.append(tuple(int(o) for o in task_labels))
         self.mark_released(output_labels)
