@@ -162,6 +162,8 @@ class CertifiedRelease:
     private: bool
     guarantee: StreamGuarantee | None
     reasons: tuple[str, ...] = ()
+    #: Public-key fingerprint of the Ed25519 key that signed the certificate (``sign_key``), else None.
+    signed_by: str | None = None
 
     @property
     def epsilon(self) -> float | None:
@@ -222,6 +224,11 @@ class Certifier:
         Accountant of every guarantee (default ``"auto"``, the tightest sound one, named).
     task_sizes:
         Optional public training-set size of each task, stated in certificates.
+    sign_key:
+        Optional Ed25519 private key (a key file from ``dpcl keygen``, or a loaded key): every
+        certificate is signed after it is written and verified (:mod:`dpcl.guarantees.signing`), so
+        that ``dpcl verify --public-key KEY.pub`` can check who issued it. Loaded here, before anything
+        is charged.
     method:
         Name of your training method, stated in certificates (e.g. ``"opacus DP-SGD, MLP"``).
     """
@@ -242,6 +249,7 @@ class Certifier:
         accountant: str = "auto",
         task_sizes: Sequence[int] | None = None,
         method: str = "custom",
+        sign_key: Any = None,
     ) -> None:
         try:
             policy = LabelSpacePolicy.parse(label_space)
@@ -295,6 +303,11 @@ class Certifier:
         if not isinstance(method, str) or not method.strip():
             raise InvalidParameterError(f"method must be a non-empty name of your training method, got {method!r}.")
         self.method = method.strip()
+        self._sign_key = None
+        if sign_key is not None:
+            from dpcl.guarantees.signing import load_private_key
+
+            self._sign_key = load_private_key(sign_key, option="sign_key")
 
         self.run_dir = Path(run_dir)
         if self.run_dir.exists() and not self.run_dir.is_dir():
@@ -666,11 +679,17 @@ class Certifier:
         )
         path = write_certificate(self._certificate_path(t), certificate)
         verify_certificate(path).raise_if_invalid()
+        signed_by = None
+        if self._sign_key is not None:
+            from dpcl.guarantees.signing import sign_certificate
+
+            signed_by = sign_certificate(path, self._sign_key, verify=False)  # verified just above
         self._state().setdefault("certificates", []).append(path.relative_to(self.run_dir).as_posix())
         self.ledger.save()
         return CertifiedRelease(
             task_index=t, checkpoint=ckpt, certificate=path, checkpoint_sha256=digest, private=coverage.covered,
             guarantee=record.guarantee if coverage.covered else None, reasons=coverage.reasons,
+            signed_by=signed_by,
         )
 
     @property

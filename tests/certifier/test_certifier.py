@@ -251,3 +251,22 @@ def test_a_checkpoint_that_is_not_covered_gets_a_certificate_that_says_not_priva
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr  # the statement "not private" is true and checked
     assert "NOT PRIVATE" in _verify_cli(release.certificate).stdout
+
+
+def test_sign_key_signs_every_certificate_and_verify_checks_the_issuer(tmp_path):
+    from dpcl.guarantees.signing import KeyFileError, generate_key_pair
+
+    keys = generate_key_pair(tmp_path / "issuer.key")
+    other = generate_key_pair(tmp_path / "other.key")
+    with pytest.raises(KeyFileError):  # the key is loaded up front, before anything is charged
+        _certifier(tmp_path / "bad", sign_key=tmp_path / "missing.key")
+    c = _certifier(tmp_path / "run", sign_key=keys.private_key)
+    c.charge(0, GaussianEvent(sigma=2.0))
+    release = c.release(0, b"weights", coverage=COVERED, assumptions=ASSUMPTIONS)
+    assert release.signed_by == keys.fingerprint
+    signed = subprocess.run([sys.executable, "-m", "dpcl", "verify", str(release.certificate),
+                             "--public-key", str(keys.public_key)], capture_output=True, text=True, timeout=120)
+    assert signed.returncode == 0, signed.stderr
+    wrong = subprocess.run([sys.executable, "-m", "dpcl", "verify", str(release.certificate),
+                            "--public-key", str(other.public_key)], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 3 and "signature" in wrong.stderr + wrong.stdout
