@@ -625,8 +625,7 @@ class PeCLSpec:
     DP-SGD run (Poisson-sampled Gaussian, one fortune as the unit, adjacency of
     ``[privacy]``), calibrated to ``[privacy] epsilon`` per task with the
     schedule and calibration DP-SGD methods use
-    (:func:`dpcl.guarantees.schedules.dpsgd_schedule`,
-    :func:`dpcl.guarantees.schedules._calibrate_dpsgd`); the release is covered
+    (:func:`dpcl.guarantees.schedules.calibrated_dpsgd_task`); the release is covered
     (:data:`DPSGD_PECL_RELEASE`). The per-token TDP statement is scoped to the
     input embeddings (:data:`DPSGD_INPUT_EMBEDDINGS_SCOPE`).
 
@@ -725,18 +724,13 @@ def _dpsgd_plan(
     notes: list[str], token: RepeatedEvent, pretrained: tuple[str, ...],
 ) -> TaskPlan:
     """The plan of a DP PeCL task: its DP-SGD run is the checkpoint's event, TDP a scoped statement."""
-    from dpcl.accounting.dpsgd import dpsgd_events
-    from dpcl.errors import UnsupportedEventError
     from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
     from dpcl.guarantees.schedules import (
         DPSGD_ASSUMPTION,
         EMPTY_DPSGD_RELEASE,
         TASK_SIZE_ASSUMPTION,
-        _accountant_advice,
-        _calibrate_dpsgd,
         _privacy,
-        calibration_accountant_for,
-        dpsgd_schedule,
+        calibrated_dpsgd_task,
     )
 
     eps, delta, adjacency, accountant = _privacy(privacy)
@@ -752,17 +746,9 @@ def _dpsgd_plan(
                    "initialisation) is released again (Prop. F.1) and nothing is charged.",),
             release=EMPTY_DPSGD_RELEASE,
         )
-    q, steps = dpsgd_schedule(n, int(v["batch_size"]), int(v["epochs"]), task_index)
-    try:
-        calibration = _calibrate_dpsgd(eps, delta, q, steps, calibration_accountant_for(accountant, adjacency),
-                                       adjacency.value)
-    except UnsupportedEventError as exc:
-        raise ConfigError(
-            f"[privacy] accountant = {accountant!r} cannot account task {task_index}'s DP-SGD run "
-            f"(q={q:.6g}, {steps} steps, {adjacency.value!r} adjacency, epsilon={eps:g}, delta={delta:g}): {exc} "
-            + _accountant_advice(accountant, adjacency)
-        ) from None
-    event = dpsgd_events(calibration.noise_multiplier, q, steps, adjacency=adjacency.value, unit="example")
+    q, steps, calibration, event = calibrated_dpsgd_task(
+        n, int(v["batch_size"]), int(v["epochs"]), task_index, eps, delta, adjacency, accountant
+    )
     noise.update({
         "noise_multiplier": float(calibration.noise_multiplier),
         "sample_rate": q,

@@ -241,6 +241,30 @@ def _accountant_advice(accountant: str, adjacency: Adjacency) -> str:
     )
 
 
+def calibrated_dpsgd_task(
+    n: int, batch_size: int, epochs: int, task_index: int, eps: float, delta: float, adjacency: Adjacency,
+    accountant: str,
+) -> tuple[float, int, Any, Any]:
+    """One task's DP-SGD run, calibrated to (eps, delta): sampling rate q, steps, the calibration and its event.
+
+    An accountant that cannot account the run raises :class:`ConfigError` naming the task and what to change.
+    """
+    from dpcl.accounting.dpsgd import dpsgd_events
+
+    q, steps = dpsgd_schedule(n, batch_size, epochs, task_index)
+    try:
+        calibration = _calibrate_dpsgd(eps, delta, q, steps, calibration_accountant_for(accountant, adjacency),
+                                       adjacency.value)
+    except UnsupportedEventError as exc:
+        raise ConfigError(
+            f"[privacy] accountant = {accountant!r} cannot account task {task_index}'s DP-SGD run "
+            f"(q={q:.6g}, {steps} steps, {adjacency.value!r} adjacency, epsilon={eps:g}, delta={delta:g}): {exc} "
+            + _accountant_advice(accountant, adjacency)
+        ) from None
+    event = dpsgd_events(calibration.noise_multiplier, q, steps, adjacency=adjacency.value, unit="example")
+    return q, steps, calibration, event
+
+
 # -- specs ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CosineSpec:
@@ -312,19 +336,9 @@ class DpSgdSpec:
                        "is released (Prop. F.1) and nothing is charged.",),
                 release=EMPTY_DPSGD_RELEASE,
             )
-        from dpcl.accounting.dpsgd import dpsgd_events
-
-        q, steps = dpsgd_schedule(n, batch_size, epochs, task_index)
-        calibration_accountant = calibration_accountant_for(accountant, adjacency)
-        try:
-            calibration = _calibrate_dpsgd(eps, delta, q, steps, calibration_accountant, adjacency.value)
-        except UnsupportedEventError as exc:
-            raise ConfigError(
-                f"[privacy] accountant = {accountant!r} cannot account task {task_index}'s DP-SGD run "
-                f"(q={q:.6g}, {steps} steps, {adjacency.value!r} adjacency, epsilon={eps:g}, delta={delta:g}): {exc} "
-                + _accountant_advice(accountant, adjacency)
-            ) from None
-        event = dpsgd_events(calibration.noise_multiplier, q, steps, adjacency=adjacency.value, unit="example")
+        q, steps, calibration, event = calibrated_dpsgd_task(
+            n, batch_size, epochs, task_index, eps, delta, adjacency, accountant
+        )
         return TaskPlan(
             events=(event,),
             noise={
