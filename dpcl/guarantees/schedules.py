@@ -154,8 +154,8 @@ PEFT_KEYS: tuple[MethodKey, ...] = DPSGD_KEYS + (
     MethodKey("aggregation", str, "argmax", "ensemble prediction rule: 'argmax' (eq. 10), 'median' (eq. A41) "
               "or 'entropy'", one_of("argmax", "median", "entropy")),
     MethodKey("variant", str, "auto", "what each member trains: 'film' (the scale and shift of the [stream] encoder's "
-              "layer norms plus a head, as in the paper; needs an image encoder), 'adapter' (a residual adapter "
-              "and head on precomputed features) or 'auto' (film when [stream] encoder is an image model, else "
+              "layer norms plus a head, as in the paper; needs an image or text encoder), 'adapter' (a residual "
+              "adapter and head on precomputed features) or 'auto' (film when [stream] encoder is given, else "
               "adapter)", one_of(*PEFT_VARIANTS)),
 )
 
@@ -364,23 +364,25 @@ def peft_variant(method: Mapping[str, Any]) -> str:
     """The PEFT Ensemble variant a validated ``[method]`` section (with the injected ``encoder``) trains.
 
     ``film``: per task, the scale and shift of every layer norm of the ``[stream] encoder`` plus a head
-    (Tobaben et al., Sec. 5 / App. H: FiLM parameters of a frozen ViT); needs an image encoder.
+    (Tobaben et al., Sec. 5 / App. H: FiLM parameters of a frozen ViT; the same for a text encoder);
+    needs an encoder (image or text).
     ``adapter``: a residual adapter and head on precomputed features (the encoder's, or raw pixels).
-    ``auto`` resolves to ``film`` when the stream names an image encoder, else ``adapter``.
+    ``auto`` resolves to ``film`` when the stream names an encoder, else ``adapter``. Both run the same
+    DP-SGD plan: the variant never changes the events or the epsilon.
     """
     requested = str(method.get("variant", "auto") or "auto")
     if requested not in PEFT_VARIANTS:
         raise ConfigError(f"[method] variant must be one of {', '.join(map(repr, PEFT_VARIANTS))}; got {requested!r}.")
     encoder = method.get("encoder")
-    modality = encoder_modality(encoder) if encoder is not None else None
+    if encoder is not None:
+        encoder_modality(encoder)  # a model directory dpcl can load (image or text), else ConfigError
     if requested == "auto":
-        return "film" if modality == "image" else "adapter"
-    if requested == "film" and modality != "image":
+        return "film" if encoder is not None else "adapter"
+    if requested == "film" and encoder is None:
         raise ConfigError(
-            "[method] variant = 'film' trains the layer norms of a pre-trained image encoder: set [stream] encoder "
-            "to a local image model directory (ViT-style, with its image processor)"
-            + ("" if encoder is None else f"; {str(encoder)!r} is a text encoder")
-            + ", or use variant = 'adapter'."
+            "[method] variant = 'film' trains the layer norms of a pre-trained encoder: set [stream] encoder "
+            "to a local Hugging Face model directory (an image model with its image processor, or a text encoder "
+            "with its tokenizer), or use variant = 'adapter'."
         )
     return requested
 

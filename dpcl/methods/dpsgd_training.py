@@ -153,6 +153,47 @@ def seeded_adapter(
     return model.to(device)
 
 
+def _dp_optimizer(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    schedule: SgdSchedule,
+    n: int,
+    *,
+    learning_rate: float,
+    generator: torch.Generator | None,
+    world: int = 1,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """``(model to run, optimizer)`` for one training run: Adam over ``params`` and, for a private schedule,
+    opacus' per-example gradients (:class:`opacus.GradSampleModule`, hooks mode, summed loss) with its
+    DP optimiser around Adam.
+
+    One process (``world = 1``): :class:`~opacus.optimizers.DPOptimizer` clips every per-example gradient
+    to ``max_grad_norm``, adds ``N(0, (noise_multiplier * max_grad_norm)^2 I)`` drawn from ``generator``
+    and divides by the expected batch size ``q n``. ``world`` ranks (:func:`_train_data_parallel`):
+    :class:`~opacus.optimizers.DistributedDPOptimizer` with ``q n / world`` per rank and the noise added
+    by the rank whose ``generator`` is given (rank 0; the others pass None). A non-private schedule
+    gets plain Adam and ``model`` itself.
+    """
+    optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=learning_rate)
+    if not schedule.private:
+        return model, optimizer
+    from opacus import GradSampleModule
+    from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
+
+    train_model = GradSampleModule(model, loss_reduction="sum")
+    expected_batch_size = max(1, round(schedule.sample_rate * n))
+    optimizer_class = DPOptimizer if world == 1 else DistributedDPOptimizer
+    dp_optimizer = optimizer_class(
+        optimizer,
+        noise_multiplier=float(schedule.noise_multiplier),
+        max_grad_norm=float(schedule.max_grad_norm),
+        expected_batch_size=expected_batch_size if world == 1 else expected_batch_size / world,  # type: ignore[arg-type]
+        loss_reduction="mean",
+        generator=generator,
+    )
+    return train_model, dp_optimizer
+
+
 def train_classifier(
     model: nn.Module,
     features: "torch.Tensor | tuple[torch.Tensor, ...]",
@@ -182,21 +223,7 @@ def train_classifier(
     n = int(inputs[0].shape[0])
     device = inputs[0].device
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=learning_rate)
-    train_model: nn.Module = model
-    if schedule.private:
-        from opacus import GradSampleModule
-        from opacus.optimizers import DPOptimizer
-
-        train_model = GradSampleModule(model, loss_reduction="sum")
-        optimizer = DPOptimizer(
-            optimizer,
-            noise_multiplier=float(schedule.noise_multiplier),
-            max_grad_norm=float(schedule.max_grad_norm),
-            expected_batch_size=max(1, round(schedule.sample_rate * n)),
-            loss_reduction="mean",
-            generator=generator,
-        )
+    train_model, optimizer = _dp_optimizer(model, params, schedule, n, learning_rate=learning_rate, generator=generator)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     train_model.train()
     for _ in range(schedule.steps):
@@ -329,21 +356,11 @@ def _train_data_parallel(
             )
     wrapped = DifferentiallyPrivateDistributedDataParallel(model)  # broadcasts rank 0's weights
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=learning_rate)
-    train_model: nn.Module = wrapped
-    if schedule.private:
-        from opacus import GradSampleModule
-        from opacus.optimizers import DistributedDPOptimizer
-
-        train_model = GradSampleModule(wrapped, loss_reduction="sum")
-        optimizer = DistributedDPOptimizer(
-            optimizer,
-            noise_multiplier=float(schedule.noise_multiplier),
-            max_grad_norm=float(schedule.max_grad_norm),
-            expected_batch_size=max(1, round(schedule.sample_rate * n)) / world,  # type: ignore[arg-type]
-            loss_reduction="mean",
-            generator=generator if rank == 0 else None,  # only rank 0 adds noise
-        )
+    train_model, optimizer = _dp_optimizer(
+        wrapped, params, schedule, n, learning_rate=learning_rate,
+        generator=generator if rank == 0 else None,  # only rank 0 adds noise
+        world=world,
+    )
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     train_model.train()
     mask = torch.zeros(n, dtype=torch.uint8, device=device)

@@ -34,13 +34,18 @@ Variants (``[method] variant``, resolved by :func:`dpcl.guarantees.schedules.pef
 and recorded in every plan's noise and notes, hence in audits and certificates):
 
 * ``film`` -- as in the paper: each member trains the FiLM parameters (scale and
-  shift of every layer norm) of the frozen pre-trained image encoder named by
-  ``[stream] encoder``, plus a zero-initialised head (:mod:`dpcl.methods.film`);
-  the stream hands it the images as pixel rows (``trains_encoder``), and opacus
-  computes per-example gradients with its LayerNorm and Linear grad samplers.
+  shift of every layer norm) of the frozen pre-trained encoder named by
+  ``[stream] encoder``, plus a zero-initialised head (:mod:`dpcl.methods.film`).
+  The stream hands it what the encoder reads (``trains_encoder``): pixel rows for
+  an image encoder (ViT-style), the raw texts for a text encoder (BERT-style,
+  e.g. MiniLM; tokenised once per task, mean-pooled as the feature path does).
+  Per-example gradients come from opacus' LayerNorm and Linear grad samplers.
 * ``adapter`` -- the residual adapter (or LoRA on raw text) described above, on
   precomputed features: the default without an encoder.
-* ``auto`` (default) -- ``film`` when ``[stream] encoder`` is an image model, else ``adapter``.
+* ``auto`` (default) -- ``film`` when ``[stream] encoder`` is given (image or text), else ``adapter``.
+
+Both variants run the same DP-SGD plan (sampling rate, steps, noise multiplier,
+clipping norm), so the variant never changes the privacy cost.
 
 Hyper-parameters read from the ``[method]`` section: ``learning_rate``,
 ``adapter_dim`` (adapter variant), ``aggregation``, ``variant``, and
@@ -109,7 +114,8 @@ class PeftEnsemble(ContinualMethod):
 
     @staticmethod
     def trains_encoder(method: Mapping[str, Any]) -> bool:
-        """True for the ``film`` variant: the runner then builds the stream with pixel rows, not features."""
+        """True for the ``film`` variant: the runner then builds the stream with the encoder's inputs (pixel
+        rows, or raw texts for a text encoder), not its features."""
         return peft_variant(method) == "film"
 
     def __init__(self, setup: MethodSetup) -> None:
@@ -119,10 +125,13 @@ class PeftEnsemble(ContinualMethod):
         #: film variant: the encoder directory, its files' fingerprint, the backbone (loaded on first use), members
         self.encoder_path = method.get("encoder") if self.variant == "film" else None
         self.encoder_sha256: str | None = None
+        #: film variant: "image" (pixel rows in, FilmClassifier) or "text" (texts in, TextFilmClassifier)
+        self.encoder_modality: str | None = None
         if self.encoder_path is not None:
-            from dpcl.guarantees.public_encoder import encoder_fingerprint
+            from dpcl.guarantees.public_encoder import encoder_fingerprint, encoder_modality
 
             self.encoder_sha256 = encoder_fingerprint(self.encoder_path)
+            self.encoder_modality = encoder_modality(self.encoder_path)
         self._film_model: Any = None
         self.film_members: list[dict[str, Any]] = []
         self.device = torch.device(setup.device)
@@ -189,20 +198,34 @@ class PeftEnsemble(ContinualMethod):
         )
 
     def _film_backbone(self) -> tuple[Any, Any, dict[str, torch.Tensor]]:
-        """(backbone with only its FiLM parameters trainable, pixel settings, pre-trained FiLM values)."""
+        """(backbone with only its FiLM parameters trainable, its input settings, pre-trained FiLM values).
+
+        The input settings are the image processor's :class:`~dpcl.data.pretrained.PixelSettings` for an image
+        encoder, the tokenizer for a text encoder."""
         if self._film_model is None:
             import copy
 
             from dpcl.data.pretrained import load_pretrained, pixel_settings
             from dpcl.methods.film import freeze_all_but_film
 
-            shared, _ = load_pretrained(self.encoder_path, str(self.device))
+            shared, tokenizer = load_pretrained(self.encoder_path, str(self.device))
             backbone = copy.deepcopy(shared)  # the process-wide cached encoder stays untouched
             names = freeze_all_but_film(backbone)
             params = dict(backbone.named_parameters())
             initial = {name: params[name].detach().clone() for name in names}
-            self._film_model = (backbone, pixel_settings(self.encoder_path), initial)
+            settings = tokenizer if self.encoder_modality == "text" else pixel_settings(self.encoder_path)
+            self._film_model = (backbone, settings, initial)
         return self._film_model
+
+    def _film_inputs(self, examples: np.ndarray) -> Any:
+        """What a FiLM member reads, on the device: the pixel rows ``[n, C * S * S]`` as a tensor, or
+        ``(input_ids, attention_mask)`` of an array of texts (one tokenizer call, padded to the longest)."""
+        if self.encoder_modality != "text":
+            return torch.tensor(np.asarray(examples), dtype=torch.float32, device=self.device)
+        from dpcl.data.pretrained import text_tokens
+
+        _, tokenizer, _ = self._film_backbone()
+        return text_tokens(tokenizer, np.asarray(examples, dtype=object).ravel().tolist(), self.device)
 
     def _load_film(self, backbone: Any, film: Mapping[str, torch.Tensor]) -> None:
         params = dict(backbone.named_parameters())
@@ -212,27 +235,40 @@ class PeftEnsemble(ContinualMethod):
 
     def _fit_film_member(self, task_index: int, data: TrainingData, targets: np.ndarray, n_outputs: int,
                          schedule: Any, progress: ProgressCallback | None) -> None:
-        from dpcl.methods.film import FilmClassifier
+        from dpcl.methods.film import FilmClassifier, TextFilmClassifier
 
         backbone, settings, initial = self._film_backbone()
         self._load_film(backbone, initial)  # every member starts from the public pre-trained values
-        member = FilmClassifier(backbone, settings, n_outputs).to(self.device)
-        self._train(task_index, member, self._features(data), targets, schedule, progress)
+        if self.encoder_modality == "text":
+            if data.texts is None:
+                raise InvalidParameterError("a text FiLM member needs the raw texts of the task (TrainingData.texts).")
+            member: Any = TextFilmClassifier(backbone, n_outputs).to(self.device)
+            inputs = self._film_inputs(data.texts)
+        else:
+            member = FilmClassifier(backbone, settings, n_outputs).to(self.device)
+            inputs = self._film_inputs(data.features)
+        self._train(task_index, member, inputs, targets, schedule, progress)
         params = dict(backbone.named_parameters())
         self.film_members.append({
             "film": {name: params[name].detach().cpu().clone() for name in initial},
             "head": {k: v.detach().cpu().clone() for k, v in member.head.state_dict().items()},
         })
 
-    def _film_logits(self, rows: torch.Tensor, member: Mapping[str, Any], batch_size: int = 256) -> torch.Tensor:
+    def _film_logits(self, inputs: Any, member: Mapping[str, Any], batch_size: int = 256) -> torch.Tensor:
+        """A member's logits over its labels for pixel rows, or for ``(input_ids, attention_mask)`` of texts."""
         backbone, settings, _ = self._film_backbone()
         self._load_film(backbone, member["film"])
         weight, bias = member["head"]["weight"].to(self.device), member["head"]["bias"].to(self.device)
-        from dpcl.data.pretrained import image_embedding, to_pixel_values
+        from dpcl.data.pretrained import image_embedding, text_embedding, to_pixel_values
 
+        parts = inputs if isinstance(inputs, tuple) else (inputs,)
         out = []
-        for start in range(0, rows.shape[0], batch_size):  # batches of examples, bounded memory
-            features = image_embedding(backbone, to_pixel_values(rows[start : start + batch_size], settings))
+        for start in range(0, parts[0].shape[0], batch_size):  # batches of examples, bounded memory
+            batch = [x[start : start + batch_size] for x in parts]
+            if self.encoder_modality == "text":
+                features = text_embedding(backbone, *batch)
+            else:
+                features = image_embedding(backbone, to_pixel_values(batch[0], settings))
             out.append(features @ weight.T + bias)
         return torch.cat(out) if out else torch.zeros((0, weight.shape[0]), device=self.device)
 
@@ -287,12 +323,13 @@ class PeftEnsemble(ContinualMethod):
     def member_logits(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Logits [m, n, L] of every ensemble member over the label space, and masks [m, L] of their labels.
 
-        In text mode ``features`` is a 1-D array of texts.
+        In text mode, and for FiLM on a text encoder, ``features`` is a 1-D array of texts.
         """
         n_labels = len(self.label_space)
         if self.variant == "film":
-            rows = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
-            logits = np.zeros((len(self.film_members), rows.shape[0], n_labels))
+            rows = self._film_inputs(features)
+            n = (rows[0] if isinstance(rows, tuple) else rows).shape[0]
+            logits = np.zeros((len(self.film_members), n, n_labels))
             masks = np.zeros((len(self.film_members), n_labels), dtype=bool)
             with torch.no_grad():
                 for i, (member, labels) in enumerate(zip(self.film_members, self.model_labels)):
@@ -331,6 +368,7 @@ class PeftEnsemble(ContinualMethod):
             from dpcl.guarantees.public_encoder import encoder_directory
 
             extra["encoder"] = {"path": str(encoder_directory(self.encoder_path)), "sha256": self.encoder_sha256,
+                                "modality": self.encoder_modality,
                                 "trained": "scale and shift of every nn.LayerNorm (FiLM), per member, plus a head"}
         return {"peft_ensemble": extra}
 

@@ -1,4 +1,5 @@
-"""A tiny randomly initialised ViT saved with ``save_pretrained`` and an image folder of scikit-learn digits.
+"""Tiny randomly initialised models saved with ``save_pretrained`` (a ViT, a BERT) and data for them: an image
+folder of scikit-learn digits, a fortunes directory of synthetic sentences.
 
 What a user with a pre-trained model on disk has: a Hugging Face model directory (``config.json``,
 weights, ``preprocessor_config.json``) and ``<root>/<class>/*.png``. Sizes are tiny so the
@@ -53,4 +54,21 @@ def write_tiny_bert(directory: Path) -> Path:
     config = BertConfig(vocab_size=len(words), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=16, max_position_embeddings=32)
     BertModel(config, add_pooling_layer=False).save_pretrained(directory)
+    return directory
+
+
+#: Categories of :func:`write_text_fortunes`: sentence ``k`` of category ``c`` is ``"the c w1 w2"``.
+TEXT_CATEGORIES = ("cat", "dog", "sat", "ran")
+
+
+def write_text_fortunes(directory: Path) -> Path:
+    """A fortunes directory (``dataset_options fortunes_path``) with one file per :data:`TEXT_CATEGORIES` entry,
+    each holding 25 distinct sentences over the tiny BERT's words, separated by ``%`` lines as fortune files are."""
+    import itertools
+
+    words = ("the", *TEXT_CATEGORIES)
+    directory.mkdir(parents=True, exist_ok=True)
+    for category in TEXT_CATEGORIES:
+        sentences = [f"the {category} {a} {b}" for a, b in itertools.product(words, repeat=2)]
+        (directory / category).write_text("\n%\n".join(sentences) + "\n%\n", encoding="utf-8")
     return directory

