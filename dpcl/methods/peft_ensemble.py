@@ -20,9 +20,10 @@ one of three aggregation rules over the labels released so far:
   probabilities). Tobaben et al. do not say how members with different label
   sets are combined; a model contributes nothing to labels it does not predict.
 
-Raw-text streams (no features, ``input_dim = 0``): each member is a LoRA
-adapter on the pre-trained MiniLM encoder plus a head
-(:mod:`dpcl.methods.lora_text`, ``adapter_dim`` = LoRA rank), trained the same way.
+Raw-text streams without ``[stream] encoder`` (no features, ``input_dim = 0``):
+each member is a LoRA adapter on the bundled pre-trained MiniLM encoder plus a
+head (:mod:`dpcl.methods.lora_text`, ``adapter_dim`` = LoRA rank), trained the
+same way. (With a text encoder the ``film`` variant below reads the raw texts.)
 
 An empty task (no example left after label filtering) gets a plan with no
 steps and no charge: its member is released at its data-independent
@@ -150,7 +151,7 @@ class PeftEnsemble(ContinualMethod):
         self.generator = torch.Generator(device="cpu").manual_seed(int(setup.seed))
         self.models: list[AdapterClassifier] = []
         self.model_labels: list[tuple[int, ...]] = []
-        #: raw-text mode (input_dim 0): members are LoRA adapters on MiniLM (dpcl.methods.lora_text)
+        #: raw-text mode (input_dim 0, no encoder): members are LoRA adapters on MiniLM (dpcl.methods.lora_text)
         self.text_mode = int(setup.input_dim) == 0 and self.variant != "film"
         if self.text_mode and self.adapter_dim < 1:
             raise ConfigError(
