@@ -343,9 +343,13 @@ def _encode_images(images: np.ndarray, encoder: Any, device: str, batch_size: in
 def text_tokens(tokenizer: Any, texts: Any, device: Any) -> tuple[Any, Any]:
     """``(input_ids, attention_mask)`` of ``texts`` on ``device``: padded to the longest text, truncated at
     ``min(model_max_length, 512)`` tokens (what the feature path and PEFT Ensemble's text FiLM members see)."""
+    texts = [str(t) for t in texts]
+    if not texts:  # an empty task or test split: no sequence (the tokenizer refuses an empty batch)
+        torch = _torch()
+        empty = torch.zeros((0, 0), dtype=torch.long, device=device)
+        return empty, empty.clone()
     max_length = min(int(getattr(tokenizer, "model_max_length", _TEXT_MAX_TOKENS) or _TEXT_MAX_TOKENS), _TEXT_MAX_TOKENS)
-    tokens = tokenizer([str(t) for t in texts], padding=True, truncation=True, max_length=max_length,
-                       return_tensors="pt")
+    tokens = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     return tokens["input_ids"].to(device), tokens["attention_mask"].to(device)
 
 

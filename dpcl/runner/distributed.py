@@ -207,7 +207,10 @@ def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproduci
         cls = method_class(config.method["name"])
         stream_options = dict(config.raw["stream"])
         stream_options.setdefault("seed", seed)
-        stream = build_stream(stream_options)
+        # as on rank 0 (run_training): a method that trains inside the encoder (PEFT Ensemble's film variant) reads
+        # the encoder's inputs, the others its features computed on this rank's device
+        trains_encoder = bool(getattr(cls, "trains_encoder", lambda _method: False)(config.method))
+        stream = build_stream(stream_options, encode=not trains_encoder, device=device)
         label_sets = _label_sets(config, len(stream))
         prepared, _ = _prepare_tasks(stream, label_sets, bool(getattr(cls, "needs_texts", False)))
         across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])

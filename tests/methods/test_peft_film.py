@@ -267,3 +267,20 @@ def test_text_film_inside_the_real_minilm_trains_its_layer_norms(tmp_path, monke
     assert all(torch.equal(after[k], pretrained[k]) for k in pretrained if k not in initial)
     scores = ensemble.scores(texts)
     assert scores.shape == (8, 2) and np.all(np.isfinite(scores))
+
+
+def test_an_empty_text_task_releases_the_pretrained_film_values_and_a_zero_head(bert):
+    method = method_section(bert)
+    ensemble = peft_module.PeftEnsemble(MethodSetup(method=method, privacy=PRIVACY, label_space=(0, 1), input_dim=0,
+                                                    seed=0))
+    plan = PEFT_ENSEMBLE.plan_task(method, PRIVACY, 0, 0)
+    assert not plan.events and plan.noise["steps"] == 0
+    empty = TrainingData(features=np.zeros((0, 0), np.float32), labels=np.zeros(0, np.int64),
+                         unit_ids=np.zeros(0, np.int64), texts=np.array([], dtype=object))
+    ensemble.fit_task(0, empty, (0, 1), plan)
+    _, _, initial = ensemble._film_backbone()
+    member = ensemble.film_members[0]
+    assert all(torch.equal(member["film"][n], initial[n]) for n in initial)
+    assert not torch.count_nonzero(member["head"]["weight"]) and not torch.count_nonzero(member["head"]["bias"])
+    assert ensemble.scores(np.array([], dtype=object)).shape == (0, 2)
+    np.testing.assert_array_equal(ensemble.scores(TEXTS[:3]), np.zeros((3, 2)))
