@@ -346,19 +346,17 @@ def test_film_inside_an_image_encoder_trains_on_two_gloo_processes(assets, tmp_p
     config = tmp_path / "film.toml"
     config.write_text(config_text("peft_ensemble", images, encoder), encoding="utf-8")
     out = tmp_path / "two"
+    commands = [["run", str(config), "--out", str(out), "--quiet", "--seed", "1", "--nproc", "2"],
+                *[["verify", str(out / "certificates" / f"task00{t}.cert.json")] for t in (1, 2)],
+                ["audit", str(config), "--json"]]
     env = {**OFFLINE_ENV, "DPCL_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", "dpcl", "run", str(config), "--out", str(out), "--quiet", "--seed", "1",
-                           "--nproc", "2"], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run([sys.executable, "-c", NO_NETWORK_DPCL, json.dumps(commands)], capture_output=True,
+                          text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    audit = subprocess.run([sys.executable, "-m", "dpcl", "audit", str(config), "--json"], capture_output=True,
-                           text=True, env=env, timeout=600)
-    planned = json.loads(audit.stdout)
+    assert json.loads(done.stdout.rsplit("EXIT", 1)[1]) == [0, 0, 0, 0], done.stdout[-3000:] + done.stderr[-3000:]
+    planned = json.loads(done.stdout.split("EXIT")[0][done.stdout.index("{"):])
     for t in (1, 2):
-        certificate = out / "certificates" / f"task00{t}.cert.json"
-        verified = subprocess.run([sys.executable, "-m", "dpcl", "verify", str(certificate)], capture_output=True,
-                                  text=True, env=env, timeout=600)
-        assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
-        recorded = json.loads(certificate.read_text())
+        recorded = json.loads((out / "certificates" / f"task00{t}.cert.json").read_text())
         assert recorded["extra"]["peft_ensemble"]["variant"] == "film"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["cumulative_epsilon"][-1] == pytest.approx(planned["epsilon"], rel=1e-9)
