@@ -355,7 +355,13 @@ def text_tokens(tokenizer: Any, texts: Any, device: Any) -> tuple[Any, Any]:
 
 def text_embedding(model: Any, input_ids: Any, attention_mask: Any) -> Any:
     """The text feature: the attention-masked mean of the last hidden state (sentence-transformers' mean
-    pooling); padding changes neither the hidden states of the real tokens nor the mean."""
+    pooling); padding changes neither the hidden states of the real tokens nor the mean.
+
+    Trailing columns that are padding for every text of the batch are dropped first (a batch drawn from a task
+    tokenised once is padded to the task's longest text): the same features from a shorter sequence."""
+    if attention_mask.numel():
+        used = int(attention_mask.any(0).nonzero().max()) + 1
+        input_ids, attention_mask = input_ids[:, :used], attention_mask[:, :used]
     hidden = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)

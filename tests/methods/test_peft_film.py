@@ -197,6 +197,11 @@ def test_text_film_member_uses_the_feature_paths_pooling_and_opacus_per_example_
     dataset = LabelledDataset(features=None, labels=np.array([0, 1, 0, 1]), unit_ids=np.arange(4), name="toy",
                               class_names=("a", "b"), texts=texts)
     np.testing.assert_allclose(features, encode_with_encoder(dataset, bert, cache_dir=tmp_path).features, atol=1e-5)
+    # rows of a batch padded for a longer text: the all-padding trailing columns are dropped, the features unchanged
+    assert not mask[:2, -1].any()
+    with torch.no_grad():
+        np.testing.assert_allclose(text_embedding(backbone, ids[:2], mask[:2]).numpy(),
+                                   text_embedding(backbone, *text_tokens(tokenizer, texts[:2], "cpu")).numpy(), atol=1e-6)
 
     targets = torch.tensor([0, 1, 0, 1])
     sampled = GradSampleModule(model, loss_reduction="sum")
