@@ -36,9 +36,16 @@ from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, Tr
 
 
 def normalise_rows(features: torch.Tensor) -> torch.Tensor:
-    """Rows scaled to unit l2 norm; an all-zero row stays zero (norm 0 <= 1 keeps the sensitivity bound)."""
-    norms = torch.linalg.vector_norm(features, dim=1, keepdim=True)
-    return torch.where(norms > 0, features / norms.clamp_min(torch.finfo(features.dtype).tiny), features)
+    """Rows scaled to unit l2 norm; an all-zero row stays zero (norm 0 <= 1 keeps the sensitivity bound).
+
+    Each row is first divided by its largest absolute entry, so the squares in the norm neither underflow (rows of
+    about 1e-160 in float64) nor overflow: a norm computed from underflowed squares is too small and the "unit" row
+    would have norm above 1, breaking the sensitivity bound of Alg. 1.
+    """
+    scale = features.abs().amax(dim=1, keepdim=True)
+    scaled = features / torch.where(scale > 0, scale, torch.ones_like(scale))
+    norms = torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
+    return torch.where(norms > 0, scaled / norms.clamp_min(1.0), scaled)
 
 
 def plan_sigma(plan: TaskPlan) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -93,6 +93,8 @@ def test_one_example_moves_the_release_by_at_most_one(features, removed):
 
 
 @given(arrays(np.float64, (4, 3), elements=st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False)))
+@example(np.full((4, 3), 8.7e-162))  # squares underflow: the unscaled norm was too small and the row's norm above 1
+@example(np.full((4, 3), 5e-324))  # subnormal rows still come out with unit norm
 def test_normalised_rows_have_norm_at_most_one(rows):
     norms = torch.linalg.vector_norm(normalise_rows(torch.as_tensor(rows)), dim=1)
     assert torch.all(norms <= 1 + 1e-12)
