@@ -62,6 +62,12 @@ METHODS: dict[str, dict[str, Any]] = {
     "SeqFT+DPSGD (eps=8)": {"strategy": "seqft", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
     "ER+DPSGD (eps=8)": {"strategy": "er", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
     "EWC+DPSGD (eps=8)": {"strategy": "ewc", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
+    "O-LoRA": {"strategy": "olora", "privacy": "none"},
+    "O-LoRA+DPSGD": {"strategy": "olora", "privacy": "dpsgd"},
+    "O-LoRA+DPSGD (eps=8)": {"strategy": "olora", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
+    "GEM": {"strategy": "gem", "privacy": "none"},
+    "GEM+DPSGD": {"strategy": "gem", "privacy": "dpsgd"},
+    "GEM+DPSGD (eps=8)": {"strategy": "gem", "privacy": "dpsgd", "dpsgd_epsilon": 8.0},
     "MTL (upper reference)": {"strategy": "mtl", "privacy": "none"},
 }
 
@@ -127,7 +133,9 @@ def dp_pecl_plan(config: LearnerConfig, n_examples: int, task_index: int):
 
 
 def _dpsgd_epsilon(records: Sequence[dict[str, Any]], strategy: str, delta: float) -> dict[str, Any]:
-    """Example-level epsilon of the worst example: ER's buffered examples train in every later task."""
+    """Example-level epsilon of the worst example: ER's buffered examples train in every later task, and GEM's
+    memory examples are read by a DP-SGD query with the later task's noise and sampling rate at each of its
+    steps (the same mechanism as that task's run), so both compose over the stream."""
     from dpcl.accounting.accountants import compute_epsilon
     from dpcl.accounting.dpsgd import dpsgd_events
     from dpcl.accounting.events import ComposedEvent
@@ -140,10 +148,11 @@ def _dpsgd_epsilon(records: Sequence[dict[str, Any]], strategy: str, delta: floa
     if not events:
         return {"epsilon": math.inf}
     per_task = [compute_epsilon(e, delta).epsilon for e in events]
-    if strategy == "er" and len(events) > 1:
+    if strategy in ("er", "gem") and len(events) > 1:
         worst = compute_epsilon(ComposedEvent(events), delta)
+        kept = "the replay buffer" if strategy == "er" else "the episodic memory"
         return {"epsilon": worst.epsilon, "accountant": worst.accountant, "per_task": per_task,
-                "note": "an example kept in the replay buffer is trained on in its task and every later one"}
+                "note": f"an example kept in {kept} is read in its task and every later one"}
     return {"epsilon": max(per_task), "per_task": per_task,
             "note": "tasks hold disjoint examples: parallel composition, the worst task"}
 

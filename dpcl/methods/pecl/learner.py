@@ -13,6 +13,13 @@ Strategies (Zhan et al., Sec. "Baselines"):
   diagonal Fisher of the adapter + head: the squared mini-batch gradients of the
   task's own loss (not of the EWC penalty of earlier tasks), averaged over the
   task's training steps;
+* ``olora`` -- O-LoRA (Wang et al. 2023): a fresh LoRA adapter per task, the
+  earlier tasks' adapters frozen and summed with it at inference, and an
+  orthogonality penalty between the new adapter's subspace and the old ones
+  (:mod:`dpcl.methods.olora`);
+* ``gem`` -- gradient episodic memory (Lopez-Paz & Ranzato 2017): a memory of
+  ``replay_per_task`` examples of every earlier task; an update whose gradient
+  would raise a memory's loss is projected (:mod:`dpcl.methods.gem`);
 * ``mtl`` -- multi-task learning on the union of all tasks (upper reference).
 
 PeCL with ``privacy="none"`` (sculpting on clean embeddings, not private) is the
@@ -46,7 +53,16 @@ Baselines run without DP (``privacy="none"``) or with DP-SGD (``"dpsgd"``,
 opacus, Poisson sampling; noise multiplier from
 :func:`dpcl.accounting.dpsgd.dpsgd_noise_multiplier`). Under DP-SGD the EWC
 Fisher is computed from the *noisy* gradients DP-SGD released (post-processing),
-never from fresh per-example gradients.
+never from fresh per-example gradients. O-LoRA's orthogonality penalty depends
+on parameters only (the new adapter and the released old ones): its gradient is
+added after the noise. GEM under DP-SGD reads its memories (private examples
+of earlier tasks) only through DP-SGD queries: at every step each memory is
+Poisson-sampled at the task's sampling rate, its examples' gradients clipped to
+``max_grad_norm`` and noised with the task's noise multiplier (opacus), and the
+projection uses these noisy memory gradients and the noisy task gradient
+(post-processing). A memory example therefore takes part, in every later task,
+in a mechanism identical to that task's DP-SGD run: its example-level epsilon is
+the composition over its own task and every later one, as for ER's buffer.
 
 Every strategy starts from the same language model pre-trained on a public
 corpus (fortune categories outside the task stream), whose token embeddings and
@@ -97,10 +113,12 @@ from dpcl.methods.pecl.sculpting import (
     unlearning_loss_per_sequence,
 )
 from dpcl.methods.pecl.sensitivity import TaskTokenStatistics, fuse_scores, sensitivity_scores
+from dpcl.methods.gem import gem_project
+from dpcl.methods.olora import orthogonality_loss
 from dpcl.methods.pecl.tdp import TokenDP
 from dpcl.methods.pecl.tokenizer import ByteTokenizer, load_pretrained_tokenizer
 
-STRATEGIES = ("pecl", "seqft", "er", "ewc", "mtl")
+STRATEGIES = ("pecl", "seqft", "er", "ewc", "olora", "gem", "mtl")
 PRIVACY_MODES = ("tdp", "dpsgd", "none")
 TRAININGS = ("paper", "dp_sgd")
 #: chunk of sequences perturbed at once when a DP PeCL epoch draws its noisy embeddings
@@ -144,8 +162,11 @@ class LearnerConfig:
     calibration: str = "analytic"
     delta: float = 1e-6
     # baselines
+    #: ER's buffer and GEM's episodic memory: examples kept per task
     replay_per_task: int = 16
     ewc_lambda: float = 100.0
+    #: O-LoRA's lambda_1 (weight of the orthogonality loss; Wang et al. 2023 use 0.5)
+    olora_lambda: float = 0.5
     dpsgd_epsilon: float = 1.0
     max_grad_norm: float = 1.0
 
@@ -205,6 +226,7 @@ class LearnerConfig:
             "clip_norm": (0.0, math.inf, False, False, "> 0"),
             "delta": (0.0, 1.0, False, False, "in (0, 1)"),
             "ewc_lambda": (0.0, math.inf, True, False, ">= 0"),
+            "olora_lambda": (0.0, math.inf, True, False, ">= 0"),
             "dpsgd_epsilon": (0.0, math.inf, False, False, "> 0"),
             "max_grad_norm": (0.0, math.inf, False, False, "> 0"),
         }
@@ -339,6 +361,8 @@ class ContinualLM:
         # baseline state
         self.buffer_texts: list[str] = []
         self.buffer_labels: list[int] = []
+        #: GEM's episodic memories, one (texts, labels) per earlier task
+        self.memories: list[tuple[list[str], np.ndarray]] = []
         self.ewc_terms: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
 
     # ------------------------------------------------------------------ helpers
@@ -393,8 +417,57 @@ class ContinualLM:
             {"params": head, "lr": self.config.head_learning_rate},
         ]
 
+    def _lora_a(self, adapter: str) -> list[torch.Tensor]:
+        """The ``lora_A`` weights (``[r, d_in]``) of ``adapter``, one per adapted layer, in module order."""
+        return [a for a, _ in self._lora_pairs(adapter)]
+
+    def _start_olora_adapter(self, task_index: int) -> None:
+        """O-LoRA: a fresh adapter for this task, summed with the frozen adapters of the earlier tasks."""
+        name = f"task_{task_index}"
+        peft_lm = self._peft()
+        with torch.random.fork_rng(devices=[]):  # peft draws lora_A from the global RNG: seeded, caller untouched
+            torch.manual_seed(self.seed + 1 + task_index)
+            peft_lm.add_adapter(name, self.lora_config)
+        active = [f"task_{k}" for k in range(task_index + 1)]
+        peft_lm.base_model.set_adapter(active)  # every listed adapter's output is added (LoraLayer.forward)
+        for n, p in peft_lm.named_parameters():
+            p.requires_grad_("lora_" in n and f".{name}." in n)
+        self.adapter = name
+
+    def _olora_penalty(self) -> torch.Tensor | None:
+        """lambda_1 L_orth of the current adapter against every earlier task's (None for task 0 or lambda_1 = 0)."""
+        index = int(self.adapter.split("_")[1])
+        if index == 0 or self.config.olora_lambda == 0:
+            return None
+        earlier = [self._lora_a(f"task_{k}") for k in range(index)]
+        return self.config.olora_lambda * orthogonality_loss(self._lora_a(self.adapter), earlier)
+
+    def _flat_grad(self, params: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+    def _set_flat_grad(self, params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+        offset = 0
+        for p in params:
+            p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+    def _memory_gradients(self, params: Sequence[torch.Tensor]) -> torch.Tensor:
+        """GEM without DP: the gradient of each earlier task's memory loss (clean embeddings), ``[t, p]``."""
+        rows = []
+        for texts, labels in self.memories:
+            ids, mask = self._encode(texts)
+            y = torch.as_tensor(labels, dtype=torch.int64, device=self.device)
+            loss, _ = self._task_loss(ids, mask, y, self.embedding(ids))
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            rows.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
+                                   for p, g in zip(params, grads)]))
+        return torch.stack(rows)
+
     def _start_adapter(self, task_index: int) -> list[torch.Tensor] | None:
         """PeCL: a new adapter per task, initialised from the previous one; returns W^(k-1)."""
+        if task_index > 0 and self.config.strategy == "olora":
+            self._start_olora_adapter(task_index)
+            return None
         if task_index == 0 or self.config.strategy != "pecl":
             return None
         previous = self.adapter
@@ -566,10 +639,13 @@ class ContinualLM:
         if cfg.strategy == "pecl":
             record["omega"] = self._task_importance(ids, mask)
             self.omegas.append(record["omega"])
-        if cfg.strategy == "er":
+        if cfg.strategy in ("er", "gem"):
             keep = torch.randperm(own_n, generator=self.generator)[: cfg.replay_per_task].numpy()
-            self.buffer_texts.extend(texts[i] for i in keep)
-            self.buffer_labels.extend(int(labels_np[i]) for i in keep)
+            if cfg.strategy == "er":
+                self.buffer_texts.extend(texts[i] for i in keep)
+                self.buffer_labels.extend(int(labels_np[i]) for i in keep)
+            elif keep.size:
+                self.memories.append(([texts[i] for i in keep], labels_np[keep].copy()))
         self.tasks_fitted += 1
         self.task_records.append(record)
         return record
@@ -688,6 +764,7 @@ class ContinualLM:
     def _dpsgd_steps(
         self, ids, mask, y, *, noise_multiplier: float, sample_rate: float, steps: int, max_grad_norm: float,
         embed, extra_loss=None, penalty=None, fisher: list[torch.Tensor] | None = None,
+        memories: Sequence[tuple[Sequence[str], np.ndarray]] = (),
     ) -> dict[str, Any]:
         """``steps`` DP-SGD steps on the trainable parameters (opacus per-example clipping and noise).
 
@@ -696,8 +773,13 @@ class ContinualLM:
         ``embed(step, idx)`` gives the sampled examples' input embeddings,
         ``extra_loss(idx, token_loss, mask)`` an optional per-example loss term,
         ``penalty()`` an optional parameter-only loss whose gradient is added after
-        the noise (it depends on no private example). Returns the counts of
-        steps run, empty steps and examples sampled.
+        the noise (it depends on no private example). ``memories`` (GEM) are
+        earlier tasks' examples: at every step each memory is Poisson-sampled at
+        ``sample_rate`` and its gradient released by the same DP-SGD query
+        (clipping, ``noise_multiplier``); the noisy task gradient is projected
+        against those noisy memory gradients (:func:`dpcl.methods.gem.gem_project`,
+        post-processing). Returns the counts of steps run, empty steps, examples
+        sampled and GEM projections.
         """
         from opacus import GradSampleModule
         from opacus.optimizers import DPOptimizer
@@ -713,8 +795,16 @@ class ContinualLM:
             expected_batch_size=max(1, round(sample_rate * n)),
             generator=self.noise_generator,
         )
+        memory_queries = []
+        for texts, labels in memories:  # one DP-SGD query per memory, its expected sample size q * m
+            m_ids, m_mask = self._encode(texts)
+            m_y = torch.as_tensor(labels, dtype=torch.int64, device=self.device)
+            query = DPOptimizer(torch.optim.SGD(params, lr=0.0), noise_multiplier=noise_multiplier,
+                                max_grad_norm=max_grad_norm, expected_batch_size=max(1, round(sample_rate * len(texts))),
+                                generator=self.noise_generator)
+            memory_queries.append((m_ids, m_mask, m_y, query))
         gsm.train()
-        steps_run = empty_steps = sampled = 0
+        steps_run = empty_steps = sampled = projections = 0
         for step in range(steps):
             take = torch.rand(n, generator=self.sampling_generator) < sample_rate  # Poisson sampling (secret)
             idx = torch.nonzero(take).flatten().to(self.device)
@@ -749,6 +839,13 @@ class ContinualLM:
                 with torch.no_grad():
                     embed(step, idx)  # keeps the per-epoch TDP draw on schedule when an epoch starts empty
             if opt.pre_step():  # clip per-example gradients, add noise: p.grad is the released gradient
+                if memory_queries:
+                    gradient = self._flat_grad(params)
+                    rows = [self._noisy_memory_gradient(gsm, query, params, sample_rate)
+                            for query in memory_queries]
+                    projected = gem_project(gradient, torch.stack(rows))
+                    projections += int(projected is not gradient)
+                    self._set_flat_grad(params, projected)
                 if fisher is not None:
                     for f, p in zip(fisher, params):
                         f += p.grad.detach() ** 2 / steps
@@ -761,7 +858,38 @@ class ContinualLM:
                 opt.original_optimizer.step()
                 steps_run += 1
         gsm._close()
-        return {"steps_run": steps_run, "empty_steps": empty_steps, "examples_sampled": sampled}
+        run = {"steps_run": steps_run, "empty_steps": empty_steps, "examples_sampled": sampled}
+        if memory_queries:
+            run["gem_projections"] = projections
+        return run
+
+    def _per_example_loss(self, gsm, emb, b_ids, b_mask, b_y) -> torch.Tensor:
+        cls_logits, lm_logits = gsm(emb, b_mask)
+        tok = per_token_lm_loss(lm_logits, b_ids, b_mask)
+        return nn.functional.cross_entropy(cls_logits, b_y, reduction="none") + self.config.lm_weight * (
+            tok.sum(1) / b_mask[:, 1:].sum(1).clamp_min(1)
+        )
+
+    def _noisy_memory_gradient(self, gsm, memory_query, params, sample_rate: float) -> torch.Tensor:
+        """One DP-SGD query on a GEM memory: Poisson sample at ``sample_rate`` (secret), per-example clipping and
+        Gaussian noise by the memory's DPOptimizer; returns the released (noisy) gradient, flat."""
+        m_ids, m_mask, m_y, query = memory_query
+        query.zero_grad(set_to_none=True)  # the task step's released gradient was read before this call
+        take = torch.rand(m_ids.shape[0], generator=self.sampling_generator) < sample_rate
+        idx = torch.nonzero(take).flatten().to(self.device)
+        if idx.numel() == 0:  # an empty sample still releases noise, as in the task's own steps
+            for p in params:
+                p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+        else:
+            with torch.no_grad():
+                emb = self.embedding(m_ids[idx])
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                self._per_example_loss(gsm, emb, m_ids[idx], m_mask[idx], m_y[idx]).mean().backward()
+        query.pre_step()
+        row = self._flat_grad(params)
+        query.zero_grad(set_to_none=True)
+        return row
 
     def _task_loss(self, ids, mask, y, emb):
         cls_logits, lm_logits = self.model(emb, mask)
@@ -818,8 +946,18 @@ class ContinualLM:
                         unl = unlearning_loss(scores[idx], tok_loss, b_mask, cfg.theta)
                         loss = loss + cfg.lambda_unlearn * unl
                         terms["unlearn"] = float(unl.detach())
+                if cfg.strategy == "olora":
+                    orth = self._olora_penalty()
+                    if orth is not None:
+                        loss = loss + orth
+                        terms["orth"] = float(orth.detach())
                 opt.zero_grad()
                 loss.backward()
+                if cfg.strategy == "gem" and self.memories:
+                    gradient = self._flat_grad(params)
+                    projected = gem_project(gradient, self._memory_gradients(params))
+                    terms["gem_projected"] = float(projected is not gradient)
+                    self._set_flat_grad(params, projected)
                 if fisher is not None:  # Fisher of this task's loss: taken before the EWC penalty's gradient is added
                     for f, p in zip(fisher, params):
                         f += p.grad.detach() ** 2 / batches_per_epoch / cfg.epochs
@@ -843,11 +981,15 @@ class ContinualLM:
         noise_multiplier = _noise_multiplier(cfg.dpsgd_epsilon, cfg.delta, sample_rate, steps)
         params = self._trainable()
         fisher = [torch.zeros_like(p) for p in params] if cfg.strategy == "ewc" else None
-        penalty = self._ewc_penalty if cfg.strategy == "ewc" and self.ewc_terms else None
-        self._dpsgd_steps(
+        penalty = None
+        if cfg.strategy == "ewc" and self.ewc_terms:
+            penalty = self._ewc_penalty
+        elif cfg.strategy == "olora" and self._olora_penalty() is not None:
+            penalty = self._olora_penalty
+        run = self._dpsgd_steps(
             ids, mask, y, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
             max_grad_norm=cfg.max_grad_norm, embed=lambda _step, idx: self.embedding(ids[idx]), penalty=penalty,
-            fisher=fisher,
+            fisher=fisher, memories=self.memories if cfg.strategy == "gem" else (),
         )
         if fisher is not None:
             self.ewc_terms.append((fisher, [p.detach().clone() for p in params]))
@@ -859,6 +1001,7 @@ class ContinualLM:
                 "target_epsilon": cfg.dpsgd_epsilon,
                 "delta": cfg.delta,
                 "max_grad_norm": cfg.max_grad_norm,
+                **run,
             }
         }
 

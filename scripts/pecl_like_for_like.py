@@ -1,0 +1,162 @@
+"""The like-for-like PeCL table over several seeds: the paper's training settings, TI beside CI accuracy.
+
+``python scripts/pecl_like_for_like.py --out results/pecl_like_for_like --seeds 0 1 2`` trains every row
+(:data:`ROWS`) once per seed on the fortunes stream of ``dpcl/configs/pecl.toml`` (5 tasks of two
+categories, 60 fortunes per class, the 2-layer width-64 GPT-2-architecture model pre-trained for 150 steps on
+the public categories) with the paper's training settings (3 epochs, learning rate 5e-4 for adapters and head,
+batch 32, AdamW with a cosine schedule), and writes
+
+* ``runs.json``: every (row, seed) result of :func:`dpcl.methods.pecl.experiment.run_method` (accuracy
+  matrices, privacy); a rerun with the same ``--out`` skips the pairs already there, so an interrupted run
+  continues where it stopped;
+* ``table.md``: per row the mean +- standard deviation over the seeds (sample sd, n - 1) of the
+  task-incremental (TI: argmax over the task's own label set, the paper's per-task evaluation) and
+  class-incremental (CI: argmax over every label seen so far) Last, Avg and BWT, the checkpoint's epsilon and
+  the scoped per-token epsilon of the input embeddings.
+
+A seed sets the stream's train/test split, the initialisation and, with ``--reproducible-noise``, the
+privacy noise (otherwise fresh OS entropy, and the accuracies move from run to run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic  # noqa: E402
+from dpcl.methods.pecl.experiment import METHODS, fortunes_text_stream, public_corpus, run_method  # noqa: E402
+
+#: the table's rows (labels of :data:`dpcl.methods.pecl.experiment.METHODS`); the DP rows at epsilon 1 and 8
+ROWS = (
+    "PeCL (paper sigma)",
+    "DP PeCL (eps=1)",
+    "DP PeCL (eps=8)",
+    "SeqFT+DPSGD",
+    "SeqFT+DPSGD (eps=8)",
+    "ER+DPSGD",
+    "ER+DPSGD (eps=8)",
+    "EWC+DPSGD",
+    "EWC+DPSGD (eps=8)",
+    "O-LoRA",
+    "O-LoRA+DPSGD",
+    "O-LoRA+DPSGD (eps=8)",
+    "GEM",
+    "GEM+DPSGD",
+    "GEM+DPSGD (eps=8)",
+    "SeqFT",
+    "MTL (upper reference)",
+)
+
+#: the paper's training settings (Zhan et al., App. F) on the bundled config's model
+PAPER_SETTINGS = {"epochs": 3, "learning_rate": 5e-4, "head_learning_rate": 5e-4, "batch_size": 32}
+MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "max_seq_len": 64, "pretrain_steps": 150}
+
+
+def _mean_sd(values: Sequence[float | None]) -> str:
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not finite:
+        return "–"
+    if len(finite) == 1:
+        return f"{finite[0]:.3f}"
+    return f"{np.mean(finite):.3f} ± {np.std(finite, ddof=1):.3f}"
+
+
+def _epsilons(result: dict[str, Any]) -> tuple[str, str]:
+    privacy = result["privacy"]
+    if "checkpoint" in privacy:  # the paper's PeCL: its per-token epsilon is the input release's
+        return "∞ (not DP)", f"{privacy['epsilon']:.3g}"
+    epsilon = privacy["epsilon"]
+    checkpoint = "∞ (not private)" if not math.isfinite(epsilon) else f"{epsilon:.3g} per example"
+    token = f"{privacy['input_token_epsilon']:.3g}" if "input_token_epsilon" in privacy else "–"
+    return checkpoint, token
+
+
+def table(runs: Sequence[dict[str, Any]], rows: Sequence[str]) -> str:
+    """Mean +- sd over seeds per row; epsilon columns from the first seed (they do not depend on the seed)."""
+    lines = [
+        "| method | seeds | TI Last | TI Avg | TI BWT | CI Last | CI Avg | CI BWT | checkpoint ε (δ = 1e-6) | "
+        "input ε per token |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        mine = [r for r in runs if r["method"] == row]
+        if not mine:
+            continue
+        ti = [r["task_incremental"] for r in mine]
+        checkpoint, token = _epsilons(mine[0])
+        lines.append(
+            f"| {row} | {len(mine)} | {_mean_sd([t['last'] for t in ti])} | {_mean_sd([t['avg'] for t in ti])} | "
+            f"{_mean_sd([t['backward_transfer'] for t in ti])} | {_mean_sd([r['last'] for r in mine])} | "
+            f"{_mean_sd([r['avg'] for r in mine])} | {_mean_sd([r['backward_transfer'] for r in mine])} | "
+            f"{checkpoint} | {token} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output directory (runs.json, table.md)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), help="row labels (default: every row)")
+    parser.add_argument("--max-per-class", type=int, default=60)
+    parser.add_argument("--reproducible-noise", action="store_true",
+                        help="draw the privacy noise from the seed (research reproducibility; default: OS entropy)")
+    args = parser.parse_args(argv)
+    unknown = [r for r in args.rows if r not in METHODS]
+    if unknown:
+        parser.error(f"unknown rows {unknown}; known: {list(METHODS)}")
+    logging.getLogger().setLevel(logging.ERROR)  # dp-accounting's RDP order warnings; the bounds are unaffected
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs_file = out / "runs.json"
+    runs: list[dict[str, Any]] = json.loads(runs_file.read_text())["runs"] if runs_file.exists() else []
+    done = {(r["method"], r["seed"]) for r in runs}
+    public_texts, public_labels = public_corpus()
+    settings = {**PAPER_SETTINGS, **MODEL, "max_per_class": args.max_per_class, "tasks": 5,
+                "reproducible_noise": args.reproducible_noise}
+    for seed in args.seeds:
+        tasks, public, class_names = fortunes_text_stream(5, 2, args.max_per_class, seed)
+        for row in args.rows:
+            if (row, seed) in done:
+                continue
+            start = time.perf_counter()
+            torch.manual_seed(seed)
+            result = run_method(row, METHODS[row], tasks, public, len(class_names), seed=seed,
+                                base={**PAPER_SETTINGS, **MODEL}, reproducible_noise=args.reproducible_noise,
+                                public_labels=public_labels)
+            result["seed"] = seed
+            runs.append(json.loads(json.dumps(result, default=str).replace("Infinity", '"inf"')))
+            write_json_atomic(runs_file, {"settings": settings, "runs": runs})
+            write_text_atomic(out / "table.md", table(_finite(runs), args.rows))
+            print(f"{row} seed {seed}: TI Last {result['task_incremental']['last']:.3f}, CI Last "
+                  f"{result['last']:.3f} ({time.perf_counter() - start:.0f} s)", flush=True)
+    write_text_atomic(out / "table.md", table(_finite(runs), args.rows))
+    print(table(_finite(runs), args.rows))
+    return 0
+
+
+def _finite(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs`` with the JSON "inf" strings read back as floats."""
+    def fix(value):
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        return math.inf if value == "inf" else value
+
+    return [fix(r) for r in runs]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
