@@ -9,6 +9,10 @@ public pre-trained language model that every method starts from:
 * how separable the two classes are with the features frozen: a logistic regression trained to
   convergence (scikit-learn, the best a head alone can do), next to a bag-of-words logistic regression on
   the raw text (how separable the task is at all);
+* what PeCL's token-level noise leaves of the input: the mean l2 norm of the (clipped) token embeddings of
+  the public corpus against the expected l2 norm ``sigma sqrt(d)`` of the per-token Gaussian noise at the
+  smallest and largest sigma of the TDP table (3 perturbations per token, epsilon_i in [1, 10],
+  delta = 1e-6, C = 1), for the paper's sigma and the analytic one;
 * how far the head itself gets with the paper's optimiser (AdamW, cosine schedule, batch 32) at the
   paper's learning rate 5e-4 and at 1e-2, after the paper's number of steps on this stream
   (3 epochs x ceil(n / 32)) and after more steps.
@@ -83,6 +87,21 @@ def main(argv=None) -> int:
     config = learner_config(strategy="seqft", privacy="none", pretrain_steps=args.pretrain_steps, max_seq_len=64,
                             n_layer=2, n_embd=64, n_head=2)
     learner = ContinualLM(10, config, args.seed, public)
+    from dpcl.methods.pecl.tdp import TokenDP
+
+    with torch.no_grad():
+        ids, mask = learner._encode(public)
+        norms = learner.embedding(ids)[mask.bool()].norm(dim=-1).clamp_max(1.0)  # clipped at C = 1
+    width = learner.embedding.embedding_dim
+    noise = {}
+    for calibration in ("paper", "analytic"):
+        sigmas = TokenDP(epsilon_lower=1.0, epsilon_upper=10.0, delta=1e-6, clip_norm=1.0, calibration=calibration,
+                         releases=3).applied_sigmas
+        noise[calibration] = {"sigma_min": float(sigmas.min()), "sigma_max": float(sigmas.max()),
+                              "noise_norm_min": float(sigmas.min()) * math.sqrt(width),
+                              "noise_norm_max": float(sigmas.max()) * math.sqrt(width)}
+    token_noise = {"clipped_embedding_norm_mean": float(norms.mean()), "width": width, **noise}
+    print(json.dumps(token_noise), flush=True)
     rows = []
     for k, task in enumerate(tasks):
         train, test = pooled_features(learner, task.train_texts), pooled_features(learner, task.test_texts)
@@ -127,7 +146,14 @@ def main(argv=None) -> int:
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "diagnosis.json", {"settings": vars(args), "tasks": rows, "head_only_mean": mean})
+    lines += ["", "| TDP calibration (3 perturbations, eps_i in [1, 10]) | sigma | expected noise norm per token | "
+              "mean clipped embedding norm |", "| --- | --- | --- | --- |"]
+    for calibration in ("paper", "analytic"):
+        n = token_noise[calibration]
+        lines.append(f"| {calibration} | {n['sigma_min']:.3g} - {n['sigma_max']:.3g} | {n['noise_norm_min']:.3g} - "
+                     f"{n['noise_norm_max']:.3g} | {token_noise['clipped_embedding_norm_mean']:.3g} |")
+    write_json_atomic(out / "diagnosis.json", {"settings": vars(args), "tasks": rows, "head_only_mean": mean,
+                                               "token_noise": token_noise})
     write_text_atomic(out / "diagnosis.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -4,7 +4,8 @@
 (:data:`ROWS`) once per seed on the fortunes stream of ``dpcl/configs/pecl.toml`` (5 tasks of two
 categories, 60 fortunes per class, the 2-layer width-64 GPT-2-architecture model pre-trained for 150 steps on
 the public categories) with the paper's training settings (3 epochs, learning rate 5e-4 for adapters and head,
-batch 32, AdamW with a cosine schedule), and writes
+batch 32, AdamW with a cosine schedule; ``--epochs``, ``--lr``, ``--head-lr`` and ``--batch-size`` change
+them), and writes
 
 * ``runs.json``: every (row, seed) result of :func:`dpcl.methods.pecl.experiment.run_method` (accuracy
   matrices, privacy); a rerun with the same ``--out`` skips the pairs already there, so an interrupted run
@@ -110,6 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), help="row labels (default: every row)")
     parser.add_argument("--max-per-class", type=int, default=60)
+    parser.add_argument("--epochs", type=int, default=PAPER_SETTINGS["epochs"])
+    parser.add_argument("--lr", type=float, default=PAPER_SETTINGS["learning_rate"], help="adapters' learning rate")
+    parser.add_argument("--head-lr", type=float, default=PAPER_SETTINGS["head_learning_rate"],
+                        help="classification head's learning rate")
+    parser.add_argument("--batch-size", type=int, default=PAPER_SETTINGS["batch_size"])
     parser.add_argument("--reproducible-noise", action="store_true",
                         help="draw the privacy noise from the seed (research reproducibility; default: OS entropy)")
     args = parser.parse_args(argv)
@@ -123,8 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = json.loads(runs_file.read_text())["runs"] if runs_file.exists() else []
     done = {(r["method"], r["seed"]) for r in runs}
     public_texts, public_labels = public_corpus()
-    settings = {**PAPER_SETTINGS, **MODEL, "max_per_class": args.max_per_class, "tasks": 5,
+    training = {"epochs": args.epochs, "learning_rate": args.lr, "head_learning_rate": args.head_lr,
+                "batch_size": args.batch_size}
+    settings = {**training, **MODEL, "max_per_class": args.max_per_class, "tasks": 5,
                 "reproducible_noise": args.reproducible_noise}
+    if runs_file.exists() and json.loads(runs_file.read_text())["settings"] != settings:
+        parser.error(f"{runs_file} holds runs with other settings; use another --out directory.")
     for seed in args.seeds:
         tasks, public, class_names = fortunes_text_stream(5, 2, args.max_per_class, seed)
         for row in args.rows:
@@ -133,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             start = time.perf_counter()
             torch.manual_seed(seed)
             result = run_method(row, METHODS[row], tasks, public, len(class_names), seed=seed,
-                                base={**PAPER_SETTINGS, **MODEL}, reproducible_noise=args.reproducible_noise,
+                                base={**training, **MODEL}, reproducible_noise=args.reproducible_noise,
                                 public_labels=public_labels)
             result["seed"] = seed
             runs.append(json.loads(json.dumps(result, default=str).replace("Infinity", '"inf"')))

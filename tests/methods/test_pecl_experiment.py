@@ -177,3 +177,32 @@ def test_experiment_plans_a_dp_pecl_task_as_dpcl_run_does():
                                {"epsilon": 1.0, "delta": config.delta, "adjacency": "add_remove"}, 200, 1)
     assert plan.events == same.events and plan.release.covered
     assert plan.events[0].unit == "example" and plan.noise["task_epsilon"] <= 1.0
+
+
+def _like_for_like_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "pecl_like_for_like.py"
+    spec = importlib.util.spec_from_file_location("pecl_like_for_like", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkpoint_epsilon():
+    script = _like_for_like_script()
+    assert set(script.ROWS) <= set(__import__("dpcl.methods.pecl.experiment", fromlist=["METHODS"]).METHODS)
+    assert script.PAPER_SETTINGS == {"epochs": 3, "learning_rate": 5e-4, "head_learning_rate": 5e-4, "batch_size": 32}
+
+    def run(method, seed, ti_last, privacy):
+        return {"method": method, "seed": seed, "last": 0.1, "avg": 0.2, "backward_transfer": None,
+                "task_incremental": {"last": ti_last, "avg": 0.5, "backward_transfer": -0.1}, "privacy": privacy}
+
+    dp = {"epsilon": 8.0, "unit": "example (add/remove)", "input_token_epsilon": 1.63}
+    paper = {"epsilon": 51.7, "unit": "token (replace-one)", "checkpoint": "not DP"}
+    runs = [run("DP PeCL (eps=8)", s, v, dp) for s, v in enumerate((0.4, 0.5, 0.6))] + [run("PeCL (paper sigma)", 0, 0.5, paper)]
+    lines = script.table(runs, ["PeCL (paper sigma)", "DP PeCL (eps=8)", "SeqFT"]).splitlines()
+    assert len(lines) == 4  # header, rule, one line per row that has runs
+    assert lines[2] == "| PeCL (paper sigma) | 1 | 0.500 | 0.500 | -0.100 | 0.100 | 0.200 | – | ∞ (not DP) | 51.7 |"
+    assert lines[3] == ("| DP PeCL (eps=8) | 3 | 0.500 ± 0.100 | 0.500 ± 0.000 | -0.100 ± 0.000 | 0.100 ± 0.000 | "
+                        "0.200 ± 0.000 | – | 8 per example | 1.63 |")

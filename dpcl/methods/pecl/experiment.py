@@ -16,7 +16,8 @@ sensitivity (worst token) and the sequence-level epsilon of the worst sequence
 example-level epsilon of its checkpoint (its DP-SGD plan, the one ``dpcl run``
 certifies) next to the scoped per-token statement; DP-SGD baselines the
 example-level epsilon of their worst example over the stream (ER replays past
-examples, so its examples are charged in several tasks); non-private runs
+examples and GEM queries its memories of past examples, so their examples are
+charged in several tasks); non-private runs
 epsilon = inf. Accuracies are measured on the test split, which nothing here
 tunes on: class-incremental (argmax over every label seen so far) and
 task-incremental (argmax over the evaluated task's own label set, the paper's
@@ -53,6 +54,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "DP PeCL (eps=1)": {"strategy": "pecl", "privacy": "tdp", "training": "dp_sgd", "dpsgd_epsilon": 1.0},
     "DP PeCL (eps=8)": {"strategy": "pecl", "privacy": "tdp", "training": "dp_sgd", "dpsgd_epsilon": 8.0},
     "DP PeCL w/o TDP (eps=8)": {"strategy": "pecl", "privacy": "none", "training": "dp_sgd", "dpsgd_epsilon": 8.0},
+    "PeCL w/o TDP (not private)": {"strategy": "pecl", "privacy": "none"},
     "SeqFT": {"strategy": "seqft", "privacy": "none"},
     "SeqFT+DPSGD": {"strategy": "seqft", "privacy": "dpsgd"},
     "ER": {"strategy": "er", "privacy": "none"},
