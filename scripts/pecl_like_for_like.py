@@ -4,8 +4,8 @@
 (:data:`ROWS`) once per seed on the fortunes stream of ``dpcl/configs/pecl.toml`` (5 tasks of two
 categories, 60 fortunes per class, the 2-layer width-64 GPT-2-architecture model pre-trained for 150 steps on
 the public categories) with the paper's training settings (3 epochs, learning rate 5e-4 for adapters and head,
-batch 32, AdamW with a cosine schedule; ``--epochs``, ``--lr``, ``--head-lr`` and ``--batch-size`` change
-them), and writes
+batch 32, AdamW with a cosine schedule -- the DP-SGD rows keep the learning rate constant, as dpcl's DP-SGD
+loop does; ``--epochs``, ``--lr``, ``--head-lr`` and ``--batch-size`` change them), and writes
 
 * ``runs.json``: every (row, seed) result of :func:`dpcl.methods.pecl.experiment.run_method` (accuracy
   matrices, privacy); a rerun with the same ``--out`` skips the pairs already there, so an interrupted run
@@ -68,9 +68,11 @@ def _mean_sd(values: Sequence[float | None]) -> str:
     finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not finite:
         return "–"
+    mean = float(np.mean(finite))
+    mean = 0.0 if abs(mean) < 5e-4 else mean  # no "-0.000"
     if len(finite) == 1:
-        return f"{finite[0]:.3f}"
-    return f"{np.mean(finite):.3f} ± {np.std(finite, ddof=1):.3f}"
+        return f"{mean:.3f}"
+    return f"{mean:.3f} ± {np.std(finite, ddof=1):.3f}"
 
 
 def _epsilons(result: dict[str, Any]) -> tuple[str, str]:
