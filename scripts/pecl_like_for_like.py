@@ -10,8 +10,9 @@ loop does; ``--epochs``, ``--lr``, ``--head-lr`` and ``--batch-size`` change the
 * ``runs.json``: every (row, seed) result of :func:`dpcl.methods.pecl.experiment.run_method` (accuracy
   matrices, privacy); a rerun with the same ``--out`` skips the pairs already there, so an interrupted run
   continues where it stopped;
-* ``table.md``: per row the mean +- standard deviation over the seeds (sample sd, n - 1) of the
-  task-incremental (TI: argmax over the task's own label set, the paper's per-task evaluation) and
+* ``table.md``: per row the mean +- standard deviation over the seeds (sample sd, n - 1) of the mean
+  TI accuracy of each task right after it was trained (the diagonal of the accuracy matrix: what a row
+  learns, before forgetting) and of the task-incremental (TI: argmax over the task's own label set, the paper's per-task evaluation) and
   class-incremental (CI: argmax over every label seen so far) Last, Avg and BWT, the checkpoint's epsilon and
   the scoped per-token epsilon of the input embeddings.
 
@@ -85,12 +86,21 @@ def _epsilons(result: dict[str, Any]) -> tuple[str, str]:
     return checkpoint, token
 
 
+def just_trained(result: dict[str, Any]) -> float | None:
+    """Mean TI accuracy of each task right after it was trained (the diagonal R_ii): how much a row learns,
+    before forgetting; None for multi-task training (one release, no diagonal)."""
+    matrix = result["task_incremental"]["accuracy_matrix"]
+    if len(matrix) < 2 or len(matrix) != len(matrix[0]):
+        return None
+    return float(np.mean([matrix[i][i] for i in range(len(matrix))]))
+
+
 def table(runs: Sequence[dict[str, Any]], rows: Sequence[str]) -> str:
     """Mean +- sd over seeds per row; epsilon columns from the first seed (they do not depend on the seed)."""
     lines = [
-        "| method | seeds | TI Last | TI Avg | TI BWT | CI Last | CI Avg | CI BWT | checkpoint ε (δ = 1e-6) | "
-        "input ε per token |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| method | seeds | TI just trained | TI Last | TI Avg | TI BWT | CI Last | CI Avg | CI BWT | "
+        "checkpoint ε (δ = 1e-6) | input ε per token |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         mine = [r for r in runs if r["method"] == row]
@@ -99,7 +109,7 @@ def table(runs: Sequence[dict[str, Any]], rows: Sequence[str]) -> str:
         ti = [r["task_incremental"] for r in mine]
         checkpoint, token = _epsilons(mine[0])
         lines.append(
-            f"| {row} | {len(mine)} | {_mean_sd([t['last'] for t in ti])} | {_mean_sd([t['avg'] for t in ti])} | "
+            f"| {row} | {len(mine)} | {_mean_sd([just_trained(r) for r in mine])} | {_mean_sd([t['last'] for t in ti])} | {_mean_sd([t['avg'] for t in ti])} | "
             f"{_mean_sd([t['backward_transfer'] for t in ti])} | {_mean_sd([r['last'] for r in mine])} | "
             f"{_mean_sd([r['avg'] for r in mine])} | {_mean_sd([r['backward_transfer'] for r in mine])} | "
             f"{checkpoint} | {token} |"

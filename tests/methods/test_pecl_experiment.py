@@ -196,13 +196,15 @@ def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkp
 
     def run(method, seed, ti_last, privacy):
         return {"method": method, "seed": seed, "last": 0.1, "avg": 0.2, "backward_transfer": None,
-                "task_incremental": {"last": ti_last, "avg": 0.5, "backward_transfer": -0.1}, "privacy": privacy}
+                "task_incremental": {"last": ti_last, "avg": 0.5, "backward_transfer": -0.1,
+                                     "accuracy_matrix": [[0.6, None], [0.5, ti_last]]}, "privacy": privacy}
 
     dp = {"epsilon": 8.0, "unit": "example (add/remove)", "input_token_epsilon": 1.63}
     paper = {"epsilon": 51.7, "unit": "token (replace-one)", "checkpoint": "not DP"}
     runs = [run("DP PeCL (eps=8)", s, v, dp) for s, v in enumerate((0.4, 0.5, 0.6))] + [run("PeCL (paper sigma)", 0, 0.5, paper)]
     lines = script.table(runs, ["PeCL (paper sigma)", "DP PeCL (eps=8)", "SeqFT"]).splitlines()
     assert len(lines) == 4  # header, rule, one line per row that has runs
-    assert lines[2] == "| PeCL (paper sigma) | 1 | 0.500 | 0.500 | -0.100 | 0.100 | 0.200 | – | ∞ (not DP) | 51.7 |"
-    assert lines[3] == ("| DP PeCL (eps=8) | 3 | 0.500 ± 0.100 | 0.500 ± 0.000 | -0.100 ± 0.000 | 0.100 ± 0.000 | "
-                        "0.200 ± 0.000 | – | 8 per example | 1.63 |")
+    assert lines[2] == "| PeCL (paper sigma) | 1 | 0.550 | 0.500 | 0.500 | -0.100 | 0.100 | 0.200 | – | ∞ (not DP) | 51.7 |"
+    assert lines[3] == ("| DP PeCL (eps=8) | 3 | 0.550 ± 0.050 | 0.500 ± 0.100 | 0.500 ± 0.000 | -0.100 ± 0.000 | "
+                        "0.100 ± 0.000 | 0.200 ± 0.000 | – | 8 per example | 1.63 |")
+    assert script.just_trained({"task_incremental": {"accuracy_matrix": [[0.5, 0.6, 0.7]]}}) is None  # MTL

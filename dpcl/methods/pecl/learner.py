@@ -95,7 +95,9 @@ import torch
 from torch import nn
 
 from dpcl.errors import InvalidParameterError
+from dpcl.methods.gem import gem_project
 from dpcl.methods.noise_source import noise_torch_generator
+from dpcl.methods.olora import orthogonality_loss
 from dpcl.methods.pecl.model import (
     LMClassifier,
     ModelConfig,
@@ -113,8 +115,6 @@ from dpcl.methods.pecl.sculpting import (
     unlearning_loss_per_sequence,
 )
 from dpcl.methods.pecl.sensitivity import TaskTokenStatistics, fuse_scores, sensitivity_scores
-from dpcl.methods.gem import gem_project
-from dpcl.methods.olora import orthogonality_loss
 from dpcl.methods.pecl.tdp import TokenDP
 from dpcl.methods.pecl.tokenizer import ByteTokenizer, load_pretrained_tokenizer
 
