@@ -11,24 +11,33 @@ and, for calibration, the noise multiplier ``dpsgd_noise_multiplier`` (``auto``)
 target epsilon = dp-accounting's fine PLD epsilon at z: the smallest multiplier meeting that target
 under fine PLD is z itself, so z_auto / z - 1 is how far ``auto`` is from it.
 
-The calls of one point run in one fresh subprocess (each warmed up on a one-step run before the
-timed call) under a per-call wall-clock timeout (SIGALRM) and a 4 GB address-space limit; a call
-that runs out of either is recorded as such. All the compared accountants report upper bounds; the "tightest sound peer" of a
-point is the smallest epsilon among the peers (not dpcl) that finished there.
+Every cell (one method at one point) runs in a fresh subprocess: imports and a one-step warm-up
+call first, then the timed call under a wall-clock cap (``--cap``, default 600 s; the process group
+is killed when it runs out) and an address-space limit (``--memory-gb``, default 4). A cell that
+hits a cap, or that a library refuses, is recorded with that reason. Finished cells are stored in
+``benchmarks/GRID.json`` (atomically, after each cell) with the date, cap, load average and dpcl
+commit they were measured at, so an interrupted run resumes where it stopped and the report is
+written from the stored cells. All the compared accountants report upper bounds; the "tightest
+sound peer" of a point is the smallest epsilon among the peers (not dpcl) that finished there.
 
-    .venv/bin/python benchmarks/bench_accounting_grid.py            # full grid -> benchmarks/GRID.md
-    .venv/bin/python benchmarks/bench_accounting_grid.py --quick    # 4 points, printed only
+    .venv/bin/python benchmarks/bench_accounting_grid.py                 # missing cells -> GRID.json -> GRID.md
+    .venv/bin/python benchmarks/bench_accounting_grid.py --T 1000000     # only the points at T = 10^6
+    .venv/bin/python benchmarks/bench_accounting_grid.py --report-only   # GRID.md from GRID.json
+    .venv/bin/python benchmarks/bench_accounting_grid.py --quick         # 4 points, printed only
 
-Times are single runs; on a machine shared with other jobs they are slower and noisier (the report
-states the load average at start and end).
+Times are single runs; on a machine shared with other jobs they are slower and noisier (every
+cell records the load average when it was measured).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import os
 import platform
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+CACHE = HERE / "GRID.json"
 DELTA = 1e-5
 GRID_Q = (1e-3, 1e-2, 0.1)
 GRID_T = (100, 1_000, 10_000, 100_000, 1_000_000)
@@ -43,14 +53,22 @@ GRID_Z = (0.6, 1.0, 2.0)
 QUICK_POINTS = ((1e-3, 100_000, 1.0), (1e-2, 10_000, 1.0), (0.1, 1_000, 2.0), (0.1, 100_000, 1.0))
 DPCL_METHODS = ("dpcl auto", "dpcl pld", "dpcl prv", "dpcl rdp")
 PEER_METHODS = ("dp-accounting PLD 1e-4", "dp-accounting RDP", "prv-accountant", "opacus RDP", "opacus PRV")
-MEMORY_LIMIT_BYTES = 4 * 1024**3
+CALIBRATION = "dpcl auto calibration"
+# The order cells are measured in: the columns the summary needs first, the slow ones last.
+RUN_ORDER = (
+    "dpcl auto", "dp-accounting PLD 1e-4", "dp-accounting RDP", "opacus RDP", "dpcl rdp", "dpcl pld",
+    "dpcl prv", "prv-accountant", "opacus PRV", CALIBRATION,
+)
+EPS_GOAL = 1.005  # auto <= 1.005 x the tightest sound peer
+CAL_GOAL = 1.002  # z_auto <= 1.002 x the smallest z meeting the target under fine PLD
+WARM_UP_LIMIT_S = 300.0
 
 
-# -- one call, in a worker process ----------------------------------------------------------------
+# -- one cell, in a worker process ----------------------------------------------------------------
 
 
 def _epsilon(method: str, q: float, steps: int, z: float) -> float:
-    if method == "dpcl auto calibration":
+    if method == CALIBRATION:
         from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 
         return float(dpsgd_noise_multiplier(z, DELTA, q, steps).noise_multiplier)  # z is the target epsilon here
@@ -86,112 +104,236 @@ def _epsilon(method: str, q: float, steps: int, z: float) -> float:
     raise ValueError(method)
 
 
-class _CallTimeout(Exception):
-    pass
-
-
-def _worker(methods: list[str], q: float, steps: int, z: float, timeout: float) -> None:
-    """Run ``methods`` at one point in this process, each under ``timeout`` s (SIGALRM), one RESULT line each."""
+def _worker(method: str, q: float, steps: int, z: float, memory_gb: float) -> None:
+    """Warm up (one step), print WARM, run the timed call, print one RESULT line."""
     import logging
     import resource
-    import signal
     import warnings
 
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+    limit = int(memory_gb * 1024**3)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     warnings.simplefilter("ignore")
     logging.getLogger("absl").setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.ERROR)
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise _CallTimeout()
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    for method in methods:
-        out: dict[str, Any]
-        name, _, target = method.partition("@")
-        try:
-            if name == "dpcl auto calibration":
-                _epsilon("dpcl auto", q, 1, 1.0)  # imports warmed up
-            else:
-                _epsilon(name, q, 1, z)
-            signal.alarm(int(timeout))
-            start = time.perf_counter()
-            value = _epsilon(name, q, steps, float(target) if target else z)
-            seconds = time.perf_counter() - start
-            signal.alarm(0)
-            out = {"value": value, "seconds": seconds}
-        except _CallTimeout:
-            out = {"error": f"timed out (> {timeout:g} s)"}
-        except MemoryError:
-            signal.alarm(0)
-            out = {"error": "out of memory (4 GB limit)"}
-        except Exception as exc:  # noqa: BLE001 - recorded, not hidden
-            signal.alarm(0)
-            out = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
-        print("RESULT " + json.dumps({"method": name, **out}), flush=True)
-
-
-def run_calls(methods: list[str], q: float, steps: int, z: float, timeout: float) -> dict[str, dict[str, Any]]:
-    """Run ``methods`` at one point in one fresh process; returns method -> value/seconds or error."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps([methods, q, steps, z, timeout])]
-    results: dict[str, dict[str, Any]] = {}
+    out: dict[str, Any]
     try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout * len(methods) + 120, cwd=HERE.parent,
-        )
-        stdout, tail = proc.stdout, f"exit {proc.returncode}: " + (proc.stderr.strip().splitlines() or ["no output"])[-1][:160]
-    except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        tail = "timed out"
-    for line in stdout.splitlines():
-        if line.startswith("RESULT "):
+        if method == CALIBRATION:
+            _epsilon("dpcl auto", q, 1, 1.0)
+        else:
+            _epsilon(method, q, 1, z)
+        print("WARM", flush=True)
+        start = time.perf_counter()
+        value = _epsilon(method, q, steps, z)
+        out = {"value": value, "seconds": time.perf_counter() - start}
+    except MemoryError:
+        out = {"error": f"out of memory ({memory_gb:g} GB address-space limit)"}
+    except Exception as exc:  # noqa: BLE001 - recorded, not hidden
+        message = str(exc).splitlines()[0][:240] if str(exc) else ""
+        out = {"error": f"{type(exc).__name__}: {message}"}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def run_cell(method: str, q: float, steps: int, z: float, cap: float, memory_gb: float) -> dict[str, Any]:
+    """Run one cell in a fresh process group; kill it when the timed call runs past ``cap`` seconds."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps([method, q, steps, z, memory_gb])]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE.parent, start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + WARM_UP_LIMIT_S
+    warm = False
+    result: dict[str, Any] | None = None
+    while result is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if not ready:
+            continue
+        line = proc.stdout.readline()
+        if not line:  # the process ended without a result
+            break
+        if line.startswith("WARM"):
+            warm, deadline = True, time.monotonic() + cap
+        elif line.startswith("RESULT "):
             result = json.loads(line[7:])
-            results[result.pop("method")] = result
-    for method in methods:
-        results.setdefault(method.partition("@")[0], {"error": tail})
-    return results
+    if result is None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            result = {"error": f"did not finish within {cap:g} s" if warm else f"warm-up did not finish within {WARM_UP_LIMIT_S:g} s"}
+        else:
+            tail = (proc.stderr.read().strip().splitlines() or ["no output"])[-1][:240]
+            result = {"error": f"process exit {proc.returncode}: {tail}"}
+    else:
+        proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    return result
 
 
-# -- the grid -------------------------------------------------------------------------------------
+# -- the cache ------------------------------------------------------------------------------------
 
 
-def measure_point(q: float, steps: int, z: float, timeout: float, calibrate: bool) -> dict[str, Any]:
-    row: dict[str, Any] = {"q": q, "T": steps, "z": z}
-    row.update(run_calls([*DPCL_METHODS, *PEER_METHODS], q, steps, z, timeout))
-    fine = row["dp-accounting PLD 1e-4"]
-    if calibrate and "value" in fine:
-        cal = run_calls([f"dpcl auto calibration@{fine['value']!r}"], q, steps, z, timeout)["dpcl auto calibration"]
-        if "value" in cal:
-            cal["ratio"] = cal["value"] / z
-        row["calibration"] = cal
-    return row
+def point_key(q: float, steps: int, z: float) -> str:
+    return f"q={q:g} T={steps} z={z:g}"
+
+
+def load_cache(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))["points"]
+
+
+def save_cache(path: Path, points: dict[str, dict[str, Any]]) -> None:
+    from dpcl.guarantees.atomic_io import write_text_atomic
+
+    ordered = {point_key(q, t, z): points[point_key(q, t, z)] for t in GRID_T for q in GRID_Q for z in GRID_Z if point_key(q, t, z) in points}
+    ordered.update({k: v for k, v in points.items() if k not in ordered})
+    doc = {"about": "cells of benchmarks/bench_accounting_grid.py: epsilon (or z for the calibration) and seconds, or the error; written after each cell", "delta": DELTA, "points": ordered}
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE.parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def measure(points: list[tuple[float, int, float]], cache: dict[str, dict[str, Any]], cap: float, memory_gb: float,
+            calibrate: bool, rerun: bool, save: Path | None) -> None:
+    """Measure every missing cell of ``points`` (all if ``rerun``), method by method, storing each as it ends."""
+    commit = _commit()
+    for method in RUN_ORDER:
+        if method == CALIBRATION and not calibrate:
+            continue
+        for q, steps, z in points:
+            cells = cache.setdefault(point_key(q, steps, z), {"q": q, "T": steps, "z": z})
+            if method in cells and not rerun:
+                continue
+            target = z
+            if method == CALIBRATION:
+                fine = cells.get("dp-accounting PLD 1e-4", {})
+                if "value" not in fine:
+                    cells[method] = {"error": "no target: dp-accounting PLD 1e-4 did not answer here"}
+                    continue
+                target = fine["value"]
+            load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            result = run_cell(method, q, steps, target, cap, memory_gb)
+            if method == CALIBRATION and "value" in result:
+                result["ratio"] = result["value"] / z
+            result.update({"measured": _now(), "load": load, "cap_s": cap, "memory_gb": memory_gb, "dpcl_commit": commit})
+            cells[method] = result
+            print(json.dumps({"point": point_key(q, steps, z), "method": method, **result}), flush=True)
+            if save is not None:
+                save_cache(save, cache)
+
+
+def import_log(log: Path, cache: dict[str, dict[str, Any]], note: dict[str, Any]) -> None:
+    """Store the rows a run of the earlier one-process-per-point version printed (one JSON row a line)."""
+    for line in log.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        cells = cache.setdefault(point_key(row["q"], row["T"], row["z"]), {"q": row["q"], "T": row["T"], "z": row["z"]})
+        for method in (*DPCL_METHODS, *PEER_METHODS):
+            if method in row and method not in cells:
+                cells[method] = {**row[method], **note}
+        if "calibration" in row and CALIBRATION not in cells:
+            cells[CALIBRATION] = {**row["calibration"], **note}
+
+
+# Why the goals are missed where they are, from reading the cells (kept with the code that writes
+# the report, so a regenerated GRID.md keeps them; revise when the numbers change).
+NOTES = ""
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+def _where(row: dict[str, Any]) -> str:
+    return f"q = {row['q']:g}, T = {row['T']:g}, z = {row['z']:g}"
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    worst_eps = (0.0, None)
-    worst_time = (0.0, None)
-    worst_cal = (0.0, None)
-    missing = []
+    """Worst ratios over the rows, and every point where a goal is not met or cannot be judged."""
+    s: dict[str, Any] = {"worst_eps": (0.0, None), "worst_time": (0.0, None), "worst_cal": (0.0, None),
+                         "eps_missed": [], "time_missed": [], "cal_missed": [], "no_peer": [], "auto_failed": [], "not_run": []}
     for row in rows:
-        auto = row["dpcl auto"]
-        peers = [(m, row[m]) for m in PEER_METHODS if "value" in row[m]]
+        if any(m not in row for m in (*DPCL_METHODS, *PEER_METHODS, CALIBRATION)):
+            s["not_run"].append(row)
+        auto = row.get("dpcl auto", {})
+        peers = [(m, row[m]) for m in PEER_METHODS if "value" in row.get(m, {})]
         if "value" not in auto:
-            missing.append(row)
+            if "dpcl auto" in row:
+                s["auto_failed"].append(row)
             continue
-        if peers:
+        if not peers:
+            s["no_peer"].append(row)
+        else:
             name, best = min(peers, key=lambda p: p[1]["value"])
-            ratio = auto["value"] / best["value"]
             row["tightest peer"] = name
-            row["auto / tightest"] = ratio
+            row["auto / tightest"] = auto["value"] / best["value"]
             row["time ratio"] = auto["seconds"] / best["seconds"]
-            if ratio > worst_eps[0]:
-                worst_eps = (ratio, row)
-            if row["time ratio"] > worst_time[0]:
-                worst_time = (row["time ratio"], row)
-        cal = row.get("calibration", {})
-        if "ratio" in cal and cal["ratio"] > worst_cal[0]:
-            worst_cal = (cal["ratio"], row)
-    return {"worst_eps": worst_eps, "worst_time": worst_time, "worst_cal": worst_cal, "auto_failed": missing}
+            if row["auto / tightest"] > s["worst_eps"][0]:
+                s["worst_eps"] = (row["auto / tightest"], row)
+            if row["time ratio"] > s["worst_time"][0]:
+                s["worst_time"] = (row["time ratio"], row)
+            if row["auto / tightest"] > EPS_GOAL:
+                s["eps_missed"].append(row)
+            if row["time ratio"] > 1.0:
+                s["time_missed"].append(row)
+        cal = row.get(CALIBRATION, {})
+        if "ratio" in cal:
+            if cal["ratio"] > s["worst_cal"][0]:
+                s["worst_cal"] = (cal["ratio"], row)
+            if cal["ratio"] > CAL_GOAL:
+                s["cal_missed"].append(row)
+    return s
+
+
+def summary_lines(s: dict[str, Any], total: int) -> list[str]:
+    lines = []
+    judged = total - len(s["auto_failed"]) - len(s["no_peer"])
+    ratio, row = s["worst_eps"]
+    if row is not None:
+        lines.append(
+            f"* worst `auto` / tightest sound peer: **{ratio:.4f}** at {_where(row)} (peer: {row['tightest peer']}); "
+            f"goal ≤ {EPS_GOAL} met at {judged - len(s['eps_missed'])} of the {judged} points where `auto` and a peer answered."
+        )
+    ratio, row = s["worst_time"]
+    if row is not None:
+        lines.append(
+            f"* worst time of `auto` / time of that peer: **{ratio:.2f}** at {_where(row)} (peer: {row['tightest peer']}); "
+            f"goal ≤ 1 met at {judged - len(s['time_missed'])} of {judged} points."
+        )
+    ratio, row = s["worst_cal"]
+    if row is not None:
+        lines.append(
+            f"* calibration: largest z_auto / z_fine-PLD (above 1: more noise than needed) = **{ratio:.5f}** at {_where(row)}; "
+            f"goal ≤ {CAL_GOAL} missed at {len(s['cal_missed'])} point(s)."
+        )
+    for row in s["eps_missed"]:
+        lines.append(f"* ε goal missed at {_where(row)}: `auto` {row['dpcl auto']['value']:.6g} vs {row['tightest peer']} "
+                     f"{row[row['tightest peer']]['value']:.6g} (× {row['auto / tightest']:.4f}).")
+    for row in s["cal_missed"]:
+        lines.append(f"* calibration goal missed at {_where(row)}: z_auto / z = {row[CALIBRATION]['ratio']:.5f}.")
+    for row in s["auto_failed"]:
+        lines.append(f"* `auto` did not answer at {_where(row)}: {row['dpcl auto']['error']}")
+    for row in s["no_peer"]:
+        lines.append(f"* no peer answered at {_where(row)} (see the row); `auto` gives {row['dpcl auto']['value']:.6g} "
+                     f"in {row['dpcl auto']['seconds']:.2f} s, dpcl `prv` {_value(row.get('dpcl prv', {}))}, `rdp` {_value(row.get('dpcl rdp', {}))}.")
+    if s["time_missed"]:
+        slow = ", ".join(f"({r['q']:g}, {r['T']:g}, {r['z']:g}) × {r['time ratio']:.2f}" for r in s["time_missed"])
+        lines.append(f"* time goal (≤ the tightest peer's time) missed at {len(s['time_missed'])} points (q, T, z): {slow}.")
+    if s["not_run"]:
+        lines.append(f"* {len(s['not_run'])} point(s) have cells not measured yet (marked “not run”).")
+    return lines
 
 
 def machine_info() -> dict[str, str]:
@@ -220,58 +362,63 @@ def machine_info() -> dict[str, str]:
     return info
 
 
-def _cell(result: dict[str, Any]) -> str:
+def _value(result: dict[str, Any]) -> str:
+    return f"{result['value']:.6g}" if "value" in result else "no answer"
+
+
+def _cell(result: dict[str, Any] | None) -> str:
+    if result is None:
+        return "not run"
     if "value" in result:
         return f"{result['value']:.6g} ({result['seconds']:.2f} s)"
     return result["error"].replace("|", "/")
 
 
-def report(rows: list[dict[str, Any]], info: dict[str, str], load: tuple[str, str], wall: float, timeout: float) -> str:
+def _span(rows: list[dict[str, Any]], field: str) -> list[str]:
+    return sorted({str(c[field]) for r in rows for m, c in r.items() if isinstance(c, dict) and field in c})
+
+
+def report(rows: list[dict[str, Any]], info: dict[str, str], notes: str = "") -> str:
     s = summarise(rows)
+    measured = _span(rows, "measured")
+    caps = _span(rows, "cap_s")
     lines = ["# DP-SGD accounting over a grid (`benchmarks/bench_accounting_grid.py`)", ""]
     lines += [
         f"delta = {DELTA:g}; q in {list(GRID_Q)}, T in {list(GRID_T)}, z in {list(GRID_Z)}. Each cell: epsilon "
-        f"(wall time of the call, one run after a one-step warm-up; the calls of a point share one fresh process). Every call is capped at {timeout:g} s "
-        f"and {MEMORY_LIMIT_BYTES / 1024**3:g} GB of address space; a call that hit a cap says so.",
+        "(wall time of the call: one run after imports and a one-step warm-up). The cells are stored in "
+        "`benchmarks/GRID.json` with the date, cap, load average and dpcl commit each was measured at; this "
+        "report is written from it.",
         "",
-        "**Measured on a 2-core machine shared with other engineers' jobs (loaded): times are slower and noisier "
-        "than on an idle machine; the epsilons are unaffected.**",
+        f"**Timings are distorted.** Measured between {measured[0] if measured else '?'} and {measured[-1] if measured else '?'} "
+        "on a 2-core machine shared by 7 engineers' jobs (the 1-minute load average per cell is in GRID.json, "
+        "mostly 4 to 19): times are slower and noisier than on an idle machine, and a ratio of two times taken "
+        "minutes apart carries that noise; the epsilons are unaffected.",
+        "",
+        f"Caps: the points T ≤ 10⁵ were measured by the earlier version of this script (the calls of one point in one "
+        f"process, each capped at 90 s by SIGALRM); the points at T = 10⁶ one cell per fresh process, the timed call "
+        f"capped at {', '.join(caps)} s wall clock (the process killed after it). Every call is limited to 4 GB of "
+        "address space (“out of memory (4 GB …)”: the library needed more; the machine's memory is shared).",
         "",
         "| machine | |",
         "| --- | --- |",
     ]
     lines += [f"| {k} | {v} |" for k, v in info.items()]
-    lines += [f"| load average at start / end | {load[0]} / {load[1]} |", f"| run time | {wall / 60:.1f} min |", ""]
-    lines += ["## Summary", ""]
-    ratio, row = s["worst_eps"]
-    if row is not None:
-        lines.append(
-            f"* worst `auto` / tightest sound peer: **{ratio:.4f}** at q = {row['q']:g}, T = {row['T']:g}, "
-            f"z = {row['z']:g} (peer: {row['tightest peer']})."
-        )
-    ratio, row = s["worst_time"]
-    if row is not None:
-        lines.append(
-            f"* worst time of `auto` / time of that peer: **{ratio:.2f}** at q = {row['q']:g}, T = {row['T']:g}, "
-            f"z = {row['z']:g} (peer: {row['tightest peer']})."
-        )
-    ratio, row = s["worst_cal"]
-    if row is not None:
-        lines.append(
-            f"* calibration: largest z_auto / z_fine-PLD (above 1: more noise than needed) = **{ratio:.5f}** at q = {row['q']:g}, T = {row['T']:g}, "
-            f"z = {row['z']:g}."
-        )
-    for row in s["auto_failed"]:
-        lines.append(f"* `auto` did not answer at q = {row['q']:g}, T = {row['T']:g}, z = {row['z']:g}: {row['dpcl auto']['error']}")
+    lines += ["", "## Summary", ""]
+    lines += summary_lines(s, len(rows))
+    if notes:
+        lines += ["", notes.strip()]
     lines += ["", "## Epsilon and time per point", ""]
     header = ["q", "T", "z", *DPCL_METHODS, *PEER_METHODS, "auto / tightest", "time ratio", "z_auto / z"]
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for r in rows:
-        cal = r.get("calibration", {})
-        cells = [f"{r['q']:g}", f"{r['T']:g}", f"{r['z']:g}", *(_cell(r[m]) for m in (*DPCL_METHODS, *PEER_METHODS))]
+        cal = r.get(CALIBRATION)
+        cells = [f"{r['q']:g}", f"{r['T']:g}", f"{r['z']:g}", *(_cell(r.get(m)) for m in (*DPCL_METHODS, *PEER_METHODS))]
         cells.append(f"{r['auto / tightest']:.4f} ({r['tightest peer']})" if "auto / tightest" in r else "-")
         cells.append(f"{r['time ratio']:.2f}" if "time ratio" in r else "-")
-        cells.append(f"{cal['ratio']:.5f}" if "ratio" in cal else (cal.get("error", "-") if cal else "-"))
+        if cal is None:
+            cells.append("not run")
+        else:
+            cells.append(f"{cal['ratio']:.5f} ({cal['seconds']:.1f} s)" if "ratio" in cal else cal["error"].replace("|", "/"))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     return "\n".join(lines)
@@ -279,42 +426,41 @@ def report(rows: list[dict[str, Any]], info: dict[str, str], load: tuple[str, st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="four points, printed only")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per call (default 120; quick 60)")
+    parser.add_argument("--quick", action="store_true", help="four points, printed only (nothing stored)")
+    parser.add_argument("--T", type=int, action="append", help="only the points with this T (repeatable)")
+    parser.add_argument("--cap", type=float, default=None, help="wall-clock seconds per timed call (default 600; quick 60)")
+    parser.add_argument("--memory-gb", type=float, default=4.0, help="address-space limit per cell (default 4)")
     parser.add_argument("--no-calibration", action="store_true", help="skip the calibration column")
-    parser.add_argument("--out", default=str(HERE / "GRID.md"), help="report path (full grid only)")
-    parser.add_argument("--from-log", help="write the report from the JSON rows a run printed (one per line)")
+    parser.add_argument("--rerun", action="store_true", help="measure the selected cells again even if stored")
+    parser.add_argument("--report-only", action="store_true", help="write the report from the stored cells, measure nothing")
+    parser.add_argument("--cache", default=str(CACHE), help="stored cells (JSON)")
+    parser.add_argument("--out", default=str(HERE / "GRID.md"), help="report path")
+    parser.add_argument("--import-log", help="store the JSON rows an earlier run printed (one per line), then stop")
+    parser.add_argument("--import-note", default="{}", help="JSON fields added to every imported cell")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        methods, q, steps, z, timeout = json.loads(args.worker)
-        _worker(methods, q, steps, z, timeout)
-        return 0
-    timeout = args.timeout or (60.0 if args.quick else 120.0)
-    points = QUICK_POINTS if args.quick else [(q, t, z) for t in GRID_T for q in GRID_Q for z in GRID_Z]
-    if args.from_log:
-        rows = [json.loads(line) for line in Path(args.from_log).read_text().splitlines() if line.startswith("{")]
-        text = report(rows, machine_info(), ("see log", " ".join(f"{x:.1f}" for x in os.getloadavg())), 0.0, timeout)
-        text = text.replace("| run time | 0.0 min |", f"| run time | partial: {len(rows)} of {len(points)} points, from {args.from_log} |")
-        from dpcl.guarantees.atomic_io import write_text_atomic
-
-        write_text_atomic(Path(args.out), text)
-        print(text)
-        return 0
-    load_start = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    start = time.perf_counter()
-    rows = []
-    for q, steps, z in points:
-        row = measure_point(q, steps, z, timeout, calibrate=not args.no_calibration)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    load_end = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    text = report(rows, machine_info(), (load_start, load_end), time.perf_counter() - start, timeout)
-    if args.quick:
-        print(text)
+        method, q, steps, z, memory_gb = json.loads(args.worker)
+        _worker(method, q, steps, z, memory_gb)
         return 0
     from dpcl.guarantees.atomic_io import write_text_atomic
 
+    cache_path = Path(args.cache)
+    if args.quick:
+        cache: dict[str, dict[str, Any]] = {}
+        measure(list(QUICK_POINTS), cache, args.cap or 60.0, args.memory_gb, not args.no_calibration, True, None)
+        print(report(list(cache.values()), machine_info()))
+        return 0
+    cache = load_cache(cache_path)
+    if args.import_log:
+        import_log(Path(args.import_log), cache, json.loads(args.import_note))
+        save_cache(cache_path, cache)
+        return 0
+    points = [(q, t, z) for t in GRID_T for q in GRID_Q for z in GRID_Z if not args.T or t in args.T]
+    if not args.report_only:
+        measure(points, cache, args.cap or 600.0, args.memory_gb, not args.no_calibration, args.rerun, cache_path)
+    rows = [cache.get(point_key(q, t, z), {"q": q, "T": t, "z": z}) for t in GRID_T for q in GRID_Q for z in GRID_Z]
+    text = report(rows, machine_info(), NOTES)
     write_text_atomic(Path(args.out), text)
     print(text)
     return 0
