@@ -207,12 +207,13 @@ def _now() -> str:
 
 
 def measure(points: list[tuple[float, int, float]], cache: dict[str, dict[str, Any]], cap: float, memory_gb: float,
-            calibrate: bool, rerun: bool, save: Path | None, retry_timeouts: bool = False) -> None:
+            calibrate: bool, rerun: bool, save: Path | None, retry_timeouts: bool = False,
+            methods: tuple[str, ...] = RUN_ORDER) -> None:
     """Measure every missing cell of ``points`` (all if ``rerun``; also the timed-out ones if
     ``retry_timeouts``), method by method, storing each as it ends."""
     commit = _commit()
     for method in RUN_ORDER:
-        if method == CALIBRATION and not calibrate:
+        if method not in methods or (method == CALIBRATION and not calibrate):
             continue
         for q, steps, z in points:
             cells = cache.setdefault(point_key(q, steps, z), {"q": q, "T": steps, "z": z})
@@ -274,14 +275,17 @@ NOTES = """\
   dp-accounting's pessimistic PLD at interval 1e-3 (refining to 5e-4 would exceed its 8 s budget), 0.89 × opacus
   RDP, the only sound peer that answered there.
 * **Time goal (≤ the tightest peer's time): missed at the points listed in the summary.** All but one are q = 0.001 with
-  z ≥ 1 (every T) or (0.01, 10², 2), (0.01, 10³, 2): the privacy-loss distribution is narrow and dp-accounting's one
-  PLD at 1e-4 takes 0.07–1.9 s. `auto` first computes RDP, basic and advanced (~0.1 s), then refines its PLD from
+  z ≥ 1 (every T) or (0.01, 10², 2), (0.01, 10⁴, 2): the privacy-loss distribution is narrow and dp-accounting's one
+  PLD at 1e-4 takes 0.05–1.2 s (`auto` 0.3–2.1 s). `auto` first computes RDP, basic and advanced (~0.1 s), then refines its PLD from
   RDP ε / 500 (clipped to [1e-5, 1e-3]) by halving until one step changes ε by ≤ 0.5 %: 2–4 PLD compositions, e.g.
   1e-3 → 5e-4 → 2.45e-4 → 1.22e-4 at (0.001, 10⁶, 1), whose first step alone gives 6.383 (+5.9 % over the peer's
   6.0296). The refinement is what makes `auto` meet the ε goal without a fixed fine interval, and it costs more than
   the single PLD the peer computes when that PLD is cheap. At (0.1, 10⁶, 0.6) the only answering peer is RDP
   (0.3 s); `auto`'s PLD at 1e-3 takes ~11 s for an ε 10.7 % below it. All times were taken under load (1-minute
   load average 4–19): the same `auto` call took 11.2 s in the grid and 37.6 s in a rerun ten minutes later.
+* **Pairs of times.** The columns `dpcl auto` and dp-accounting PLD 1e-4 at T ≤ 10⁵ were measured again one
+  after the other (within about 5 minutes, under the same load), so their time ratio compares like with like; the
+  other columns at T ≤ 10⁵ come from runs up to 2.5 hours apart under other loads (`measured` in GRID.json).
 * **Calibration goal (z_auto ≤ 1.002 × the smallest z meeting the target under fine PLD): met wherever it was
   measured.** It was not measured at (0.1, 10⁶, 0.6), where dp-accounting's PLD at 1e-4 (the target) did not answer.
   Below 1 (q = 0.001, z = 2): the target is the PLD-1e-4 ε, looser than the finer PLD `auto` uses there.
@@ -435,9 +439,11 @@ def _span(rows: list[dict[str, Any]], field: str) -> list[str]:
 def report(rows: list[dict[str, Any]], info: dict[str, str], notes: str = "") -> str:
     s = summarise(rows)
     measured = _span(rows, "measured")
-    cells = [c for r in rows for c in r.values() if isinstance(c, dict)]
-    earlier = [c for c in cells if str(c.get("dpcl_commit", "")).startswith("not recorded")]  # imported from the earlier run
-    fresh = [c for c in cells if c not in earlier and "cap_s" in c]
+    cells = [(m, c) for r in rows for m, c in r.items() if isinstance(c, dict)]
+    earlier = [(m, c) for m, c in cells if str(c.get("dpcl_commit", "")).startswith("not recorded")]  # imported from the earlier run
+    fresh = [c for m, c in cells if (m, c) not in earlier and "cap_s" in c]
+    earlier_columns = [m for m in (*DPCL_METHODS, *PEER_METHODS, CALIBRATION) if any(m == e for e, _ in earlier)]
+    commits = sorted({str(c["dpcl_commit"]) for c in fresh if "dpcl_commit" in c})
     lines = ["# DP-SGD accounting over a grid (`benchmarks/bench_accounting_grid.py`)", ""]
     lines += [
         f"delta = {DELTA:g}; q in {list(GRID_Q)}, T in {list(GRID_T)}, z in {list(GRID_Z)}. Each cell: epsilon "
@@ -450,9 +456,10 @@ def report(rows: list[dict[str, Any]], info: dict[str, str], notes: str = "") ->
         "mostly 4 to 19): times are slower and noisier than on an idle machine, and a ratio of two times taken "
         "minutes apart carries that noise; the epsilons are unaffected.",
         "",
-        f"Caps: {len(earlier)} cells (the points T ≤ 10⁵) were measured by the earlier version of this script (the "
-        "calls of one point in one process, each capped at 90 s by SIGALRM); the other "
-        f"{len(fresh)} (the points at T = 10⁶, and cells measured again after a time-out) one cell per fresh process, "
+        f"Caps: {len(earlier)} cells (at T ≤ 10⁵, of the columns {', '.join(earlier_columns)}) were measured by the "
+        "earlier version of this script (the calls of one point in one process, each capped at 90 s by SIGALRM; dpcl "
+        "at a commit between a1f8c9a and a772aaa); the other "
+        f"{len(fresh)} one cell per fresh process (dpcl at commit {', '.join(commits)}), "
         f"the timed call capped at {', '.join(_span([{'x': c} for c in fresh], 'cap_s'))} s wall clock (the process is "
         "killed then). Every call is limited to 4 GB of address space (“out of memory (4 GB …)”: the library needed "
         "more; the machine's memory is shared).",
@@ -490,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-gb", type=float, default=4.0, help="address-space limit per cell (default 4)")
     parser.add_argument("--no-calibration", action="store_true", help="skip the calibration column")
     parser.add_argument("--rerun", action="store_true", help="measure the selected cells again even if stored")
+    parser.add_argument("--methods", help=f"only these columns, comma-separated (of: {', '.join(RUN_ORDER)})")
     parser.add_argument("--retry-timeouts", action="store_true", help="measure stored cells that ran out of time again (e.g. with a larger --cap)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the stored cells, measure nothing")
     parser.add_argument("--cache", default=str(CACHE), help="stored cells (JSON)")
@@ -516,8 +524,13 @@ def main(argv: list[str] | None = None) -> int:
         save_cache(cache_path, cache)
         return 0
     points = [(q, t, z) for t in GRID_T for q in GRID_Q for z in GRID_Z if not args.T or t in args.T]
+    methods = tuple(m.strip() for m in args.methods.split(",")) if args.methods else RUN_ORDER
+    unknown = sorted(set(methods) - set(RUN_ORDER))
+    if unknown:
+        parser.error(f"unknown column(s) {unknown}; choose from {', '.join(RUN_ORDER)}")
     if not args.report_only:
-        measure(points, cache, args.cap or 600.0, args.memory_gb, not args.no_calibration, args.rerun, cache_path, args.retry_timeouts)
+        measure(points, cache, args.cap or 600.0, args.memory_gb, not args.no_calibration, args.rerun, cache_path,
+                args.retry_timeouts, methods)
     rows = [cache.get(point_key(q, t, z), {"q": q, "T": t, "z": z}) for t in GRID_T for q in GRID_Q for z in GRID_Z]
     text = report(rows, machine_info(), NOTES)
     write_text_atomic(Path(args.out), text)
