@@ -63,9 +63,15 @@ import numpy as np
 
 from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, PrivacyEvent, RepeatedEvent
 from dpcl.accounting.validation import check_count, check_positive_scalar, check_sample_rate
-from dpcl.errors import ConfigError, InvalidParameterError, PrivacyViolationError
+from dpcl.errors import ConfigError, InvalidParameterError, LedgerCorruptError, PrivacyViolationError
 from dpcl.guarantees.atomic_io import sha256_file, write_bytes_atomic
-from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
+from dpcl.guarantees.certificates import (
+    ScopedLedger,
+    certificate_from_ledger,
+    non_private_certificate,
+    verify_certificate,
+    write_certificate,
+)
 from dpcl.guarantees.label_space import (
     FilterReport,
     LabelSpacePolicy,
@@ -74,7 +80,7 @@ from dpcl.guarantees.label_space import (
     label_space_assumption,
     output_label_sets,
 )
-from dpcl.guarantees.ledger import Charge, StreamGuarantee, TaskLedger
+from dpcl.guarantees.ledger import Charge, ReleaseRecord, StreamGuarantee, TaskLedger
 from dpcl.guarantees.method_schema import ReleaseCoverage
 
 __all__ = [
@@ -82,6 +88,7 @@ __all__ = [
     "Certifier",
     "CertifierTask",
     "CertifiedRelease",
+    "CommittedRelease",
     "PlannedSteps",
     "UnchargedStepError",
 ]
@@ -105,6 +112,7 @@ COUNTS_ASSUMPTION = (
 )
 
 _METADATA_KEY = "certifier"
+_SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: Relative slack when a recorded DP-SGD step is compared with the planned one (float round trips).
 _STEP_RTOL = 1e-9
@@ -174,6 +182,15 @@ class CertifiedRelease:
         return None if self.guarantee is None else self.guarantee.delta
 
 
+@dataclass(frozen=True)
+class CommittedRelease:
+    """The hashes a ledger committed for one release (:meth:`Certifier.committed`), to finish it after a crash."""
+
+    task_index: int
+    checkpoint_sha256: str | None
+    curator_sha256: str | None
+
+
 def _task_index(task: Any, n_tasks: int | None) -> int:
     if isinstance(task, bool) or not isinstance(task, (int, np.integer)) or int(task) < 0:
         raise InvalidParameterError(f"task must be a task index >= 0 (0-based), got {task!r}.")
@@ -183,6 +200,76 @@ def _task_index(task: Any, n_tasks: int | None) -> int:
             f"(label_space = 'prior'), so tasks are 0..{n_tasks - 1}."
         )
     return int(task)
+
+
+def _uncommitted_charge(ledger: TaskLedger, tasks: Sequence[int], events: Sequence[Any]) -> Charge | None:
+    """The ledger's last charge if it is ``events`` on ``tasks`` with no release after it, else None."""
+    if not ledger.charges or (ledger.releases and ledger.releases[-1].n_charges == len(ledger.charges)):
+        return None
+    last = ledger.charges[-1]
+    return last if last.tasks == tuple(int(t) for t in tasks) and last.events == tuple(events) else None
+
+
+def _check_run_options(*, private: Any, resume: Any, driver: Any, config: Any, metadata: Any) -> None:
+    if not isinstance(private, bool):
+        raise InvalidParameterError(f"private must be True or False, got {private!r}.")
+    if not isinstance(resume, bool):
+        raise InvalidParameterError(f"resume must be True or False, got {resume!r}.")
+    if driver is not None and (not isinstance(driver, str) or not driver.strip()):
+        raise InvalidParameterError(f"driver must be the name of the program that drives run_dir, got {driver!r}.")
+    if config is not None and not isinstance(config, Mapping):
+        raise InvalidParameterError(f"config must be a mapping of sections, got {type(config).__name__}.")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise InvalidParameterError(f"metadata must be a mapping, got {type(metadata).__name__}.")
+
+
+def _label_space(label_space: Any, prior_labels: Any) -> tuple[LabelSpacePolicy, list[Any], int | None]:
+    """The policy, its public label sets and the number of tasks (None: open-ended, ``prior_const``)."""
+    try:
+        policy = LabelSpacePolicy.parse(label_space)
+        if policy is LabelSpacePolicy.PRIOR:
+            n_tasks = len(prior_labels) if isinstance(prior_labels, (list, tuple)) else 0
+            return policy, output_label_sets(policy, _plain(prior_labels), max(n_tasks, 1)), n_tasks
+        # prior_const (data is refused by output_label_sets)
+        return policy, output_label_sets(policy, _plain(prior_labels), 1), None
+    except ConfigError as exc:  # the label-space checks speak config ("[stream] prior_labels ..."); say arguments
+        raise InvalidParameterError(str(exc).replace("[stream] ", "")) from None
+
+
+def _composition(across_tasks: Any, disjoint_units: Any) -> tuple[str, bool]:
+    """The composition across tasks (Tobaben et al., Thm 4.4 / 4.5) and the disjointness it relies on."""
+    if across_tasks not in ACROSS_TASKS_CHOICES:
+        raise InvalidParameterError(
+            f"across_tasks must be one of {', '.join(ACROSS_TASKS_CHOICES)}, got {across_tasks!r}."
+        )
+    if disjoint_units is not None and not isinstance(disjoint_units, bool):
+        raise InvalidParameterError(f"disjoint_units must be true, false or None, got {disjoint_units!r}.")
+    if across_tasks == "auto":
+        if disjoint_units is None:
+            raise InvalidParameterError(
+                "across_tasks = 'auto' needs disjoint_units: say whether tasks hold disjoint privacy units "
+                "(True: parallel composition, Thm 4.4) or not (False: sequential, Thm 4.5)."
+            )
+        return ("parallel" if disjoint_units else "sequential"), disjoint_units
+    if across_tasks == "parallel":
+        if disjoint_units is False:
+            raise PrivacyViolationError(
+                "across_tasks = 'parallel' but disjoint_units = False: parallel composition (Tobaben et al., "
+                "Thm 4.4) needs tasks with disjoint privacy units. Use across_tasks = 'sequential' (or 'auto')."
+            )
+        return "parallel", True
+    return "sequential", bool(disjoint_units)
+
+
+def _task_sizes(task_sizes: Any, n_tasks: int | None) -> list[int] | None:
+    if task_sizes is None:
+        return None
+    sizes = list(task_sizes)
+    if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or int(s) < 0 for s in sizes):
+        raise InvalidParameterError(f"task_sizes must be integers >= 0, got {list(task_sizes)!r}.")
+    if n_tasks is not None and len(sizes) != n_tasks:
+        raise InvalidParameterError(f"task_sizes gives {len(sizes)} sizes for the {n_tasks} tasks of prior_labels.")
+    return [int(s) for s in sizes]
 
 
 def _plain(value: Any) -> Any:
@@ -231,6 +318,23 @@ class Certifier:
         is charged.
     method:
         Name of your training method, stated in certificates (e.g. ``"opacus DP-SGD, MLP"``).
+    private:
+        ``False`` for a run whose checkpoints have no DP guarantee (a non-private reference run, or a
+        method whose checkpoint no charged release covers): no headline ledger is kept (``ledger.json`` is
+        never written, :meth:`charge` is refused) and every release gets a ``private: false`` certificate
+        with its reasons; scoped statements (:meth:`charge_scoped`) are still charged and stated.
+    config:
+        The settings recorded in every certificate (``dpcl verify`` checks the guarantee against its
+        ``[privacy]`` and ``[stream]`` sections); default: these privacy settings in ``dpcl run``'s layout.
+    metadata:
+        Extra JSON fields recorded in the ledgers (the headline's and the scoped ones), e.g. the run's seed.
+    resume:
+        ``True`` when the caller knows the directory already released something (e.g. from its own run
+        state): a missing ledger then raises :class:`~dpcl.errors.LedgerCorruptError` instead of starting an
+        empty one that would forget spent budget.
+    driver:
+        Name of a program that keeps its own run state (``run.json``) in ``run_dir`` and drives the
+        Certifier, e.g. ``"dpcl run"``. Without it a directory holding ``run.json`` is refused.
     """
 
     def __init__(
@@ -250,56 +354,23 @@ class Certifier:
         task_sizes: Sequence[int] | None = None,
         method: str = "custom",
         sign_key: Any = None,
+        private: bool = True,
+        config: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        resume: bool = False,
+        driver: str | None = None,
     ) -> None:
-        try:
-            policy = LabelSpacePolicy.parse(label_space)
-            if policy is LabelSpacePolicy.PRIOR:
-                n_tasks = len(prior_labels) if isinstance(prior_labels, (list, tuple)) else 0
-                self._label_sets = output_label_sets(policy, _plain(prior_labels), max(n_tasks, 1))
-                self.n_tasks: int | None = n_tasks
-            else:  # prior_const (data is refused by output_label_sets)
-                self._label_sets = output_label_sets(policy, _plain(prior_labels), 1)
-                self.n_tasks = None
-        except ConfigError as exc:  # the label-space checks speak config ("[stream] prior_labels ..."); say arguments
-            raise InvalidParameterError(str(exc).replace("[stream] ", "")) from None
-        self.label_space = policy
+        _check_run_options(private=private, resume=resume, driver=driver, config=config, metadata=metadata)
+        self.private = private
+        self.driver = driver
+        self._certificate_settings = None if config is None else dict(config)
+        self._metadata = dict(metadata or {})
+        self.label_space, self._label_sets, self.n_tasks = _label_space(label_space, prior_labels)
         self.prior_labels = _plain(prior_labels)
-        if across_tasks not in ACROSS_TASKS_CHOICES:
-            raise InvalidParameterError(
-                f"across_tasks must be one of {', '.join(ACROSS_TASKS_CHOICES)}, got {across_tasks!r}."
-            )
-        if disjoint_units is not None and not isinstance(disjoint_units, bool):
-            raise InvalidParameterError(f"disjoint_units must be true, false or None, got {disjoint_units!r}.")
-        if across_tasks == "auto":
-            if disjoint_units is None:
-                raise InvalidParameterError(
-                    "across_tasks = 'auto' needs disjoint_units: say whether tasks hold disjoint privacy units "
-                    "(True: parallel composition, Thm 4.4) or not (False: sequential, Thm 4.5)."
-                )
-            resolved = "parallel" if disjoint_units else "sequential"
-        elif across_tasks == "parallel":
-            if disjoint_units is False:
-                raise PrivacyViolationError(
-                    "across_tasks = 'parallel' but disjoint_units = False: parallel composition (Tobaben et al., "
-                    "Thm 4.4) needs tasks with disjoint privacy units. Use across_tasks = 'sequential' (or 'auto')."
-                )
-            disjoint_units, resolved = True, "parallel"
-        else:
-            resolved = "sequential"
-        self.disjoint_units = bool(disjoint_units)
+        resolved, self.disjoint_units = _composition(across_tasks, disjoint_units)
         self.across_tasks = resolved
         self.requested_across_tasks = across_tasks
-        if task_sizes is not None:
-            sizes = list(task_sizes)
-            if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or int(s) < 0 for s in sizes):
-                raise InvalidParameterError(f"task_sizes must be integers >= 0, got {list(task_sizes)!r}.")
-            if self.n_tasks is not None and len(sizes) != self.n_tasks:
-                raise InvalidParameterError(
-                    f"task_sizes gives {len(sizes)} sizes for the {self.n_tasks} tasks of prior_labels."
-                )
-            self.task_sizes: list[int] | None = [int(s) for s in sizes]
-        else:
-            self.task_sizes = None
+        self.task_sizes = _task_sizes(task_sizes, self.n_tasks)
         if not isinstance(method, str) or not method.strip():
             raise InvalidParameterError(f"method must be a non-empty name of your training method, got {method!r}.")
         self.method = method.strip()
@@ -312,7 +383,7 @@ class Certifier:
         self.run_dir = Path(run_dir)
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise InvalidParameterError(f"run_dir {str(self.run_dir)!r} is a file, not a directory.")
-        if (self.run_dir / "run.json").exists():
+        if (self.run_dir / "run.json").exists() and driver is None:
             raise ConfigError(
                 f"{str(self.run_dir)!r} is a `dpcl run` directory (it has run.json); resume it with `dpcl run`, "
                 "or give the Certifier a directory of its own."
@@ -320,17 +391,21 @@ class Certifier:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         certificates = self.certificates_dir
         already_released = certificates.is_dir() and any(certificates.glob("*.cert.json"))
-        self.ledger = TaskLedger.open(
-            self.ledger_path,
-            must_exist=already_released,
-            delta=delta,
-            across_tasks=resolved,
-            accountant=accountant,
-            adjacency=adjacency,
-            unit=unit,
-            total_epsilon=total_epsilon,
-            total_delta=total_delta,
-        )
+        settings = dict(delta=delta, across_tasks=resolved, accountant=accountant, adjacency=adjacency, unit=unit)
+        if private:
+            self.ledger = TaskLedger.open(
+                self.ledger_path,
+                must_exist=already_released or resume,
+                total_epsilon=total_epsilon,
+                total_delta=total_delta,
+                metadata=self._metadata or None,
+                **settings,
+            )
+        else:  # no headline ledger: an in-memory one holds the settings and refuses nothing it is not asked
+            self.ledger = TaskLedger(metadata=dict(self._metadata), **settings)
+        self._scoped_settings = settings
+        self._scoped: dict[str, TaskLedger] = {}
+        self._scopes: dict[str, str] = {}
         self._check_or_record_settings()
         self.checkpoints_dir.mkdir(exist_ok=True)
         self.certificates_dir.mkdir(exist_ok=True)
@@ -348,6 +423,11 @@ class Certifier:
     @property
     def certificates_dir(self) -> Path:
         return self.run_dir / "certificates"
+
+    @property
+    def scoped_dir(self) -> Path:
+        """Where the ledgers of scoped statements live (``NAME.ledger.json``; curator-side, never published)."""
+        return self.run_dir / "scoped"
 
     @property
     def curator_dir(self) -> Path:
@@ -372,7 +452,7 @@ class Certifier:
         mine = self._settings()
         state = self.ledger.metadata.get(_METADATA_KEY)
         if state is None:
-            if self.ledger.charges or self.ledger.releases:
+            if (self.ledger.charges or self.ledger.releases) and self.driver is None:
                 raise ConfigError(
                     f"ledger {str(self.ledger_path)!r} was not written by a Certifier (it has charges but no "
                     "Certifier settings); give the Certifier a directory of its own."
@@ -427,6 +507,7 @@ class Certifier:
         *,
         unit_ids: Any = None,
         label: str = "",
+        reuse_uncommitted: bool = False,
     ) -> Charge:
         """Charge ``events`` (any :mod:`dpcl.accounting.events`) to the data of ``task`` *before* using it.
 
@@ -434,19 +515,127 @@ class Certifier:
         ids of the data) are checked for disjointness under parallel composition
         (:class:`~dpcl.errors.DisjointnessViolationError`). The privacy filter refuses an overspend with
         :class:`~dpcl.errors.BudgetExceededError`. On any refusal nothing is recorded.
+
+        ``reuse_uncommitted`` (resuming after a crash): when the ledger's last charge is these events on
+        these tasks with no release after it, it is returned instead of charging again. That charge belongs
+        to an attempt that crashed before its release was committed, so it released nothing; the retried
+        attempt is covered by it (the same events on the same data), and the budget is never charged twice.
+        A non-private Certifier (``private=False``) refuses every headline charge.
         """
+        if not self.private:
+            raise InvalidParameterError(
+                "this Certifier was opened with private=False: its checkpoints state no guarantee, so nothing is "
+                "charged to a headline ledger. Charge statements about narrower releases with charge_scoped."
+            )
+        indices, event_list = self._charge_arguments(task, events, self.ledger)
+        if reuse_uncommitted and _uncommitted_charge(self.ledger, indices, event_list) is not None:
+            return self.ledger.charges[-1]
+        name = label or (f"{self.method} task {indices[0]}" if len(indices) == 1 else f"{self.method} tasks {indices}")
+        return self.ledger.charge(indices, event_list, unit_ids=unit_ids, label=name)
+
+    def _charge_arguments(self, task: Any, events: Any, ledger: TaskLedger) -> tuple[list[int], list[Any]]:
         tasks = [task] if isinstance(task, (int, np.integer)) and not isinstance(task, bool) else list(task)
         indices = [_task_index(t, self.n_tasks) for t in tasks]
         event_list = [events] if isinstance(events, PrivacyEvent) else list(events)
         for e in event_list:
-            if isinstance(e, PrivacyEvent) and (e.adjacency is not self.ledger.adjacency or e.unit != self.ledger.unit):
+            if isinstance(e, PrivacyEvent) and (e.adjacency is not ledger.adjacency or e.unit != ledger.unit):
                 raise InvalidParameterError(
-                    f"an event states adjacency {e.adjacency.value!r} and unit {e.unit!r}, but this Certifier "
-                    f"accounts {self.ledger.adjacency.value!r} / {self.ledger.unit!r}: build the event with "
-                    f"adjacency={self.ledger.adjacency.value!r}, unit={self.ledger.unit!r}."
+                    f"an event states adjacency {e.adjacency.value!r} and unit {e.unit!r}, but this ledger "
+                    f"accounts {ledger.adjacency.value!r} / {ledger.unit!r}: build the event with "
+                    f"adjacency={ledger.adjacency.value!r}, unit={ledger.unit!r}."
                 )
-        name = label or (f"{self.method} task {indices[0]}" if len(indices) == 1 else f"{self.method} tasks {indices}")
-        return self.ledger.charge(indices, event_list, unit_ids=unit_ids, label=name)
+        return indices, event_list
+
+    # -- scoped statements ---------------------------------------------------------------------------------
+    def open_scoped(self, name: str, *, adjacency: "Adjacency | str", unit: str, must_exist: bool = False) -> TaskLedger:
+        """The ledger of scoped statement ``name`` (``scoped/NAME.ledger.json``), opened once, resumed if present.
+
+        A scoped statement covers something narrower than the checkpoint (e.g. PeCL's per-token release of
+        its perturbed input embeddings); its events are composed across tasks like the headline's, with the
+        Certifier's delta, accountant and composition, and its own ``adjacency`` and ``unit``. ``must_exist``:
+        a release already stated it, so a missing file raises :class:`~dpcl.errors.LedgerCorruptError`.
+        """
+        if not isinstance(name, str) or not _SCOPE_NAME.fullmatch(name):
+            raise InvalidParameterError(
+                f"scoped statement name {name!r} must be letters, digits, '_', '.' or '-' (it names a ledger file)."
+            )
+        if name not in self._scoped:
+            settings = {**self._scoped_settings, "adjacency": adjacency, "unit": unit}
+            self._scoped[name] = TaskLedger.open(
+                self.scoped_dir / f"{name}.ledger.json", must_exist=must_exist,
+                metadata={**self._metadata, "scope_name": name}, **settings,
+            )
+        return self._scoped[name]
+
+    def charge_scoped(
+        self,
+        name: str,
+        scope: str,
+        task: "int | Sequence[int]",
+        events: "PrivacyEvent | Sequence[PrivacyEvent]",
+        *,
+        unit_ids: Any = None,
+        label: str = "",
+        reuse_uncommitted: bool = False,
+    ) -> Charge:
+        """Charge the events of scoped statement ``name`` (what it covers: the sentence ``scope``) before training.
+
+        The events state the statement's adjacency and unit (the first event's); otherwise as :meth:`charge`,
+        ``reuse_uncommitted`` included. Every later certificate that names ``name`` (:meth:`certify`) states it
+        in ``scoped_guarantees``, never in the headline.
+        """
+        if not isinstance(scope, str) or not scope.strip():
+            raise InvalidParameterError("a scoped statement needs a scope sentence saying what it covers.")
+        event_list = [events] if isinstance(events, PrivacyEvent) else list(events)
+        if not event_list or not isinstance(event_list[0], PrivacyEvent):
+            raise InvalidParameterError("events must be one or more PrivacyEvent objects.")
+        ledger = self.open_scoped(name, adjacency=event_list[0].adjacency, unit=event_list[0].unit)
+        indices, event_list = self._charge_arguments(task, event_list, ledger)
+        self._scopes[name] = scope.strip()
+        if reuse_uncommitted and _uncommitted_charge(ledger, indices, event_list) is not None:
+            return ledger.charges[-1]
+        name_label = label or f"{self.method} task {indices[0]} ({name})"
+        return ledger.charge(indices, event_list, unit_ids=unit_ids, label=name_label)
+
+    def release_scoped(self, name: str, task: int, *, checkpoint_sha256: str | None = None) -> bool:
+        """Record the release of ``task`` in scoped statement ``name``'s ledger; False if it is recorded already.
+
+        Idempotent (a driver finishing a release after a crash calls it again): the release is recorded
+        unless the ledger's last release is of ``task`` and covers every charge.
+        """
+        t = _task_index(task, self.n_tasks)
+        if name not in self._scoped:
+            raise InvalidParameterError(f"scoped statement {name!r} was never charged or opened; charge it first.")
+        ledger = self._scoped[name]
+        last = ledger.releases[-1] if ledger.releases else None
+        if last is not None and last.task_index == t and last.n_charges == len(ledger.charges):
+            return False
+        ledger.release(t, checkpoint_sha256=checkpoint_sha256)
+        return True
+
+    def require_released(self, tasks: Iterable[int], *, scoped: str | None = None, adjacency: Any = None,
+                         unit: str | None = None, listed_by: str = "the run state") -> None:
+        """Raise :class:`~dpcl.errors.LedgerCorruptError` unless the ledger records a release of every task in ``tasks``.
+
+        A driver resuming from its own run state calls it for the releases that state lists: a ledger older
+        than the run (or from another run) would forget budget already spent. ``scoped`` checks that
+        statement's ledger instead (opened with ``adjacency`` and ``unit``; it must exist).
+        """
+        needed = sorted({int(t) for t in tasks})
+        if not needed:
+            return
+        if scoped is None:
+            ledger, path = self.ledger, self.ledger_path
+        else:
+            ledger = self.open_scoped(scoped, adjacency=adjacency, unit=str(unit), must_exist=True)
+            path = self.scoped_dir / f"{scoped}.ledger.json"
+        missing = sorted(set(needed) - set(ledger.released_tasks()))
+        if missing:
+            raise LedgerCorruptError(
+                f"{str(path)!r} has no record of the release(s) of task(s) {', '.join(str(t + 1) for t in missing)} "
+                f"that {listed_by} lists: it is older than the run (or from another run), so resuming would forget "
+                "budget already spent. Restore the run's own ledger, or start the run over in a new directory."
+            )
 
     def plan_dpsgd(
         self,
@@ -567,17 +756,19 @@ class Certifier:
             )
         return path
 
-    def _certificate_path(self, t: int) -> Path:
+    def _certificate_path(self, t: int, replace: bool = False) -> Path:
         base = f"task{t + 1:03d}"
         path = self.certificates_dir / f"{base}.cert.json"
         k = 2
-        while path.exists():
+        while path.exists() and not replace:
             path = self.certificates_dir / f"{base}.r{k}.cert.json"
             k += 1
         return path
 
     def _config(self) -> dict[str, Any]:
         """The privacy settings in ``dpcl run``'s config layout, so ``dpcl verify`` checks them too."""
+        if self._certificate_settings is not None:
+            return dict(self._certificate_settings)
         privacy: dict[str, Any] = {
             "delta": self.ledger.delta,
             "adjacency": self.ledger.adjacency.value,
@@ -595,6 +786,54 @@ class Certifier:
         if self.task_sizes is not None:
             stream["task_sizes"] = self.task_sizes
         return {"privacy": privacy, "stream": stream, "method": {"name": self.method}, "unit": self.ledger.unit}
+
+    def _check_release(self, t: int, coverage: Any, assumptions: Iterable[str], *, charged: bool = True) -> list[str]:
+        """The assumption sentences of a release of ``t``; refuses what :meth:`release` documents."""
+        if not isinstance(coverage, ReleaseCoverage):
+            raise InvalidParameterError(
+                "coverage must be a ReleaseCoverage saying whether the checkpoint is covered by the charged events, "
+                "e.g. ReleaseCoverage.post_processing('weights updated only by the charged DP-SGD steps')."
+            )
+        if coverage.covered and not self.private:
+            raise InvalidParameterError(
+                "this Certifier was opened with private=False: its checkpoints are not covered by any charged "
+                "release; give ReleaseCoverage.not_covered(reasons...)."
+            )
+        if isinstance(assumptions, str):
+            raise InvalidParameterError("assumptions must be a list of sentences, not one string.")
+        sentences = [str(a).strip() for a in assumptions if str(a).strip()]
+        if not sentences:
+            raise InvalidParameterError(
+                "state at least one assumption sentence (e.g. how the noise was drawn, what data is public)."
+            )
+        if charged and self.private and not any(t in c.tasks for c in self.ledger.charges):
+            raise PrivacyViolationError(
+                f"task {t} has no charged event: charge what your loop did with its data (charge, plan_dpsgd) "
+                "before releasing it."
+            )
+        for plan in self._plans.get(t, ()):
+            if plan.recorded > plan.charged:  # record_dpsgd_steps refuses this; a guard against edited state
+                raise UnchargedStepError(
+                    f"task {t}: {plan.recorded} DP-SGD steps recorded but {plan.charged} charged; not released."
+                )
+        return sentences
+
+    def _extra_fields(self, t: int, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+        extra_fields: dict[str, Any] = {"certifier": {}}
+        plans = self._plans.get(t, ())
+        if plans:
+            extra_fields["certifier"]["dpsgd_plans"] = [p.to_dict() for p in plans]
+            recorded = sum(p.recorded for p in plans)
+            charged = sum(p.charged for p in plans)
+            extra_fields["certifier"]["dpsgd_steps"] = {"recorded": recorded, "charged": charged}
+        if self.task_sizes is not None:
+            extra_fields["certifier"]["task_sizes"] = self.task_sizes
+        extra_fields.update(dict(extra or {}))
+        try:  # checked before the release is recorded, so a bad extra never leaves a release without certificate
+            json.dumps(extra_fields, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidParameterError(f"extra must hold plain JSON values (finite numbers, strings...): {exc}.") from None
+        return extra_fields
 
     def release(
         self,
@@ -618,79 +857,145 @@ class Certifier:
         charge so far; one that is not covered (:meth:`ReleaseCoverage.not_covered` with every reason) gets
         a certificate that says ``private: false`` with those reasons and states no epsilon. Refused before
         anything is recorded: a task never charged, DP-SGD steps recorded beyond their charge.
+
+        It is :meth:`commit` (the ledger's release record) followed by :meth:`certify`, with every scoped
+        statement charged in this process released and stated for ``task``.
         """
         t = _task_index(task, self.n_tasks)
-        if not isinstance(coverage, ReleaseCoverage):
-            raise InvalidParameterError(
-                "coverage must be a ReleaseCoverage saying whether the checkpoint is covered by the charged events, "
-                "e.g. ReleaseCoverage.post_processing('weights updated only by the charged DP-SGD steps')."
-            )
-        if isinstance(assumptions, str):
-            raise InvalidParameterError("assumptions must be a list of sentences, not one string.")
-        sentences = [str(a).strip() for a in assumptions if str(a).strip()]
-        if not sentences:
-            raise InvalidParameterError(
-                "state at least one assumption sentence (e.g. how the noise was drawn, what data is public)."
-            )
-        if not any(t in c.tasks for c in self.ledger.charges):
-            raise PrivacyViolationError(
-                f"task {t} has no charged event: charge what your loop did with its data (charge, plan_dpsgd) "
-                "before releasing it."
-            )
-        for plan in self._plans.get(t, ()):
-            if plan.recorded > plan.charged:  # record_dpsgd_steps refuses this; a guard against edited state
-                raise UnchargedStepError(
-                    f"task {t}: {plan.recorded} DP-SGD steps recorded but {plan.charged} charged; not released."
-                )
+        sentences = self._check_release(t, coverage, assumptions)
+        self._extra_fields(t, extra)
         ckpt = self._checkpoint_file(t, checkpoint, filename)
         digest = sha256_file(ckpt)
-        all_assumptions = [label_space_assumption(self.label_space)]
-        all_assumptions.append(DISJOINT_ASSUMPTION if self.across_tasks == "parallel" else SHARED_ASSUMPTION)
-        if self.task_sizes is not None or self._filter_reports():
-            all_assumptions.append(COUNTS_ASSUMPTION)
-        all_assumptions += [s for s in sentences if s not in all_assumptions]
-        all_assumptions.append(CURATOR_ASSUMPTION)
-        extra_fields: dict[str, Any] = {"certifier": {}}
-        plans = self._plans.get(t, ())
-        if plans:
-            extra_fields["certifier"]["dpsgd_plans"] = [p.to_dict() for p in plans]
-            recorded = sum(p.recorded for p in plans)
-            charged = sum(p.charged for p in plans)
-            extra_fields["certifier"]["dpsgd_steps"] = {"recorded": recorded, "charged": charged}
-        if self.task_sizes is not None:
-            extra_fields["certifier"]["task_sizes"] = self.task_sizes
-        extra_fields.update(dict(extra or {}))
-        try:  # checked before the release is recorded, so a bad extra never leaves a release without certificate
-            json.dumps(extra_fields, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise InvalidParameterError(f"extra must hold plain JSON values (finite numbers, strings...): {exc}.") from None
+        self.commit(t, checkpoint_sha256=digest)
+        for name in self._scopes:
+            self.release_scoped(name, t, checkpoint_sha256=digest)
+        return self.certify(t, ckpt, coverage=coverage, assumptions=sentences, extra=extra, scoped=dict(self._scopes))
 
-        record = self.ledger.release(t, checkpoint_sha256=digest)
-        certificate = certificate_from_ledger(
-            self.ledger,
-            method=self.method,
-            label_space=self.label_space.value,
-            assumptions=all_assumptions,
-            release=coverage,
-            checkpoint=ckpt,
-            config=self._config(),
-            label_filtering=describe_filtering(self._filter_reports()),
-            extra=extra_fields,
+    def commit(self, task: int, *, checkpoint_sha256: str, curator_sha256: str | None = None,
+               empty_task: bool = False) -> ReleaseRecord | None:
+        """Record the release of ``task``'s checkpoint (by its SHA-256) in the ledger: the release's commit point.
+
+        For crash-safe drivers that write the checkpoint under a temporary name first: once this returns,
+        the release happened (the ledger states it with its cumulative guarantee), whatever crashes before
+        its certificate is written; :meth:`committed` gives the recorded hashes back to finish it.
+        ``curator_sha256`` is the hash of private state kept with the release (recorded in the ledger, never
+        in a certificate). Returns the ledger's record; None for a non-private Certifier, which keeps no
+        headline ledger (its driver's own run state is then the commit point).
+
+        A task with no charged event is refused (:class:`~dpcl.errors.PrivacyViolationError`) unless
+        ``empty_task``: its data is empty after the label filter and the released checkpoint does not depend
+        on it (the previous release, or a data-independent one: Tobaben et al., Prop. F.1), so the charges
+        so far cover it. Nothing may have been charged at all only if nothing was released.
+        """
+        t = _task_index(task, self.n_tasks)
+        if not isinstance(checkpoint_sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", checkpoint_sha256):
+            raise InvalidParameterError(f"checkpoint_sha256 must be 64 lowercase hex digits, got {checkpoint_sha256!r}.")
+        if not self.private:
+            return None
+        if not isinstance(empty_task, bool):
+            raise InvalidParameterError(f"empty_task must be True or False, got {empty_task!r}.")
+        if not any(t in c.tasks for c in self.ledger.charges) and not (empty_task and self.ledger.charges):
+            raise PrivacyViolationError(f"task {t} has no charged event: charge it before committing its release.")
+        if curator_sha256 is not None:
+            self.ledger.metadata.setdefault("curator_sha256", {})[str(t)] = str(curator_sha256)
+        return self.ledger.release(t, checkpoint_sha256=checkpoint_sha256)
+
+    def committed_tasks(self) -> list[int]:
+        """Tasks whose release the ledger committed, in order (each once); empty for a non-private Certifier."""
+        return list(dict.fromkeys(self.ledger.released_tasks())) if self.private else []
+
+    def committed(self, task: int) -> CommittedRelease:
+        """The hashes the ledger committed for the (latest) release of ``task``."""
+        t = _task_index(task, self.n_tasks)
+        records = [r for r in self.ledger.releases if r.task_index == t] if self.private else []
+        if not records:
+            raise InvalidParameterError(f"the ledger records no release of task {t}.")
+        curator = self.ledger.metadata.get("curator_sha256", {}).get(str(t))
+        return CommittedRelease(task_index=t, checkpoint_sha256=records[-1].checkpoint_sha256,
+                                curator_sha256=None if curator is None else str(curator))
+
+    def certify(
+        self,
+        task: int,
+        checkpoint: "str | os.PathLike[str]",
+        *,
+        coverage: ReleaseCoverage,
+        assumptions: Iterable[str],
+        scoped: Mapping[str, str] | None = None,
+        label_filtering: Sequence[FilterReport] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        standard_assumptions: bool = True,
+        replace: bool = False,
+    ) -> CertifiedRelease:
+        """Write, verify (and sign) the certificate of ``task``'s committed release of ``checkpoint``.
+
+        Private: the release :meth:`commit` recorded (its headline is that record's guarantee, its checkpoint
+        hash the committed one). Non-private (``private=False``): ``coverage`` must be not covered and the
+        certificate says ``private: false`` with its reasons. ``scoped`` maps the name of each scoped
+        statement to state to its scope sentence (each ledger must record a release of ``task``:
+        :meth:`release_scoped`). ``label_filtering``: the public filter counts to state (default: those
+        :meth:`filter_labels` recorded). ``standard_assumptions=False`` states ``assumptions`` only, for a
+        driver whose sentences already say what the Certifier would add (label space, composition, counts,
+        curator-side files). ``replace`` writes ``certificates/taskNNN.cert.json`` even if it exists (a
+        driver finishing a release after a crash); otherwise a new name is chosen.
+        """
+        t = _task_index(task, self.n_tasks)
+        sentences = self._check_release(t, coverage, assumptions, charged=False)  # commit checked the charge
+        extra_fields = self._extra_fields(t, extra)
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise InvalidParameterError(f"checkpoint {str(path)!r} does not exist or is not a file.")
+        reports = self._filter_reports() if label_filtering is None else list(label_filtering)
+        all_assumptions = self._assumptions(sentences, reports) if standard_assumptions else sentences
+        statements = {}
+        for name, scope in (scoped or {}).items():
+            if name not in self._scoped:
+                raise InvalidParameterError(f"scoped statement {name!r} was never charged; charge_scoped it first.")
+            statements[name] = ScopedLedger(scope, self._scoped[name])
+        common: dict[str, Any] = dict(
+            method=self.method, label_space=self.label_space.value, assumptions=all_assumptions, scoped=statements,
+            checkpoint=path, config=self._config(), label_filtering=describe_filtering(reports), extra=extra_fields,
         )
-        path = write_certificate(self._certificate_path(t), certificate)
-        verify_certificate(path).raise_if_invalid()
+        record = None
+        if self.private:
+            index = max((i for i, r in enumerate(self.ledger.releases) if r.task_index == t), default=None)
+            if index is None:
+                raise InvalidParameterError(f"the release of task {t} was not committed; call commit first.")
+            record = self.ledger.releases[index]
+            if record.checkpoint_sha256 is not None and sha256_file(path) != record.checkpoint_sha256:
+                raise InvalidParameterError(
+                    f"checkpoint {str(path)!r} does not hash to the SHA-256 committed for task {t}'s release."
+                )
+            certificate = certificate_from_ledger(self.ledger, release=coverage, release_index=index, **common)
+        else:
+            certificate = non_private_certificate(release_task=t, reasons=coverage.reasons, **common)
+        written = write_certificate(self._certificate_path(t, replace), certificate)
+        verify_certificate(written).raise_if_invalid()
         signed_by = None
         if self._sign_key is not None:
             from dpcl.guarantees.signing import sign_certificate
 
-            signed_by = sign_certificate(path, self._sign_key, verify=False)  # verified just above
-        self._state().setdefault("certificates", []).append(path.relative_to(self.run_dir).as_posix())
-        self.ledger.save()
+            signed_by = sign_certificate(written, self._sign_key, verify=False)  # verified just above
+        listed = self._state().setdefault("certificates", [])
+        relative = written.relative_to(self.run_dir).as_posix()
+        if relative not in listed:
+            listed.append(relative)
+        if self.private:
+            self.ledger.save()
         return CertifiedRelease(
-            task_index=t, checkpoint=ckpt, certificate=path, checkpoint_sha256=digest, private=coverage.covered,
-            guarantee=record.guarantee if coverage.covered else None, reasons=coverage.reasons,
-            signed_by=signed_by,
+            task_index=t, checkpoint=path, certificate=written, checkpoint_sha256=sha256_file(path),
+            private=coverage.covered, guarantee=record.guarantee if coverage.covered and record else None,
+            reasons=coverage.reasons, signed_by=signed_by,
         )
+
+    def _assumptions(self, sentences: Sequence[str], reports: Sequence[FilterReport]) -> list[str]:
+        all_assumptions = [label_space_assumption(self.label_space)]
+        all_assumptions.append(DISJOINT_ASSUMPTION if self.across_tasks == "parallel" else SHARED_ASSUMPTION)
+        if self.task_sizes is not None or reports:
+            all_assumptions.append(COUNTS_ASSUMPTION)
+        all_assumptions += [s for s in sentences if s not in all_assumptions]
+        all_assumptions.append(CURATOR_ASSUMPTION)
+        return all_assumptions
 
     @property
     def certificates(self) -> list[Path]:
