@@ -84,6 +84,13 @@ def refuse_on_other_ranks() -> None:
         )
 
 
+def run_training_options(*, seed: int, quiet: bool, stop_after_task: int | None, reproducible_noise: bool,
+                         sign_key: Any) -> dict[str, Any]:
+    """The keyword arguments rank 0 passes to :func:`~dpcl.runner.run.run_training` (besides the device)."""
+    return {"seed": seed, "quiet": quiet, "stop_after_task": stop_after_task,
+            "reproducible_noise": reproducible_noise, "sign_key": sign_key}
+
+
 def _check_nproc(nproc: Any) -> int:
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise InvalidParameterError(f"--nproc must be an integer >= 1, got {nproc!r}.")
@@ -187,46 +194,44 @@ def _resume_point(out: Path) -> int:
 
 
 def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproducible_noise: bool) -> None:
-    """A rank > 0: train the same tasks as rank 0 (its shards of them), write nothing, stop when rank 0 ends."""
-    from dpcl.data import STREAM_KEYS, build_stream
+    """A rank > 0: train the same tasks as rank 0 (its shards of them), write nothing, stop when rank 0 ends.
+
+    It builds the stream, tasks, method and plans with the same public stages as rank 0
+    (:mod:`dpcl.runner.tasks`), so that its training calls match rank 0's.
+    """
+    from dpcl.data import STREAM_KEYS
     from dpcl.guarantees.audit_config import resolve_across_tasks
     from dpcl.guarantees.config import load_config
-    from dpcl.guarantees.method_schema import TaskPlan
-    from dpcl.methods.base import MethodSetup, method_class
+    from dpcl.methods.base import method_class
     from dpcl.methods.dpsgd_training import DataParallelStop, wait_for_end_of_run
-    from dpcl.runner.run import _label_sets, _prepare_tasks, _release_data, _run_section
+    from dpcl.runner.tasks import (
+        build_run_stream,
+        label_sets,
+        method_setup,
+        prepare_tasks,
+        release_data,
+        run_options,
+        task_plan,
+    )
 
-    config_file = Path(config_path)
     # Read before this rank joins any collective: rank 0 cannot pass the header of its first training call (an
     # all_reduce) before every rank has joined it, so it writes no run.json before this read.
     start = _resume_point(Path(out_dir))
     try:
-        config = load_config(config_file, data_stream_keys=STREAM_KEYS)
-        private = bool(_run_section(config)["private"])
-        reproducible = bool(reproducible_noise or _run_section(config)["reproducible_noise"])
+        config = load_config(Path(config_path), data_stream_keys=STREAM_KEYS)
+        options = run_options(config)
         cls = method_class(config.method["name"])
-        stream_options = dict(config.raw["stream"])
-        stream_options.setdefault("seed", seed)
-        # as on rank 0 (run_training): a method that trains inside the encoder (PEFT Ensemble's film variant) reads
-        # the encoder's inputs, the others its features computed on this rank's device
-        trains_encoder = bool(getattr(cls, "trains_encoder", lambda _method: False)(config.method))
-        stream = build_stream(stream_options, encode=not trains_encoder, device=device)
-        label_sets = _label_sets(config, len(stream))
-        prepared, _ = _prepare_tasks(stream, label_sets, bool(getattr(cls, "needs_texts", False)))
+        stream = build_run_stream(config, cls, seed=seed, device=device)
+        sets = label_sets(config, len(stream))
+        prepared, _ = prepare_tasks(stream, sets, bool(getattr(cls, "needs_texts", False)))
         across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
-        method = cls(MethodSetup(
-            method=config.method,
-            privacy={**config.privacy, "across_tasks": across},
-            label_space=tuple(sorted({o for s in label_sets for o in s})),
-            input_dim=int(prepared[0].features.shape[1]),
-            seed=seed,
-            device=device,
-            reproducible_noise=reproducible,
-        ))
+        method = cls(method_setup(config, sets, prepared, across=across, seed=seed, device=device,
+                                  reproducible_noise=bool(reproducible_noise or options["reproducible_noise"])))
         for t in range(start, len(prepared)):
-            data, outputs, _ = _release_data(prepared, t, config.spec.reuses_past_tasks)
-            plan = (config.spec.plan_task(config.method, config.privacy, len(data), t) if private
-                    else TaskPlan(events=(), noise={}))
+            data, outputs, _ = release_data(prepared, t, config.spec.reuses_past_tasks)
+            # DATA_PARALLEL_METHODS are DP-SGD methods whose plan covers the checkpoint: a private run trains the
+            # plan, a non-private one the noise-free plan (dpcl.runner.tasks.trains_plan with covered = True)
+            plan = task_plan(config, t, len(data), trains_plan=bool(options["private"]))
             method.fit_task(t, data, outputs, plan)  # the model is rank 0's (broadcast) at every call
         wait_for_end_of_run(device)
     except DataParallelStop:
@@ -271,8 +276,8 @@ def run_data_parallel(
     from dpcl.runner.run import run_training
 
     world = _check_nproc(nproc)
-    options = {"seed": seed, "quiet": quiet, "stop_after_task": stop_after_task,
-               "reproducible_noise": reproducible_noise, "sign_key": sign_key}
+    options = run_training_options(seed=seed, quiet=quiet, stop_after_task=stop_after_task,
+                                   reproducible_noise=reproducible_noise, sign_key=sign_key)
     if world == 1:
         return run_training(config_path, out_dir, device=device, **options)
     if launched_by_torchrun():
@@ -360,8 +365,8 @@ def run_under_torchrun(
     dist.init_process_group(backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
     try:
         if rank == 0:
-            options = {"seed": seed, "quiet": quiet, "stop_after_task": stop_after_task,
-                       "reproducible_noise": reproducible_noise, "sign_key": sign_key}
+            options = run_training_options(seed=seed, quiet=quiet, stop_after_task=stop_after_task,
+                                           reproducible_noise=reproducible_noise, sign_key=sign_key)
             return _lead(config_path, out_dir, device=rank_device, run_options=options)
         _follow(config_path, out_dir, device=rank_device, seed=seed, reproducible_noise=reproducible_noise)
         return None

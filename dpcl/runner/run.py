@@ -1,6 +1,21 @@
 """A certified continual-learning run: config -> audit -> stream -> method -> checkpoints, certificates, metrics.
 
-:func:`run_training` is what ``dpcl run CONFIG.toml --out DIR`` does:
+:func:`run_training` is what ``dpcl run CONFIG.toml --out DIR`` does. It is a thin
+composition of named stages (each timed: :attr:`RunResult.stage_seconds`, also in
+``run.json``), and every charge, commit and certificate goes through the public
+certification API that users' own training loops get (:class:`dpcl.Certifier`):
+
+* ``load`` (:func:`load_run`): the config, the ``[run]`` options, the device, the method class;
+* ``stream`` (:func:`prepare_stream`): the task stream, label-filtered (:mod:`dpcl.runner.tasks`);
+* ``audit`` (:func:`audit_run`): ``dpcl audit`` on the filtered task sizes;
+* ``resume`` (:func:`open_run`): the run directory, its lock, ``run.json``, the
+  :class:`~dpcl.Certifier` on the directory, the method and the resume point;
+* per task: ``charge`` (:func:`charge_task`), ``train`` (:func:`train_task`),
+  ``release`` and ``commit`` (:func:`commit_release`), ``certify`` and ``evaluate``
+  (:func:`finish_release`);
+* ``summary`` (:func:`write_summary`): ``metrics.json`` and ``accuracy.png``.
+
+In detail:
 
 1. load and validate the config (:func:`dpcl.guarantees.config.load_config`),
    build the task stream (:func:`dpcl.data.build_stream`), apply the public
@@ -78,15 +93,13 @@ statements, if any), which ``dpcl verify`` accepts (exit 0, ``NOT PRIVATE``).
 from __future__ import annotations
 
 import hashlib
-import math
 import os
-import re
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
-import numpy as np
+from typing import Any, Iterator, Mapping, Sequence
 
 from dpcl import __version__
 from dpcl.errors import (
@@ -99,14 +112,43 @@ from dpcl.errors import (
 from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
 from dpcl.guarantees.run_lock import acquire_run_lock, releases_run_locks  # one live run per --out directory
-
-RUN_STATE_FORMAT = "dpcl-run"
-RUN_STATE_VERSION = 2  # 2: releases record their curator state (checkpoints of version 1 held it)
-
-NON_PRIVATE_STATEMENT = (
-    "This checkpoint was trained WITHOUT differential privacy ([run] private = false): no noise was added and "
-    "no gradient was clipped. It offers no privacy guarantee for its training data (epsilon is infinite)."
+from dpcl.runner.run_state import (
+    RUN_STATE_FORMAT,
+    RUN_STATE_VERSION,
+    ReleaseSummary,
+    RunIdentity,
+    read_run_state,
+    write_run_state,
 )
+from dpcl.runner.tasks import (
+    NON_PRIVATE_STATEMENT,
+    PreparedTask,
+    build_run_stream,
+    label_sets,
+    method_setup,
+    prepare_tasks,
+    release_data,
+    run_options,
+    task_plan,
+    trains_plan,
+)
+
+__all__ = [
+    "CRASH_HOOK_ENV",
+    "CURATOR_STATE_ASSUMPTION",
+    "NON_PRIVATE_STATEMENT",
+    "NOT_COVERED_RUN_STATEMENT",
+    "RUN_KEYS",
+    "RUN_STATE_FORMAT",
+    "RUN_STATE_VERSION",
+    "STAGES",
+    "ReleaseSummary",
+    "RunResult",
+    "check_run_directory",
+    "resolve_device",
+    "run_training",
+]
+
 #: First reason of a ``[run] private = false`` run of a plan that does not cover its checkpoint.
 NOT_COVERED_RUN_STATEMENT = (
     "This checkpoint was trained by a run with [run] private = false of a method whose released checkpoint is not "
@@ -114,7 +156,6 @@ NOT_COVERED_RUN_STATEMENT = (
     "infinite), for the reasons below. The noise of the method's plan was applied; what it protects is stated in "
     "scoped_guarantees, each for its scope only."
 )
-_SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 #: Stated in every certificate of a ``dpcl run``: what the certificate does not cover.
 CURATOR_STATE_ASSUMPTION = (
@@ -123,52 +164,19 @@ CURATOR_STATE_ASSUMPTION = (
     "the stream), ledger.json and run.json are curator-side and not covered: they must not be published."
 )
 
-
-@dataclass(frozen=True)
-class ReleaseSummary:
-    """One certified release of a run."""
-
-    task_index: int
-    accuracies: tuple[float, ...]
-    cumulative_epsilon: float | None
-    checkpoint: str
-    certificate: str
-    examples: int
-    filtered_out: int
-    curator_state: str
-    curator_sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task_index": self.task_index,
-            "accuracies": list(self.accuracies),
-            "cumulative_epsilon": self.cumulative_epsilon,
-            "checkpoint": self.checkpoint,
-            "certificate": self.certificate,
-            "examples": self.examples,
-            "filtered_out": self.filtered_out,
-            "curator_state": self.curator_state,
-            "curator_sha256": self.curator_sha256,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ReleaseSummary":
-        return cls(
-            task_index=int(data["task_index"]),
-            accuracies=tuple(float(a) for a in data["accuracies"]),
-            cumulative_epsilon=None if data["cumulative_epsilon"] is None else float(data["cumulative_epsilon"]),
-            checkpoint=str(data["checkpoint"]),
-            certificate=str(data["certificate"]),
-            examples=int(data["examples"]),
-            filtered_out=int(data["filtered_out"]),
-            curator_state=str(data["curator_state"]),
-            curator_sha256=str(data["curator_sha256"]),
-        )
+#: The stages of a run, in order, as keys of :attr:`RunResult.stage_seconds` (and ``run.json``'s
+#: ``stage_seconds``). Privacy accounting happens in ``audit`` (the config's guarantees), ``charge`` (the
+#: privacy filter, when ``total_epsilon`` is set), ``commit`` (the ledger's cumulative guarantee of a release)
+#: and ``certify`` (the certificate, and its verification, which recomputes every epsilon). ``release`` writes
+#: the checkpoint and curator state and ``run.json``; ``evaluate`` tests the released model on tasks ``0..t``.
+STAGES = ("load", "stream", "audit", "resume", "charge", "train", "release", "commit", "certify", "evaluate",
+          "summary")
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """What :func:`run_training` did: the releases (resumed ones included) and the final metrics."""
+    """What :func:`run_training` did: the releases (resumed ones included), the final metrics and the seconds
+    this process spent in each stage (:data:`STAGES`; wall-clock, ``time.perf_counter``)."""
 
     out_dir: Path
     method: str
@@ -179,17 +187,29 @@ class RunResult:
     complete: bool
     delta: float
     audit: Mapping[str, Any] = field(default_factory=dict)
+    stage_seconds: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def last_certificate(self) -> Path | None:
         return self.out_dir / self.releases[-1].certificate if self.releases else None
 
 
-def _run_section(config: Any) -> dict[str, Any]:
-    """The validated ``[run]`` options (:data:`RUN_KEYS`, checked by :func:`dpcl.guarantees.config.load_config`)."""
-    return {key: config.run.get(key, default) for key, (_kind, default, _help) in RUN_KEYS.items()}
+class StageClock:
+    """Wall-clock seconds per named stage (a stage entered several times, e.g. once per task, adds up)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {name: 0.0 for name in STAGES}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
+# -- checks of the command line --------------------------------------------------------------------------------
 def resolve_device(requested: str | None, method_section: Mapping[str, Any]) -> str:
     """``--device`` if given, else ``[method] device`` (default cpu): ``cpu``, ``cuda`` or ``cuda:N``.
 
@@ -218,85 +238,6 @@ def resolve_device(requested: str | None, method_section: Mapping[str, Any]) -> 
                 f"(cuda:0 to cuda:{count - 1}). Use one of those, or {fix}."
             )
     return device
-
-
-def _label_sets(config: Any, n_tasks: int) -> list[tuple[int, ...]]:
-    from dpcl.guarantees.label_space import output_label_sets
-
-    sets = output_label_sets(config.stream["label_space"], config.stream["prior_labels"], n_tasks)
-    return [tuple(sorted(s)) for s in sets]
-
-
-@dataclass(frozen=True)
-class _PreparedTask:
-    index: int
-    features: np.ndarray
-    labels: np.ndarray
-    unit_ids: np.ndarray
-    output_labels: tuple[int, ...]
-    filtered_out: int
-    texts: np.ndarray | None
-    test_features: np.ndarray  # features, or texts (object array) for raw-text streams
-    test_labels: np.ndarray
-
-
-def _prepare_tasks(
-    stream: Any, label_sets: Sequence[tuple[int, ...]], needs_texts: bool = False
-) -> tuple[list[_PreparedTask], list[Any]]:
-    """Label-filtered tasks. Raw-text streams, and methods that declare ``needs_texts`` (PeCL), get the texts
-    and are evaluated on the test texts (an object array) instead of encoder features."""
-    from dpcl.guarantees.label_space import filter_task
-
-    prepared, reports = [], []
-    for task, output in zip(stream, label_sets):
-        text_only = task.train.features is None
-        if (text_only or needs_texts) and (task.train.texts is None or task.test.texts is None):
-            raise ConfigError(
-                f"[stream] dataset {stream.dataset_name!r} gives no raw texts"
-                + (", and this method trains on text (use dataset = 'fortunes_texts')." if needs_texts
-                   else " and no features.")
-            )
-        mask, report = filter_task(task.train.labels, output, task.index)
-        reports.append(report)
-        if len(task.test) == 0:
-            raise ConfigError(f"task {task.index} has an empty test set; lower test_fraction or change the tasks.")
-        prepared.append(
-            _PreparedTask(
-                index=task.index,
-                features=(
-                    np.zeros((int(mask.sum()), 0), dtype=np.float32)
-                    if text_only
-                    else np.asarray(task.train.features[mask], dtype=np.float32)
-                ),
-                labels=np.asarray(task.train.labels[mask], dtype=np.int64),
-                unit_ids=np.asarray(task.train.unit_ids[mask]),
-                output_labels=tuple(int(o) for o in output),
-                filtered_out=report.filtered,
-                texts=None if task.train.texts is None else np.asarray(task.train.texts[mask], dtype=object),
-                test_features=(
-                    np.asarray(task.test.texts, dtype=object)
-                    if text_only or needs_texts
-                    else np.asarray(task.test.features, dtype=np.float32)
-                ),
-                test_labels=np.asarray(task.test.labels, dtype=np.int64),
-            )
-        )
-    return prepared, reports
-
-
-def _release_data(prepared: Sequence[_PreparedTask], t: int, reuses_past_tasks: bool):
-    """The data, output labels and task indices release ``t`` reads (the union 0..t for Non-CL)."""
-    from dpcl.methods.base import TrainingData
-
-    parts = prepared[: t + 1] if reuses_past_tasks else [prepared[t]]
-    data = TrainingData(
-        features=np.concatenate([p.features for p in parts]),
-        labels=np.concatenate([p.labels for p in parts]),
-        unit_ids=np.concatenate([p.unit_ids for p in parts]),
-        texts=None if any(p.texts is None for p in parts) else np.concatenate([p.texts for p in parts]),
-    )
-    outputs = tuple(sorted({o for p in parts for o in p.output_labels}))
-    return data, outputs, [p.index for p in parts]
 
 
 def check_run_directory(out_dir: "str | Path") -> Path:
@@ -333,10 +274,514 @@ def _make_run_directory(out: Path) -> None:
         raise InvalidParameterError(f"--out {str(out)!r} cannot be created: {exc.strerror or exc}.") from None
 
 
-def _config_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _check_arguments(seed: Any, reproducible_noise: Any, sign_key: Any) -> Any:
+    """Refuse a bad ``--seed`` or ``--reproducible-noise``; the ``--sign`` key loaded (before any work)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InvalidParameterError(f"--seed must be an integer >= 0, got {seed!r}.")
+    if not isinstance(reproducible_noise, bool):
+        raise InvalidParameterError(f"--reproducible-noise is a switch (true/false), got {reproducible_noise!r}.")
+    if sign_key is None:
+        return None
+    from dpcl.guarantees.signing import load_private_key
+
+    return load_private_key(sign_key, option="--sign")
 
 
+# -- stage "load" ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadedRun:
+    """The run the command line and the config ask for (stage ``load``); nothing read from the data yet."""
+
+    config: Any
+    config_file: Path
+    out: Path
+    seed: int
+    private: bool
+    reproducible: bool
+    device: str
+    method_name: str
+    method_class: Any
+    sign_key: Any
+    quiet: bool
+    stop_after_task: int | None
+
+    def identity(self, n_tasks: int) -> RunIdentity:
+        """What ``run.json`` records of this run, and a resumed run must share (the config file's SHA-256...)."""
+        return RunIdentity(
+            config_sha256=hashlib.sha256(self.config_file.read_bytes()).hexdigest(),
+            config_path=str(self.config_file), seed=self.seed, reproducible_noise=self.reproducible,
+            private=self.private, method=self.method_name, n_tasks=n_tasks,
+        )
+
+
+def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0, device: str | None = None,
+             quiet: bool = False, stop_after_task: int | None = None, reproducible_noise: bool = False,
+             sign_key: Any = None) -> LoadedRun:
+    """Stage ``load``: the arguments checked, the config loaded and validated, the device and method class found.
+
+    Refused on a rank > 0 of a process group (only rank 0 writes a run directory).
+    """
+    from dpcl.data import STREAM_KEYS
+    from dpcl.guarantees.config import load_config
+
+    key = _check_arguments(seed, reproducible_noise, sign_key)
+    config_file = Path(config_path)
+    config = load_config(config_file, data_stream_keys=STREAM_KEYS)
+    out = check_run_directory(out_dir)
+    options = run_options(config)
+    resolved = resolve_device(device, config.method)
+    from dpcl.runner.distributed import refuse_on_other_ranks
+
+    refuse_on_other_ranks()  # only rank 0 writes the ledger, checkpoints and certificates
+    try:
+        from dpcl.methods.base import method_class
+    except ModuleNotFoundError as exc:  # torch missing
+        raise MissingDependencyError(
+            f"dpcl run needs {exc.name}; install the training extra: pip install torch==2.13.0 && pip install 'dpcl[train]'"
+        ) from exc
+    return LoadedRun(
+        config=config, config_file=config_file, out=out, seed=seed, private=bool(options["private"]),
+        reproducible=bool(reproducible_noise or options["reproducible_noise"]), device=resolved,
+        method_name=config.method["name"], method_class=method_class(config.method["name"]), sign_key=key,
+        quiet=quiet, stop_after_task=stop_after_task,
+    )
+
+
+# -- stages "stream" and "audit" -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PreparedStream:
+    """The stream of a run (stage ``stream``): its tasks after the public label filter, with the filter counts."""
+
+    stream: Any
+    label_sets: list[tuple[int, ...]]
+    tasks: list[PreparedTask]
+    filter_reports: list[Any]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(p.labels) for p in self.tasks]
+
+
+def prepare_stream(run: LoadedRun) -> PreparedStream:
+    """Stage ``stream``: build the stream, filter every task by its public label set, check declared sizes
+    (``[stream] task_sizes``) and declared disjointness."""
+    stream = build_run_stream(run.config, run.method_class, seed=run.seed, device=run.device, quiet=run.quiet)
+    sets = label_sets(run.config, len(stream))
+    tasks, reports = prepare_tasks(stream, sets, bool(getattr(run.method_class, "needs_texts", False)))
+    prepared = PreparedStream(stream=stream, label_sets=sets, tasks=tasks, filter_reports=reports)
+    declared = run.config.stream.get("task_sizes")
+    if declared is not None and list(declared) != prepared.sizes:
+        raise ConfigError(
+            f"[stream] task_sizes = {list(declared)} but the stream has {prepared.sizes} examples per task after "
+            "label filtering; remove task_sizes or correct it (the audit would plan other task sizes than the run "
+            "trains)."
+        )
+    if run.config.stream["disjoint_units"]:
+        stream.check_disjoint_units()
+    return prepared
+
+
+def audit_run(run: LoadedRun, prepared: PreparedStream) -> Any:
+    """Stage ``audit``: ``dpcl audit`` on the filtered task sizes; a refused config raises
+    :class:`~dpcl.errors.PrivacyViolationError` (exit 3) before anything is written or trained."""
+    from dpcl.guarantees.audit_config import audit_config
+
+    report = audit_config(run.config, prepared.sizes, filter_reports=prepared.filter_reports)
+    if not report.sound:
+        raise PrivacyViolationError(
+            "dpcl audit refuses this config, so it is not trained: " + " | ".join(report.violations)
+        )
+    return report
+
+
+# -- stage "resume": the run directory, its Certifier, the method and the resume point ----------------------------
+@dataclass
+class RunInProgress:
+    """A run after its audit: the directory's :class:`~dpcl.Certifier`, the method and the releases so far."""
+
+    loaded: LoadedRun
+    prepared: PreparedStream
+    report: Any
+    identity: RunIdentity
+    certifier: Any
+    method: Any
+    device: str
+    releases: list[ReleaseSummary]
+    clock: StageClock
+    resumed_after: int | None = None
+
+    @property
+    def out(self) -> Path:
+        return self.loaded.out
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.prepared.tasks)
+
+    @property
+    def trains_plan(self) -> bool:
+        return trains_plan(self.loaded.private, self.report.covered)
+
+    @property
+    def state_path(self) -> Path:
+        return self.out / "run.json"
+
+    def plan(self, t: int, n_examples: int) -> Any:
+        return task_plan(self.loaded.config, t, n_examples, trains_plan=self.trains_plan)
+
+    def release_data(self, t: int) -> tuple[Any, tuple[int, ...], list[int]]:
+        return release_data(self.prepared.tasks, t, self.loaded.config.spec.reuses_past_tasks)
+
+    def paths(self, t: int) -> tuple[Path, Path, Path]:
+        """Checkpoint, curator state and certificate of release ``t``."""
+        name = f"task{t + 1:03d}"
+        return (self.out / "checkpoints" / f"{name}.pt", self.out / "curator" / f"{name}.state.pt",
+                self.out / "certificates" / f"{name}.cert.json")
+
+    def save_state(self) -> None:
+        write_run_state(self.state_path, self.identity, self.releases, self.clock.seconds)
+
+
+def open_certifier(loaded: LoadedRun, report: Any, *, resume: bool) -> Any:
+    """The :class:`~dpcl.Certifier` of the run directory: the config's privacy settings and the audit's adjacency
+    and unit, ``private = false`` without a headline ledger; ``resume`` when ``run.json`` lists releases."""
+    from dpcl.certifier import Certifier
+
+    config = loaded.config
+    return Certifier(
+        loaded.out,
+        delta=config.privacy["delta"],
+        label_space=config.stream["label_space"],
+        prior_labels=config.stream["prior_labels"],
+        adjacency=report.adjacency,
+        unit=report.unit,
+        across_tasks=config.privacy["across_tasks"],
+        disjoint_units=bool(config.stream["disjoint_units"]),
+        total_epsilon=config.privacy.get("total_epsilon"),
+        total_delta=config.privacy.get("total_delta"),
+        accountant=config.privacy["accountant"],
+        method=loaded.method_name,
+        sign_key=loaded.sign_key,
+        private=loaded.private,
+        config=config.to_dict(),
+        metadata={"config": config.to_dict(), "method": loaded.method_name, "seed": loaded.seed,
+                  "reproducible_noise": loaded.reproducible},
+        resume=resume and loaded.private,
+        driver="dpcl run",
+    )
+
+
+def _check_ledgers_record(run: RunInProgress) -> None:
+    """Every release ``run.json`` lists must be recorded by the ledger, and by every scoped ledger it charged."""
+    listed_by = repr(str(run.state_path))
+    if run.loaded.private:
+        run.certifier.require_released([r.task_index for r in run.releases], listed_by=listed_by)
+    if not run.trains_plan:
+        return
+    for entry in run.report.scoped_guarantees:
+        name = entry["name"]
+        needed = [r.task_index for r in run.releases if name in run.report.per_task[r.task_index].get("scoped", {})]
+        run.certifier.require_released(needed, scoped=name, adjacency=entry["adjacency"], unit=entry["unit"],
+                                       listed_by=listed_by)
+
+
+def _restore_last_release(run: RunInProgress) -> None:
+    """The method's state after the last release ``run.json`` lists: its certified checkpoint and curator state."""
+    from dpcl.guarantees.safe_paths import contained_path  # run.json may have been edited: stay inside --out
+    from dpcl.runner.checkpoints import load_checkpoint, load_curator_state
+
+    last, out = run.releases[-1], run.out
+    where = f"{str(run.state_path)!r} release of task {last.task_index + 1}:"
+    last = ReleaseSummary(**{**last.__dict__, **{
+        name: contained_path(out, getattr(last, name), what=f"{where} {name} path").relative_to(out.resolve())
+        .as_posix() for name in ("certificate", "checkpoint", "curator_state")}})
+    expected = _recorded_checkpoint_hash(out / last.certificate)
+    payload = load_checkpoint(out / last.checkpoint, expected_sha256=expected)
+    if payload["method"] != run.loaded.method_name or payload["task_index"] != last.task_index:
+        raise ConfigError(f"checkpoint {last.checkpoint} does not belong to this run.")
+    run.method.load_state_dict(payload["state"])
+    curator = load_curator_state(out / last.curator_state, expected_sha256=last.curator_sha256,
+                                 method=run.loaded.method_name, task_index=last.task_index)
+    run.method.load_curator_state_dict(curator["state"])
+
+
+def open_run(loaded: LoadedRun, prepared: PreparedStream, report: Any, clock: StageClock) -> RunInProgress:
+    """Stage ``resume``: create and lock the run directory, read ``run.json``, open the Certifier (resuming its
+    ledgers), build the method and restore the last listed release; finish a release the ledger committed after
+    the last listed one, and remove the files of attempts that committed nothing."""
+    out = loaded.out
+    _make_run_directory(out)
+    lock = acquire_run_lock(out)  # refuses (exit 2) while another live run holds --out; released on return
+    if lock.took_over and not loaded.quiet:
+        print(f"dpcl run: {str(out)!r} was left locked by a run that ended without releasing it "
+              f"(pid {lock.took_over.get('pid')!r}); taking it over and resuming.", file=sys.stderr)
+    identity = loaded.identity(len(prepared.tasks))
+    releases = read_run_state(out / "run.json", identity, out)
+    across = _resolved_across(loaded.config)
+    method = loaded.method_class(method_setup(
+        loaded.config, prepared.label_sets, prepared.tasks, across=across, seed=loaded.seed,
+        device=loaded.device, reproducible_noise=loaded.reproducible,
+    ))
+    run = RunInProgress(
+        loaded=loaded, prepared=prepared, report=report, identity=identity,
+        certifier=open_certifier(loaded, report, resume=bool(releases)), method=method,
+        device=method.compute_device,  # what metrics and certificates record
+        releases=releases, clock=clock, resumed_after=releases[-1].task_index if releases else None,
+    )
+    _check_ledgers_record(run)
+    if releases:
+        _restore_last_release(run)
+    finish_committed_releases(run)
+    remove_uncommitted_files(run)
+    return run
+
+
+def _resolved_across(config: Any) -> str:
+    from dpcl.guarantees.audit_config import resolve_across_tasks
+
+    across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
+    return across
+
+
+def finish_committed_releases(run: RunInProgress) -> None:
+    """Resume a private run whose ledger committed a release that ``run.json`` does not list yet (a crash after the
+    commit point): finish it from its committed files (their SHA-256 must be the recorded ones), never retrain it."""
+    from dpcl.runner.checkpoints import load_checkpoint, load_curator_state
+
+    listed = [r.task_index for r in run.releases]
+    for t in [t for t in run.certifier.committed_tasks() if t not in listed]:
+        expected_next = listed[-1] + 1 if listed else 0
+        if t != expected_next:
+            raise LedgerCorruptError(
+                f"{str(run.out / 'ledger.json')!r} records a release of task {t + 1} but {str(run.state_path)!r} "
+                f"continues with task {expected_next + 1}: they belong to different runs; restore the run's own "
+                "files or start the run over in a new directory."
+            )
+        checkpoint, curator_file, _ = run.paths(t)
+        record = run.certifier.committed(t)
+        curator_sha = record.curator_sha256 or ""
+        for final, recorded in ((checkpoint, record.checkpoint_sha256), (curator_file, curator_sha)):
+            pending = _pending(final)
+            if pending.is_file() and sha256_file(pending) == recorded:
+                os.replace(pending, final)
+            if not final.is_file() or sha256_file(final) != recorded:
+                raise LedgerCorruptError(
+                    f"the ledger committed the release of task {t + 1} but {str(final)!r} is missing or does not "
+                    f"hash to the recorded {recorded}; restore the run's files or start over in a new directory."
+                )
+        payload = load_checkpoint(checkpoint, expected_sha256=record.checkpoint_sha256)
+        run.method.load_state_dict(payload["state"])
+        curator = load_curator_state(curator_file, expected_sha256=curator_sha, method=run.loaded.method_name,
+                                     task_index=t)
+        run.method.load_curator_state_dict(curator["state"])
+        data, _, _ = run.release_data(t)
+        finish_release(run, t, run.plan(t, len(data)), len(data), curator_file, curator_sha)
+        listed.append(t)
+
+
+def remove_uncommitted_files(run: RunInProgress) -> None:
+    """Files of an attempt that never committed released nothing: remove them (pending or final names)."""
+    for t in range(_next_task(run), run.n_tasks):
+        checkpoint, curator_file, certificate = run.paths(t)
+        for final in (checkpoint, curator_file):
+            for leftover in (_pending(final), final):
+                leftover.unlink(missing_ok=True)
+        certificate.unlink(missing_ok=True)
+
+
+def _next_task(run: RunInProgress) -> int:
+    return 0 if not run.releases else run.releases[-1].task_index + 1
+
+
+# -- per task: stages "charge", "train", "release", "commit", "certify", "evaluate" ---------------------------------
+def charge_task(run: RunInProgress, t: int, plan: Any, data: Any, tasks_read: Sequence[int]) -> None:
+    """Stage ``charge``: the plan's events (headline and scoped) charged to the data release ``t`` reads, before
+    training, through the Certifier (its privacy filter refuses an overspend here). After a crash the charge of the
+    attempt that committed nothing is reused, never charged twice."""
+    name = run.loaded.method_name
+    if run.loaded.private and plan.events:
+        run.certifier.charge(tasks_read, plan.events, unit_ids=data.unit_ids, label=f"{name} task {t}",
+                             reuse_uncommitted=True)
+    for scoped in plan.scoped:
+        run.certifier.charge_scoped(scoped.name, scoped.scope, tasks_read, scoped.events, unit_ids=data.unit_ids,
+                                    label=f"{name} task {t} ({scoped.name})", reuse_uncommitted=True)
+    if run.loaded.private and not run.certifier.ledger.charges:
+        raise PrivacyViolationError(
+            f"release {t} reads no private data and nothing was charged yet; dpcl cannot certify a release "
+            "without a charged mechanism. Check the stream: its first task is empty after label filtering."
+        )
+
+
+def train_task(run: RunInProgress, t: int, plan: Any, data: Any, outputs: Sequence[int]) -> None:
+    """Stage ``train``: the method's ``fit_task`` on the release's data, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=run.method.planned_work(plan), desc=f"task {t + 1}/{run.n_tasks}", unit="step",
+              disable=run.loaded.quiet, file=sys.stderr, leave=False) as bar:
+        run.method.fit_task(t, data, outputs, plan, progress=bar.update)
+
+
+def commit_release(run: RunInProgress, t: int, plan: Any) -> tuple[Path, str]:
+    """Stages ``release`` and ``commit``: release ``t`` as one atomic commit. The checkpoint and the curator state
+    are written under pending names, the Certifier's ledger records the release (the commit point, with both
+    files' SHA-256), then the files get their final names. Returns the curator state's path and SHA-256."""
+    from dpcl.runner.checkpoints import save_checkpoint, save_curator_state
+
+    checkpoint, curator_file, _ = run.paths(t)
+    name, loaded = run.loaded.method_name, run.loaded
+    with run.clock.stage("release"):
+        checkpoint_sha = save_checkpoint(
+            _pending(checkpoint), method=name, task_index=t, state=run.method.state_dict(),
+            meta={"seed": loaded.seed, "config_sha256": run.identity.config_sha256, "dpcl_version": __version__},
+        )
+        _crash_point("checkpoint", t)
+        curator_sha = save_curator_state(_pending(curator_file), method=name, task_index=t,
+                                         state=run.method.curator_state_dict())
+        _crash_point("curator_state", t)
+    with run.clock.stage("commit"):
+        if loaded.private:
+            # a plan without events is an empty task's (Prop. F.1): the charges so far cover its release
+            run.certifier.commit(t, checkpoint_sha256=checkpoint_sha, curator_sha256=curator_sha,
+                                 empty_task=not plan.events)
+            _crash_point("ledger", t)
+    with run.clock.stage("release"):
+        os.replace(_pending(checkpoint), checkpoint)
+        os.replace(_pending(curator_file), curator_file)
+        _crash_point("rename", t)
+    return curator_file, curator_sha
+
+
+def _certificate_assumptions(run: RunInProgress, plan: Any) -> list[str]:
+    from dpcl.methods.noise_source import noise_assumptions
+
+    assumptions = list(run.report.assumptions)
+    assumptions += [a for a in plan.assumptions if a not in assumptions]
+    if run.trains_plan:
+        assumptions += [a for a in noise_assumptions(run.loaded.reproducible) if a not in assumptions]
+    assumptions.append(CURATOR_STATE_ASSUMPTION)
+    return assumptions
+
+
+def _coverage(run: RunInProgress, plan: Any) -> Any:
+    """The headline of release ``t``: the plan's coverage (private), else not covered with the run's reasons."""
+    from dpcl.guarantees.method_schema import ReleaseCoverage
+
+    if run.loaded.private:
+        return plan.release
+    if not run.trains_plan:
+        return ReleaseCoverage.not_covered(NON_PRIVATE_STATEMENT)
+    reasons = tuple(plan.release.reasons if plan.release is not None else ())
+    return ReleaseCoverage.not_covered(NOT_COVERED_RUN_STATEMENT, *reasons)
+
+
+def certify_release(run: RunInProgress, t: int, plan: Any) -> Any:
+    """Stage ``certify``: the scoped ledgers record release ``t`` (idempotent), then the Certifier writes its
+    certificate (verified after writing, signed with ``--sign``), replacing one a crashed attempt wrote."""
+    checkpoint, _, _ = run.paths(t)
+    loaded = run.loaded
+    scopes = {}
+    for scoped in plan.scoped:
+        first = scoped.events[0]
+        run.certifier.open_scoped(scoped.name, adjacency=first.adjacency, unit=first.unit)
+        if run.certifier.release_scoped(scoped.name, t, checkpoint_sha256=sha256_file(checkpoint)):
+            _crash_point("scoped_ledger", t)
+        scopes[scoped.name] = scoped.scope
+    extra: dict[str, Any] = {"seed": loaded.seed, "reproducible_noise": loaded.reproducible,
+                             "plan_notes": list(plan.notes), "device": run.device}
+    if hasattr(run.method, "certificate_extra"):  # e.g. L2DP-ML: Thm 2 terms and checked preconditions
+        extra.update(run.method.certificate_extra(t))
+    certified = run.certifier.certify(
+        t, checkpoint, coverage=_coverage(run, plan), assumptions=_certificate_assumptions(run, plan),
+        scoped=scopes, label_filtering=run.prepared.filter_reports[: t + 1], extra=extra,
+        standard_assumptions=False, replace=True,
+    )
+    _crash_point("certificate", t)
+    return certified
+
+
+def finish_release(run: RunInProgress, t: int, plan: Any, n_examples: int, curator_file: Path,
+                   curator_sha: str) -> None:
+    """After the commit point: certificate (stage ``certify``), evaluation on the test sets of tasks ``0..t``
+    (stage ``evaluate``) and the run state. Idempotent, so that a resumed run can finish a release the ledger
+    committed before a crash."""
+    with run.clock.stage("certify"):
+        certified = certify_release(run, t, plan)
+    with run.clock.stage("evaluate"):
+        accuracies = tuple(
+            run.method.accuracy(task.test_features, task.test_labels) for task in run.prepared.tasks[: t + 1]
+        )
+    checkpoint, _, _ = run.paths(t)
+    run.releases.append(ReleaseSummary(
+        task_index=t,
+        accuracies=accuracies,
+        cumulative_epsilon=certified.epsilon if run.loaded.private else None,
+        checkpoint=checkpoint.relative_to(run.out).as_posix(),
+        certificate=certified.certificate.relative_to(run.out).as_posix(),
+        examples=n_examples,
+        filtered_out=run.prepared.tasks[t].filtered_out,
+        curator_state=curator_file.relative_to(run.out).as_posix(),
+        curator_sha256=curator_sha,
+    ))
+    with run.clock.stage("release"):
+        run.save_state()
+        _crash_point("run_state", t)
+
+
+def run_task(run: RunInProgress, t: int) -> None:
+    """One task: charge, train, release and commit, certify, evaluate."""
+    data, outputs, tasks_read = run.release_data(t)
+    plan = run.plan(t, len(data))
+    with run.clock.stage("charge"):
+        charge_task(run, t, plan, data, tasks_read)
+    with run.clock.stage("train"):
+        train_task(run, t, plan, data, outputs)
+    curator_file, curator_sha = commit_release(run, t, plan)
+    finish_release(run, t, plan, len(data), curator_file, curator_sha)
+
+
+# -- stage "summary" ----------------------------------------------------------------------------------------------
+def write_summary(run: RunInProgress) -> dict[str, Any]:
+    """Stage ``summary``: ``metrics.json`` (accuracy matrix and every metric of :func:`dpcl.metrics.summarize`;
+    final AA under ``average_accuracy``) and ``accuracy.png``. Returns the metrics as written."""
+    from dpcl.guarantees.label_space import describe_filtering
+    from dpcl.metrics import accuracy_rows, summarize
+    from dpcl.runner.plots import plot_accuracy
+
+    loaded, releases, config = run.loaded, run.releases, run.loaded.config
+    complete = bool(releases) and releases[-1].task_index == run.n_tasks - 1
+    matrix = accuracy_rows([r.accuracies for r in releases], run.n_tasks)
+    metrics: dict[str, Any] = {
+        "method": loaded.method_name,
+        "private": loaded.private,
+        "complete": complete,
+        "seed": loaded.seed,
+        "reproducible_noise": loaded.reproducible,
+        "stream_seed": int(run.prepared.stream.seed),
+        "device": run.device,
+        "config": str(loaded.config_file),
+        "epsilon_per_task": config.privacy["epsilon"] if loaded.private else "inf",
+        "delta": config.privacy["delta"],
+        "across_tasks": run.certifier.across_tasks,
+        "cumulative_epsilon": [r.cumulative_epsilon for r in releases],
+        "final_epsilon": releases[-1].cumulative_epsilon if releases else None,
+        **summarize(matrix),
+        "certificates": [r.certificate for r in releases],
+        "checkpoints": [r.checkpoint for r in releases],
+        "label_filtering": describe_filtering(run.prepared.filter_reports),
+    }
+    write_json_atomic(run.out / "metrics.json", metrics)
+    epsilon = f" (ε={config.privacy['epsilon']:g} per task, δ={config.privacy['delta']:g})"
+    plot_accuracy(
+        run.out / "accuracy.png",
+        matrix,
+        title=f"{loaded.method_name} on {run.prepared.stream.dataset_name}"
+        + (epsilon if loaded.private else " (not private)"),
+        cumulative_epsilon=[r.cumulative_epsilon for r in releases],
+    )
+    return metrics
+
+
+# -- the run ------------------------------------------------------------------------------------------------------
 @releases_run_locks
 def run_training(
     config_path: "str | Path",
@@ -364,453 +809,33 @@ def run_training(
     ``sign_key`` (a private key file or an Ed25519 key, :mod:`dpcl.guarantees.signing`) signs every
     certificate after it is written and verified; it is loaded before any work, so a bad key fails first.
     """
-    from dpcl.data import STREAM_KEYS, build_stream
-    from dpcl.guarantees.audit_config import audit_config, resolve_across_tasks
-    from dpcl.guarantees.config import load_config
-    from dpcl.guarantees.label_space import describe_filtering
-    from dpcl.metrics import accuracy_rows, summarize
-    from dpcl.methods.noise_source import noise_assumptions
-
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InvalidParameterError(f"--seed must be an integer >= 0, got {seed!r}.")
-    if not isinstance(reproducible_noise, bool):
-        raise InvalidParameterError(f"--reproducible-noise is a switch (true/false), got {reproducible_noise!r}.")
-    if sign_key is not None:
-        from dpcl.guarantees.signing import load_private_key, sign_certificate
-
-        sign_key = load_private_key(sign_key, option="--sign")
-    config_file = Path(config_path)
-    config = load_config(config_file, data_stream_keys=STREAM_KEYS)
-    out = check_run_directory(out_dir)
-    run_options = _run_section(config)
-    private = bool(run_options["private"])
-    reproducible = bool(reproducible_noise or run_options["reproducible_noise"])
-    method_name = config.method["name"]
-    device = resolve_device(device, config.method)
-    from dpcl.runner.distributed import refuse_on_other_ranks
-
-    refuse_on_other_ranks()  # only rank 0 writes the ledger, checkpoints and certificates
-    try:
-        from dpcl.methods.base import MethodSetup, method_class
-        from dpcl.runner.checkpoints import load_checkpoint, load_curator_state, save_checkpoint, save_curator_state
-    except ModuleNotFoundError as exc:  # torch missing
-        raise MissingDependencyError(
-            f"dpcl run needs {exc.name}; install the training extra: pip install torch==2.13.0 && pip install 'dpcl[train]'"
-        ) from exc
-    cls = method_class(method_name)
-
-    # -- stream, label filter, audit (before any training) -----------------------------------------
-    stream_options = dict(config.raw["stream"])
-    stream_options.setdefault("seed", seed)  # --seed drives the stream unless [stream] seed is set explicitly
-    # [stream] encoder: features computed on the run's device; a method that trains inside the encoder (PEFT
-    # Ensemble's film variant) gets the images as pixel rows instead of the encoder's features
-    trains_encoder = bool(getattr(cls, "trains_encoder", lambda _method: False)(config.method))
-    stream = build_stream(stream_options, encode=not trains_encoder, device=device, progress=not quiet)
-    n_tasks = len(stream)
-    label_sets = _label_sets(config, n_tasks)
-    prepared, filter_reports = _prepare_tasks(stream, label_sets, bool(getattr(cls, "needs_texts", False)))
-    sizes = [len(p.labels) for p in prepared]
-    declared = config.stream.get("task_sizes")
-    if declared is not None and list(declared) != sizes:
-        raise ConfigError(
-            f"[stream] task_sizes = {list(declared)} but the stream has {sizes} examples per task after label "
-            "filtering; remove task_sizes or correct it (the audit would plan other task sizes than the run trains)."
-        )
-    if config.stream["disjoint_units"]:
-        stream.check_disjoint_units()
-    report = audit_config(config, sizes, filter_reports=filter_reports)
-    if not report.sound:
-        raise PrivacyViolationError(
-            "dpcl audit refuses this config, so it is not trained: " + " | ".join(report.violations)
-        )
-    across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
-    spec = config.spec
-
-    # -- run directory and resume ------------------------------------------------------------------
-    _make_run_directory(out)
-    lock = acquire_run_lock(out)  # refuses (exit 2) while another live run holds --out; released on return
-    if lock.took_over and not quiet:
-        print(f"dpcl run: {str(out)!r} was left locked by a run that ended without releasing it "
-              f"(pid {lock.took_over.get('pid')!r}); taking it over and resuming.", file=sys.stderr)
-    state_path = out / "run.json"
-    digest = _config_digest(config_file)
-    releases: list[ReleaseSummary] = []
-    if state_path.exists():
-        try:
-            state = read_json(state_path)
-        except ValueError as exc:
-            raise ConfigError(f"{state_path} is damaged ({exc}); move the run directory away to start over.") from exc
-        if not isinstance(state, dict) or state.get("format") != RUN_STATE_FORMAT:
-            raise ConfigError(f"{state_path} is not a dpcl run state; use another --out directory.")
-        if state.get("version") != RUN_STATE_VERSION:
-            raise ConfigError(
-                f"{state_path} has run-state version {state.get('version')!r}, this dpcl writes version "
-                f"{RUN_STATE_VERSION}: runs of version 1 kept curator state (privacy-unit ids, raw statistics) inside "
-                "the released checkpoints and cannot be resumed; start the run over in a new --out directory "
-                "(and do not publish that run's checkpoints)."
-            )
-        mismatch = [
-            name
-            for name, mine, recorded in (
-                ("config", digest, state.get("config_sha256")),
-                ("seed", seed, state.get("seed")),
-                ("private", private, state.get("private")),
-                ("method", method_name, state.get("method")),
-                ("noise source (reproducible_noise)", reproducible, state.get("reproducible_noise", False)),
-            )
-            if recorded != mine
-        ]
-        if mismatch:
-            raise ConfigError(
-                f"--out {str(out)!r} holds a run with a different {', '.join(mismatch)}; resume it with the same "
-                "config file, --seed and --reproducible-noise setting, or use a new --out directory."
-            )
-        try:
-            releases = [ReleaseSummary.from_dict(r) for r in state["releases"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{state_path} is damaged ({exc!r}); move the run directory away to start over.") from None
-    resumed_after = releases[-1].task_index if releases else None
-
-    label_space = tuple(sorted({o for s in label_sets for o in s}))
-    setup = MethodSetup(
-        method=config.method,
-        privacy={**config.privacy, "across_tasks": across},  # resolved: the composition the ledger applies
-        label_space=label_space,
-        input_dim=int(prepared[0].features.shape[1]),
-        seed=seed,
-        device=device,
-        reproducible_noise=reproducible,
-    )
-    method = cls(setup)
-    device = method.compute_device  # what metrics and certificates record
-
-    from dpcl.guarantees.ledger import TaskLedger
-
-    # a private run is refused by the audit unless its plan covers the checkpoint; a non-private run of a plan
-    # that does not cover it trains the plan as it is (with its noise), one of a plan that does is noise-free.
-    trains_plan = private or not report.covered
-    ledger = None
-    if private:
-        ledger = TaskLedger.open(
-            out / "ledger.json",
-            must_exist=bool(releases),  # a resumed run never starts an empty ledger: that would forget spent budget
-            delta=config.privacy["delta"],
-            across_tasks=across,
-            accountant=config.privacy["accountant"],
-            adjacency=report.adjacency,
-            unit=report.unit,
-            total_epsilon=config.privacy.get("total_epsilon"),
-            total_delta=config.privacy.get("total_delta"),
-            metadata={"config": config.to_dict(), "method": method_name, "seed": seed,
-                      "reproducible_noise": reproducible},
-        )
-
-    if ledger is not None and releases:
-        unrecorded = sorted({r.task_index for r in releases} - set(ledger.released_tasks()))
-        if unrecorded:
-            raise LedgerCorruptError(
-                f"{str(out / 'ledger.json')!r} has no record of the release(s) of task(s) "
-                f"{', '.join(str(t + 1) for t in unrecorded)} that {str(state_path)!r} lists: it is older than the run "
-                "(or from another run), so resuming would forget budget already spent. Restore the run's own ledger, "
-                "or start the run over in a new directory."
-            )
-    scoped_ledgers: dict[str, TaskLedger] = {}
-
-    def scoped_ledger(name: str, adjacency: Any, unit: str) -> TaskLedger:
-        """The ledger of scope ``name`` (DIR/scoped/NAME.ledger.json), opened once, resumed when it exists."""
-        if name not in scoped_ledgers:
-            if not _SCOPE_NAME.fullmatch(name):
-                raise InvalidParameterError(
-                    f"scoped statement name {name!r} must be letters, digits, '_', '.' or '-' (it names a ledger file)."
-                )
-            scoped_ledgers[name] = TaskLedger.open(
-                out / "scoped" / f"{name}.ledger.json",
-                must_exist=any(name in report.per_task[r.task_index].get("scoped", {}) for r in releases),
-                delta=config.privacy["delta"],
-                across_tasks=across,
-                accountant=config.privacy["accountant"],
-                adjacency=adjacency,
-                unit=unit,
-                metadata={"config": config.to_dict(), "method": method_name, "seed": seed, "scope_name": name,
-                          "reproducible_noise": reproducible},
-            )
-        return scoped_ledgers[name]
-
-    if trains_plan and releases:  # every scoped ledger a released task charged must exist and record that release
-        for entry in report.scoped_guarantees:
-            name = entry["name"]
-            needed = sorted(r.task_index for r in releases if name in report.per_task[r.task_index].get("scoped", {}))
-            if not needed:
-                continue
-            opened = scoped_ledger(name, entry["adjacency"], entry["unit"])
-            missing = sorted(set(needed) - set(opened.released_tasks()))
-            if missing:
-                raise LedgerCorruptError(
-                    f"{str(out / 'scoped' / (name + '.ledger.json'))!r} has no record of the release(s) of task(s) "
-                    f"{', '.join(str(t + 1) for t in missing)} that {str(state_path)!r} lists: resuming would forget "
-                    "budget already spent. Restore the run's own scoped ledger, or start the run over in a new directory."
-                )
-
-    if releases:
-        last = releases[-1]
-        from dpcl.guarantees.safe_paths import contained_path  # run.json may have been edited: stay inside --out
-
-        where = f"{str(state_path)!r} release of task {last.task_index + 1}:"
-        last = ReleaseSummary(**{**last.__dict__, **{
-            name: contained_path(out, getattr(last, name), what=f"{where} {name} path").relative_to(out.resolve())
-            .as_posix() for name in ("certificate", "checkpoint", "curator_state")}})
-        expected = _recorded_checkpoint_hash(out / last.certificate)
-        payload = load_checkpoint(out / last.checkpoint, expected_sha256=expected)
-        if payload["method"] != method_name or payload["task_index"] != last.task_index:
-            raise ConfigError(f"checkpoint {last.checkpoint} does not belong to this run.")
-        method.load_state_dict(payload["state"])
-        curator = load_curator_state(out / last.curator_state, expected_sha256=last.curator_sha256,
-                                     method=method_name, task_index=last.task_index)
-        method.load_curator_state_dict(curator["state"])
-
-    def save_state() -> None:
-        write_json_atomic(
-            state_path,
-            {
-                "format": RUN_STATE_FORMAT,
-                "version": RUN_STATE_VERSION,
-                "config_sha256": digest,
-                "config_path": str(config_file),
-                "seed": seed,
-                "reproducible_noise": reproducible,
-                "private": private,
-                "method": method_name,
-                "n_tasks": n_tasks,
-                "releases": [r.to_dict() for r in releases],
-            },
-        )
-
-    # -- the stream ---------------------------------------------------------------------------------
-    from tqdm.auto import tqdm
-
-    from dpcl.guarantees.certificates import (
-        ScopedLedger,
-        certificate_from_ledger,
-        non_private_certificate,
-        verify_certificate,
-        write_certificate,
-    )
-
-    def plan_of(t: int, n_examples: int) -> Any:
-        if trains_plan:
-            return spec.plan_task(config.method, config.privacy, n_examples, t)
-        from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
-
-        return TaskPlan(events=(), noise={}, assumptions=(), release=ReleaseCoverage.not_covered(NON_PRIVATE_STATEMENT))
-
-    def finish_release(t: int, plan: Any, n_examples: int, checkpoint: Path, checkpoint_sha: str,
-                       curator_file: Path, curator_sha: str) -> None:
-        """After the commit point: scoped releases, certificate, evaluation and run state of release ``t``.
-
-        Idempotent, so that a resumed run can finish a release the ledger committed before a crash.
-        """
-        scoped: dict[str, ScopedLedger] = {}
-        for scoped_plan in plan.scoped:
-            first = scoped_plan.events[0]
-            sledger = scoped_ledger(scoped_plan.name, first.adjacency, first.unit)
-            done = sledger.releases and sledger.releases[-1].task_index == t and (
-                sledger.releases[-1].n_charges == len(sledger.charges))
-            if not done:
-                sledger.release(t, checkpoint_sha256=checkpoint_sha)
-                _crash_point("scoped_ledger", t)
-            scoped[scoped_plan.name] = ScopedLedger(scoped_plan.scope, sledger)
-        certificate = out / "certificates" / f"task{t + 1:03d}.cert.json"
-        assumptions = list(report.assumptions)
-        assumptions += [a for a in plan.assumptions if a not in assumptions]
-        if trains_plan:
-            assumptions += [a for a in noise_assumptions(reproducible) if a not in assumptions]
-        assumptions.append(CURATOR_STATE_ASSUMPTION)
-        extra: dict[str, Any] = {
-            "seed": seed,
-            "reproducible_noise": reproducible,
-            "plan_notes": list(plan.notes),
-            "device": device,
-        }
-        if hasattr(method, "certificate_extra"):  # e.g. L2DP-ML: Thm 2 terms and checked preconditions
-            extra.update(method.certificate_extra(t))
-        common: dict[str, Any] = dict(
-            method=method_name,
-            label_space=config.stream["label_space"],
-            assumptions=assumptions,
-            scoped=scoped,
-            checkpoint=checkpoint,
-            config=config.to_dict(),
-            label_filtering=describe_filtering(filter_reports[: t + 1]),
-            extra=extra,
-        )
-        cumulative: float | None = None
-        if private:
-            cert = certificate_from_ledger(ledger, release=plan.release, **common)
-            cumulative = ledger.releases[-1].guarantee.epsilon
-        else:
-            reasons = (
-                (NON_PRIVATE_STATEMENT,) if not trains_plan
-                else (NOT_COVERED_RUN_STATEMENT,) + tuple(plan.release.reasons if plan.release is not None else ())
-            )
-            cert = non_private_certificate(release_task=t, reasons=reasons, **common)
-        write_certificate(certificate, cert)
-        _crash_point("certificate", t)
-        verify_certificate(certificate).raise_if_invalid()
-        if sign_key is not None:
-            sign_certificate(certificate, sign_key, verify=False)
-
-        accuracies = tuple(
-            method.accuracy(prepared[j].test_features, prepared[j].test_labels) for j in range(t + 1)
-        )
-        releases.append(
-            ReleaseSummary(
-                task_index=t,
-                accuracies=accuracies,
-                cumulative_epsilon=cumulative,
-                checkpoint=checkpoint.relative_to(out).as_posix(),
-                certificate=certificate.relative_to(out).as_posix(),
-                examples=n_examples,
-                filtered_out=prepared[t].filtered_out,
-                curator_state=curator_file.relative_to(out).as_posix(),
-                curator_sha256=curator_sha,
-            )
-        )
-        save_state()
-        _crash_point("run_state", t)
-
-    def paths_of(t: int) -> tuple[Path, Path]:
-        return out / "checkpoints" / f"task{t + 1:03d}.pt", out / "curator" / f"task{t + 1:03d}.state.pt"
-
-    # -- resume: finish a release the ledger committed, remove what no commit covers ------------------
-    if private:
-        listed = [r.task_index for r in releases]
-        for t in [t for t in dict.fromkeys(ledger.released_tasks()) if t not in listed]:
-            expected_next = listed[-1] + 1 if listed else 0
-            if t != expected_next:
-                raise LedgerCorruptError(
-                    f"{str(out / 'ledger.json')!r} records a release of task {t + 1} but {str(state_path)!r} "
-                    f"continues with task {expected_next + 1}: they belong to different runs; restore the run's own "
-                    "files or start the run over in a new directory."
-                )
-            checkpoint, curator_file = paths_of(t)
-            record = ledger.releases[-1]
-            curator_sha = str(ledger.metadata.get("curator_sha256", {}).get(str(t), ""))
-            for final, recorded in ((checkpoint, record.checkpoint_sha256), (curator_file, curator_sha)):
-                pending = _pending(final)
-                if pending.is_file() and sha256_file(pending) == recorded:
-                    os.replace(pending, final)
-                if not final.is_file() or sha256_file(final) != recorded:
-                    raise LedgerCorruptError(
-                        f"the ledger committed the release of task {t + 1} but {str(final)!r} is missing or does not "
-                        f"hash to the recorded {recorded}; restore the run's files or start over in a new directory."
-                    )
-            payload = load_checkpoint(checkpoint, expected_sha256=record.checkpoint_sha256)
-            method.load_state_dict(payload["state"])
-            curator = load_curator_state(curator_file, expected_sha256=curator_sha, method=method_name,
-                                         task_index=t)
-            method.load_curator_state_dict(curator["state"])
-            data, _, _ = _release_data(prepared, t, spec.reuses_past_tasks)
-            finish_release(t, plan_of(t, len(data)), len(data), checkpoint, record.checkpoint_sha256,
-                           curator_file, curator_sha)
-            listed.append(t)
-    start = 0 if not releases else releases[-1].task_index + 1
-    for t in range(start, n_tasks):  # files of an attempt that never committed released nothing: remove them
-        for final in paths_of(t):
-            for leftover in (_pending(final), final):
-                leftover.unlink(missing_ok=True)
-        (out / "certificates" / f"task{t + 1:03d}.cert.json").unlink(missing_ok=True)
-
-    for t in range(start, n_tasks):
-        data, outputs, tasks_read = _release_data(prepared, t, spec.reuses_past_tasks)
-        plan = plan_of(t, len(data))
-        if private and plan.events and not _pending_charge(ledger, tasks_read, plan.events):
-            ledger.charge(tasks_read, plan.events, unit_ids=data.unit_ids, label=f"{method_name} task {t}")
-        for scoped_plan in plan.scoped:  # charged before training too
-            first = scoped_plan.events[0]
-            sledger = scoped_ledger(scoped_plan.name, first.adjacency, first.unit)
-            if not _pending_charge(sledger, tasks_read, scoped_plan.events):
-                sledger.charge(tasks_read, scoped_plan.events, unit_ids=data.unit_ids,
-                               label=f"{method_name} task {t} ({scoped_plan.name})")
-        if private and not ledger.charges:
-            raise PrivacyViolationError(
-                f"release {t} reads no private data and nothing was charged yet; dpcl cannot certify a release "
-                "without a charged mechanism. Check the stream: its first task is empty after label filtering."
-            )
-        with tqdm(
-            total=method.planned_work(plan),
-            desc=f"task {t + 1}/{n_tasks}",
-            unit="step",
-            disable=quiet,
-            file=sys.stderr,
-            leave=False,
-        ) as bar:
-            method.fit_task(t, data, outputs, plan, progress=bar.update)
-
-        # the release, committed atomically: checkpoint and curator state under pending names, then the ledger's
-        # release record (the commit point, which also records the curator state's SHA-256), then the renames.
-        checkpoint, curator_file = paths_of(t)
-        checkpoint_sha = save_checkpoint(
-            _pending(checkpoint), method=method_name, task_index=t, state=method.state_dict(),
-            meta={"seed": seed, "config_sha256": digest, "dpcl_version": __version__},
-        )
-        _crash_point("checkpoint", t)
-        curator_sha = save_curator_state(_pending(curator_file), method=method_name, task_index=t,
-                                         state=method.curator_state_dict())
-        _crash_point("curator_state", t)
-        if private:
-            ledger.metadata.setdefault("curator_sha256", {})[str(t)] = curator_sha
-            ledger.release(t, checkpoint_sha256=checkpoint_sha)
-            _crash_point("ledger", t)
-        os.replace(_pending(checkpoint), checkpoint)
-        os.replace(_pending(curator_file), curator_file)
-        _crash_point("rename", t)
-        finish_release(t, plan, len(data), checkpoint, checkpoint_sha, curator_file, curator_sha)
-        if stop_after_task is not None and t >= stop_after_task and t < n_tasks - 1:
+    clock = StageClock()
+    with clock.stage("load"):
+        loaded = load_run(config_path, out_dir, seed=seed, device=device, quiet=quiet,
+                          stop_after_task=stop_after_task, reproducible_noise=reproducible_noise, sign_key=sign_key)
+    with clock.stage("stream"):
+        prepared = prepare_stream(loaded)
+    with clock.stage("audit"):
+        report = audit_run(loaded, prepared)
+    with clock.stage("resume"):
+        run = open_run(loaded, prepared, report, clock)
+    for t in range(_next_task(run), run.n_tasks):
+        run_task(run, t)
+        if stop_after_task is not None and stop_after_task <= t < run.n_tasks - 1:
             break
-
-    complete = bool(releases) and releases[-1].task_index == n_tasks - 1
-    matrix = accuracy_rows([r.accuracies for r in releases], n_tasks)
-    metrics: dict[str, Any] = {
-        "method": method_name,
-        "private": private,
-        "complete": complete,
-        "seed": seed,
-        "reproducible_noise": reproducible,
-        "stream_seed": int(stream.seed),
-        "device": device,
-        "config": str(config_file),
-        "epsilon_per_task": config.privacy["epsilon"] if private else math.inf,
-        "delta": config.privacy["delta"],
-        "across_tasks": across,
-        "cumulative_epsilon": [r.cumulative_epsilon for r in releases],
-        "final_epsilon": releases[-1].cumulative_epsilon if releases else None,
-        **summarize(matrix),
-        "certificates": [r.certificate for r in releases],
-        "checkpoints": [r.checkpoint for r in releases],
-        "label_filtering": describe_filtering(filter_reports),
-    }
-    metrics_json = dict(metrics)
-    metrics_json["epsilon_per_task"] = metrics["epsilon_per_task"] if private else "inf"
-    write_json_atomic(out / "metrics.json", metrics_json)
-    from dpcl.runner.plots import plot_accuracy
-
-    plot_accuracy(
-        out / "accuracy.png",
-        matrix,
-        title=f"{method_name} on {stream.dataset_name}"
-        + (f" (ε={config.privacy['epsilon']:g} per task, δ={config.privacy['delta']:g})" if private else " (not private)"),
-        cumulative_epsilon=[r.cumulative_epsilon for r in releases],
-    )
+    with clock.stage("summary"):
+        metrics = write_summary(run)
     return RunResult(
-        out_dir=out,
-        method=method_name,
-        private=private,
-        releases=tuple(releases),
-        metrics=metrics_json,
-        resumed_after=resumed_after,
-        complete=complete,
-        delta=float(config.privacy["delta"]),
+        out_dir=run.out,
+        method=loaded.method_name,
+        private=loaded.private,
+        releases=tuple(run.releases),
+        metrics=metrics,
+        resumed_after=run.resumed_after,
+        complete=metrics["complete"],
+        delta=float(loaded.config.privacy["delta"]),
         audit=report.to_dict(),
+        stage_seconds=dict(clock.seconds),
     )
 
 
@@ -830,16 +855,6 @@ def _crash_point(step: str, task: int) -> None:
 def _pending(final: Path) -> Path:
     """Name a release file has until the ledger commits the release (never published, removed on resume)."""
     return final.with_name(final.name + ".pending")
-
-
-def _pending_charge(ledger: Any, tasks: Sequence[int], events: Sequence[Any]) -> bool:
-    """Whether ``ledger``'s last charge is these events on these tasks with no release after it: the charge of an
-    attempt that crashed before its release was committed. That attempt released nothing (its files are removed),
-    so the retrained task reuses the charge instead of charging again."""
-    if not ledger.charges or (ledger.releases and ledger.releases[-1].n_charges == len(ledger.charges)):
-        return False
-    last = ledger.charges[-1]
-    return last.tasks == tuple(int(t) for t in tasks) and last.events == tuple(events)
 
 
 def _recorded_checkpoint_hash(certificate: Path) -> str:
