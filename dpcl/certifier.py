@@ -29,11 +29,19 @@ Run directory (the same split as ``dpcl run``)::
     DIR/checkpoints/   released checkpoints           (release: may be published)
     DIR/certificates/  one certificate per release    (release: may be published)
     DIR/ledger.json    the task ledger                (curator: never publish)
+    DIR/scoped/        one ledger per scoped statement (curator: never publish)
     DIR/curator/       your private state, if any     (curator: never publish)
 
 Opening a directory that holds a ledger resumes it: every charge and release
 recorded there stays (nothing is lost or counted twice); settings that differ
 from the recorded ones are refused with :class:`~dpcl.errors.ConfigError`.
+
+Drivers (``dpcl run`` is one) release in two phases so that a crash loses nothing:
+charge before training (:meth:`Certifier.charge` with ``reuse_uncommitted`` after a
+crash), write the checkpoint under a temporary name, :meth:`Certifier.commit` its
+SHA-256 (the commit point), rename it, then :meth:`Certifier.certify`. Scoped
+statements (:meth:`Certifier.charge_scoped`) and runs without a headline guarantee
+(``private=False``) are stated the same way.
 
 DP-SGD schedules (crash safety for step-wise training). :meth:`CertifierTask.plan_dpsgd`
 charges a whole planned schedule (noise multiplier, sample rate, steps) before the
