@@ -57,6 +57,7 @@ changes, difference up to 2C) only dp-accounting's PLD has a sound analysis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import re
@@ -93,7 +94,10 @@ __all__ = [
     "AUTO_PLD_TIME_BUDGET_S",
     "PLD_MAX_GRID_POINTS",
     "PRV_RELATIVE_EPS_ERROR",
+    "EPSILON_MEMO",
+    "clear_memo",
     "compute_epsilon",
+    "settings_key",
 ]
 
 ACCOUNTANT_NAMES = ("exact", "basic", "advanced", "rdp", "pld", "prv", "auto")
@@ -932,6 +936,115 @@ def _check_accountant(accountant: Any) -> str:
     return accountant
 
 
+# ---------------------------------------------------------------------------
+# in-process memo: audit, plan, ledger and certificates ask for the same epsilons
+# ---------------------------------------------------------------------------
+#: Most results the in-process memo keeps (least recently used dropped first).
+MEMO_MAX_ENTRIES = 4096
+#: Arrays of Gaussian mus up to this many bytes enter the memo key as their bytes; larger ones as their
+#: length and SHA-256 digest (a collision would need a SHA-256 collision).
+_MEMO_INLINE_BYTES = 4096
+#: Module-level names whose values (numbers) or objects (functions) change what an accountant computes:
+#: every one is part of each memo key, so changing (or monkeypatching) any of them misses the memo.
+_MEMO_SETTING_NAMES = (
+    "PLD_VALUE_DISCRETIZATION_INTERVAL", "AUTO_PLD_RESOLUTION", "AUTO_PLD_INTERVAL_RANGE", "AUTO_PLD_TOLERANCE",
+    "AUTO_PLD_TIME_BUDGET_S", "AUTO_PLD_MAX_INTERVAL", "_AUTO_PLD_COARSEN_TARGET", "PLD_MAX_GRID_POINTS",
+    "_PLD_TAIL_MASS_TRUNCATION", "_PLD_GAUSSIAN_TAIL_SIGMAS", "_PLD_PROXY_POINTS", "_SPARSE_SELF_COMPOSE_BLOCK",
+    "PRV_RELATIVE_EPS_ERROR", "PRV_MIN_EPS_ERROR", "PRV_MAX_GRID_POINTS", "PRV_RELATIVE_DELTA_ERROR",
+    "_exact", "_basic", "_advanced", "_rdp", "_rdp_epsilon", "_prv_rdp_epsilon", "_pld", "_pld_refined",
+    "_sized_single_steps", "_self_compose", "_prv", "_prv_safe_domain", "_auto", "gdp_epsilon",
+)
+
+
+class _Memo:
+    """A bounded, thread-safe, in-process LRU map from a full-input key to an immutable result.
+
+    Nothing is ever written to disk, so nothing can go stale across versions or processes. Keys hold
+    every input the computation reads (see :func:`_memo_key`); values are frozen objects, and
+    :class:`AccountingResult` values are handed out as fresh copies (their ``candidates`` dict is new).
+    ``hits``/``misses`` count lookups (read by the tests and benchmarks).
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        import collections
+        import threading
+
+        self._data: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.max_entries = max_entries
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                self.hits += 1
+                return self._data[key]
+            self.misses += 1
+            return None
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+#: The memo of :func:`compute_epsilon` (and of calibration's internal ``auto`` evaluations).
+EPSILON_MEMO = _Memo(MEMO_MAX_ENTRIES)
+
+
+def settings_key() -> tuple[Any, ...]:
+    """The current values of every module-level setting an accountant reads (part of each memo key)."""
+    module = globals()
+    return tuple(module[name] for name in _MEMO_SETTING_NAMES) + tuple(_ACCOUNTANTS.values())
+
+
+def _array_key(values: np.ndarray) -> tuple[Any, ...]:
+    data = np.ascontiguousarray(values, dtype=np.float64)
+    raw = data.tobytes()
+    if len(raw) <= _MEMO_INLINE_BYTES:
+        return (data.size, raw)
+    import hashlib
+
+    return (data.size, hashlib.sha256(raw).hexdigest())
+
+
+def _mech_key(mech: _Mechanisms) -> tuple[Any, ...]:
+    """Canonical representation of collected events: every value the accountants read, in collection order.
+
+    Two event lists with the same key are accounted by exactly the same computation (the accountants
+    read nothing but the collected mechanisms, delta and the module settings), so they get the same result.
+    """
+    return (
+        mech.adjacency.value,
+        mech.unit,
+        tuple((_array_key(m), int(c)) for m, c in zip(mech.gauss_mus, mech.gauss_counts)),
+        tuple((float(e), int(c)) for e, c in mech.laplace),
+        tuple((float(z), float(q), int(c)) for z, q, c in mech.sampled),
+        tuple((float(e), float(d), int(c)) for e, d, c in mech.eps_delta),
+    )
+
+
+def _memo_key(kind: str, mech: _Mechanisms, delta: float, *options: Any) -> tuple[Any, ...]:
+    return (kind, float(delta), options, _mech_key(mech), settings_key())
+
+
+def clear_memo() -> None:
+    """Forget every memoised epsilon (the memo lives in this process only; see :data:`EPSILON_MEMO`)."""
+    EPSILON_MEMO.clear()
+
+
 def compute_epsilon(
     events: PrivacyEvent | Sequence[PrivacyEvent],
     delta: float,
@@ -942,16 +1055,27 @@ def compute_epsilon(
     ``accountant`` is one of :data:`ACCOUNTANT_NAMES` (see the module docstring).
     A named accountant that cannot soundly handle the events raises
     :class:`~dpcl.errors.UnsupportedEventError` saying which to use instead.
+
+    Results are memoised in this process (:data:`EPSILON_MEMO`), keyed on the canonical form of the
+    events, delta, the accountant and every module setting: an audit, the run's plan, its ledger and
+    its certificates' self-verification that ask for the same epsilon compute it once.
     """
     name = _check_accountant(accountant)
     delta = check_delta_scalar("delta", delta)
     mech = _collect(events)
+    key = _memo_key(name, mech, delta)
+    cached = EPSILON_MEMO.get(key)
+    if cached is not None:
+        return dataclasses.replace(cached)
     base = dict(delta=delta, adjacency=mech.adjacency.value, unit=mech.unit)
     if name != "auto":
         eps, notes = _ACCOUNTANTS[name](mech, delta)
         _check_result(eps, name)
-        return AccountingResult(epsilon=eps, accountant=name, candidates={name: eps}, notes=(*notes, _RELATION_NOTE), **base)
-    return _auto(mech, delta, base)
+        result = AccountingResult(epsilon=eps, accountant=name, candidates={name: eps}, notes=(*notes, _RELATION_NOTE), **base)
+    else:
+        result = _auto(mech, delta, base)
+    EPSILON_MEMO.put(key, result)
+    return dataclasses.replace(result)
 
 
 def _auto(
@@ -1051,10 +1175,15 @@ def _auto_epsilon(
     """``compute_epsilon(events, delta, "auto")`` with calibration's knobs; also returns the PLD interval used."""
     delta = check_delta_scalar("delta", delta)
     mech = _collect(events)
+    key = _memo_key("auto-options", mech, delta, pld_interval, tolerance)
+    cached = EPSILON_MEMO.get(key)
+    if cached is not None:
+        return dataclasses.replace(cached[0]), cached[1]
     base = dict(delta=delta, adjacency=mech.adjacency.value, unit=mech.unit)
     used: dict[str, float] = {}
     result = _auto(mech, delta, base, pld_interval=pld_interval, tolerance=tolerance, used=used)
-    return result, used.get("pld_interval")
+    EPSILON_MEMO.put(key, (result, used.get("pld_interval")))
+    return dataclasses.replace(result), used.get("pld_interval")
 
 
 def epsilon_for(events: PrivacyEvent | Sequence[PrivacyEvent], delta: float, accountant: str = "auto") -> float:

@@ -13,7 +13,16 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dpcl.accounting.accountants import AccountingResult, _auto_epsilon, _check_accountant, compute_epsilon
+from dpcl.accounting import accountants as _accountants
+from dpcl.accounting.accountants import (
+    AccountingResult,
+    _auto_epsilon,
+    _check_accountant,
+    _collect,
+    _Memo,
+    compute_epsilon,
+    settings_key,
+)
 from dpcl.accounting.events import (
     MAX_SAMPLED_STEPS,
     STEPS_HINT,
@@ -22,7 +31,7 @@ from dpcl.accounting.events import (
     RepeatedEvent,
 )
 from dpcl.accounting.validation import check_count, check_delta_scalar, check_positive_scalar, check_sample_rate
-from dpcl.errors import InvalidParameterError
+from dpcl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = ["NoiseCalibration", "dpsgd_epsilon", "dpsgd_events", "dpsgd_noise_multiplier"]
 
@@ -95,19 +104,25 @@ def dpsgd_noise_multiplier(
 ) -> NoiseCalibration:
     """Smallest noise multiplier (to ``rtol`` relative) whose DP-SGD run is (target_epsilon, delta)-DP.
 
-    Brackets the root of log epsilon(z) - log target by secant steps in log z, then
-    shrinks the bracket by the Illinois variant of regula falsi (a bisection-type
-    method that keeps the root bracketed and converges superlinearly) until its
-    width is below ``rtol * z``. The returned z is the upper end of the bracket,
-    whose epsilon was computed and is <= ``target_epsilon``; that epsilon is returned.
-    The search covers [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: a target that
-    needs more noise is refused; one met with less stops the search at the last
-    multiplier tried (within x8 of the minimum), which meets it but is not the smallest.
+    The returned multiplier z is one whose epsilon was computed by ``accountant`` (``auto``: the plain
+    ``compute_epsilon(events, delta, "auto")`` every ledger computes) and is <= ``target_epsilon``; that
+    epsilon is returned. A multiplier at most ``rtol`` smaller was evaluated and misses the target (the
+    search keeps the root bracketed), except where the search ends at its limits: it covers
+    [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]; a target that needs more noise is refused; one met with
+    less stops at the last multiplier tried, which meets it but is not the smallest.
 
-    With ``accountant="auto"`` (the default) every evaluation is ``auto``'s tightest sound bound;
-    its PLD interval is refined once (at z = 1, to a 0.2 % change) and then held fixed during the
-    search (a fixed pessimistic interval is still an upper bound); at the multiplier found the
-    refinement is repeated, and the search is redone at the finer interval if it asks for one.
+    Search (:func:`_search`): a safeguarded secant on (log z, log epsilon - log target), which is close
+    to linear, that aims a quarter of the tolerance beyond each predicted root so that the bracket
+    closes in few evaluations. It starts from the root of a coarse pessimistic PLD (interval
+    :func:`_coarse_interval`, cheap) and its slope. With ``accountant="auto"`` the search evaluates
+    only dp-accounting's pessimistic PLD at the interval auto's refinement reaches at the starting
+    point (to a :data:`CALIBRATION_PLD_TOLERANCE` change); then plain ``auto`` is evaluated at the
+    result and the search continues on it until it meets the target. Where another of auto's
+    candidates (RDP, advanced, basic, PRV) could be tighter at the result, or the PLD is refused or
+    does not converge, every step evaluates ``auto`` in full instead (:func:`_calibrate_auto_full`).
+
+    Calibrations are memoised in this process (:data:`CALIBRATION_MEMO`), keyed on every argument and
+    every module setting: tasks of equal size are calibrated once, whichever accountant.
     """
     target = check_positive_scalar("target_epsilon", target_epsilon)
     delta = check_delta_scalar("delta", delta)
@@ -118,114 +133,242 @@ def dpsgd_noise_multiplier(
     rtol = check_positive_scalar("rtol", rtol)
     if rtol >= 0.5:
         raise InvalidParameterError(f"rtol must be < 0.5, got {rtol!r}.")
-
-    pld_interval: float | None = None
-
-    def evaluate(z: float) -> AccountingResult:
-        if name != "auto":
-            return dpsgd_epsilon(z, q, steps, delta, name, adjacency)
-        events = dpsgd_events(z, q, steps, adjacency)
-        if pld_interval is None:
-            return _auto_epsilon(events, delta, tolerance=CALIBRATION_PLD_TOLERANCE)[0]
-        return _auto_epsilon(events, delta, pld_interval=pld_interval)[0]
-
+    relation = Adjacency.parse(adjacency)
+    key = (target, delta, q, steps, name, relation.value, rtol, _calibration_settings())
+    cached = CALIBRATION_MEMO.get(key)
+    if cached is not None:
+        return cached
+    # the coarse start pays off where each evaluation builds a PLD or PRV grid; the closed forms and RDP
+    # (and auto at q = 1, where exact accounting applies) start at z = 1
+    costly = name in ("auto", "pld", "prv") and not (name == "auto" and q == 1.0)
+    start, slope = _coarse_guess(target, delta, q, steps, relation) if costly else (1.0, -1.0)
     if name == "auto":
-        _, pld_interval = _auto_epsilon(dpsgd_events(1.0, q, steps, adjacency), delta, tolerance=CALIBRATION_PLD_TOLERANCE)
-    z, result = _search(evaluate, target, delta, q, steps, rtol)
-    if name == "auto" and pld_interval is not None:
-        refined, finer = _auto_epsilon(dpsgd_events(z, q, steps, adjacency), delta, tolerance=CALIBRATION_PLD_TOLERANCE)
-        if finer is not None and finer < pld_interval / 1.9:
-            pld_interval = finer
-            z, result = _search(evaluate, target, delta, q, steps, rtol)
-        elif refined.epsilon < result.epsilon:
-            result = refined
-    if name == "auto":
-        # what every consumer computes is plain auto at z: it must meet the target too
-        for _ in range(50):
-            plain = dpsgd_epsilon(z, q, steps, delta, "auto", adjacency)
-            if plain.epsilon <= target:
-                result = plain
-                break
-            z *= 1.0 + rtol
-    return _calibration(z, result, q, steps)
+        z, result = _calibrate_auto(target, delta, q, steps, relation, rtol, start, slope)
+    else:
+        def evaluate(z: float) -> AccountingResult:
+            return compute_epsilon(dpsgd_events(z, q, steps, relation), delta, name)
+
+        z, result, _ = _search(evaluate, target, delta, q, steps, rtol, start=start, slope=slope)
+    calibration = _calibration(z, result, q, steps)
+    CALIBRATION_MEMO.put(key, calibration)
+    return calibration
 
 
 #: ``auto`` calibration refines its PLD until one refinement changes epsilon by at most this.
 CALIBRATION_PLD_TOLERANCE = 0.002
+#: The coarse PLD that gives the search its start: interval target / this, clipped to the range below.
+COARSE_PLD_RESOLUTION = 100.0
+COARSE_PLD_INTERVAL_RANGE = (1e-3, 1e-2)
+#: Memo of :func:`dpsgd_noise_multiplier` (in this process only; values are frozen ``NoiseCalibration``).
+CALIBRATION_MEMO = _Memo(1024)
+
+
+def _calibration_settings() -> tuple[Any, ...]:
+    """Every module setting (and search function) a calibration depends on, for its memo key."""
+    return (
+        MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER, CALIBRATION_PLD_TOLERANCE, COARSE_PLD_RESOLUTION,
+        COARSE_PLD_INTERVAL_RANGE, _search, _coarse_guess, _calibrate_auto, _calibrate_auto_full, settings_key(),
+    )
+
+
+@dataclass(frozen=True)
+class _Epsilon:
+    """A bare epsilon in the shape of an :class:`AccountingResult` (search-internal evaluations)."""
+
+    epsilon: float
+
+
+def _mechanisms(z: float, q: float, steps: int, relation: Adjacency) -> Any:
+    return _collect(dpsgd_events(z, q, steps, relation))
+
+
+def _coarse_interval(target: float) -> float:
+    lo, hi = COARSE_PLD_INTERVAL_RANGE
+    return min(max(target / COARSE_PLD_RESOLUTION, lo), hi)
+
+
+def _coarse_guess(target: float, delta: float, q: float, steps: int, relation: Adjacency) -> tuple[float, float]:
+    """Start and slope d log(eps) / d log(z) for the search: the root of a coarse pessimistic PLD (to 2 %).
+
+    Only a starting point: every multiplier returned is evaluated by the accountant asked for. Where the
+    coarse PLD cannot be evaluated (refused grid, floating point), the search starts at z = 1, slope -1.
+    """
+    interval = _coarse_interval(target)
+
+    def coarse(z: float) -> _Epsilon:
+        return _Epsilon(_accountants._pld(_mechanisms(z, q, steps, relation), delta, interval)[0])
+
+    try:
+        z, _, slope = _search(coarse, target, delta, q, steps, 0.02)
+    except (UnsupportedEventError, InvalidParameterError):
+        return 1.0, -1.0
+    return z, slope
+
+
+def _calibrate_auto(
+    target: float, delta: float, q: float, steps: int, relation: Adjacency, rtol: float, start: float, slope: float,
+) -> tuple[float, AccountingResult]:
+    """``auto`` calibration on PLD evaluations only, finished on plain ``auto`` (see :func:`dpsgd_noise_multiplier`)."""
+    lo_h, hi_h = _accountants.AUTO_PLD_INTERVAL_RANGE
+    try:
+        _, _, info = _accountants._pld_refined(
+            _mechanisms(start, q, steps, relation), delta,
+            min(max(target / _accountants.AUTO_PLD_RESOLUTION, lo_h), hi_h),
+            tolerance=CALIBRATION_PLD_TOLERANCE,
+        )
+    except UnsupportedEventError:
+        return _calibrate_auto_full(target, delta, q, steps, relation, rtol, start, slope)
+    if not info.stopped.startswith("converged"):
+        return _calibrate_auto_full(target, delta, q, steps, relation, rtol, start, slope)
+    interval = info.interval
+    seed = {start: _Epsilon(next(e for h, e, _ in info.steps if h == interval))}
+
+    def pld_at_interval(z: float) -> _Epsilon:
+        return _Epsilon(_accountants._pld(_mechanisms(z, q, steps, relation), delta, interval)[0])
+
+    try:
+        z, _, slope = _search(pld_at_interval, target, delta, q, steps, rtol, start=start, slope=slope, seed=seed)
+    except UnsupportedEventError:
+        return _calibrate_auto_full(target, delta, q, steps, relation, rtol, start, slope)
+    plain = dpsgd_epsilon(z, q, steps, delta, "auto", relation)
+    others = [v for k, v in plain.candidates.items() if k != "pld"]
+    if "pld" not in plain.candidates or (others and min(others) < target):
+        # another candidate may meet the target with less noise: search on auto itself
+        return _calibrate_auto_full(target, delta, q, steps, relation, rtol, z, slope)
+    if plain.epsilon <= target:
+        return z, plain
+
+    # plain auto (its own PLD refinement) is a little above the target here: continue the search on it
+    def plain_auto(z: float) -> AccountingResult:
+        return dpsgd_epsilon(z, q, steps, delta, "auto", relation)
+
+    z, result, _ = _search(plain_auto, target, delta, q, steps, rtol, start=z, slope=slope, seed={z: plain})
+    return z, result
+
+
+def _calibrate_auto_full(
+    target: float, delta: float, q: float, steps: int, relation: Adjacency, rtol: float, start: float, slope: float,
+) -> tuple[float, AccountingResult]:
+    """``auto`` calibration evaluating ``auto`` in full at every step.
+
+    Its PLD interval is refined once at ``start`` (to a :data:`CALIBRATION_PLD_TOLERANCE` change) and
+    then held fixed during the search (a fixed pessimistic interval is still an upper bound); at the
+    multiplier found the refinement is repeated, and the search is redone at the finer interval if it
+    asks for one. Finally plain ``auto`` must meet the target at the multiplier returned.
+    """
+    _, pld_interval = _auto_epsilon(dpsgd_events(start, q, steps, relation), delta, tolerance=CALIBRATION_PLD_TOLERANCE)
+
+    def evaluate(z: float) -> AccountingResult:
+        events = dpsgd_events(z, q, steps, relation)
+        if pld_interval is None:
+            return _auto_epsilon(events, delta, tolerance=CALIBRATION_PLD_TOLERANCE)[0]
+        return _auto_epsilon(events, delta, pld_interval=pld_interval)[0]
+
+    z, result, slope = _search(evaluate, target, delta, q, steps, rtol, start=start, slope=slope)
+    if pld_interval is not None:
+        refined, finer = _auto_epsilon(dpsgd_events(z, q, steps, relation), delta, tolerance=CALIBRATION_PLD_TOLERANCE)
+        if finer is not None and finer < pld_interval / 1.9:
+            pld_interval = finer
+            z, result, slope = _search(evaluate, target, delta, q, steps, rtol, start=z, slope=slope)
+    plain = dpsgd_epsilon(z, q, steps, delta, "auto", relation)
+    if plain.epsilon <= target:
+        return z, plain
+
+    def plain_auto(z: float) -> AccountingResult:
+        return dpsgd_epsilon(z, q, steps, delta, "auto", relation)
+
+    z, result, _ = _search(plain_auto, target, delta, q, steps, rtol, start=z, slope=slope, seed={z: plain})
+    return z, result
 
 
 def _search(
-    evaluate: Callable[[float], AccountingResult], target: float, delta: float, q: float, steps: int, rtol: float,
-) -> tuple[float, AccountingResult]:
-    """The root search of :func:`dpsgd_noise_multiplier`: (z, its accounting result)."""
-    cache: dict[float, AccountingResult] = {}
+    evaluate: Callable[[float], Any], target: float, delta: float, q: float, steps: int, rtol: float,
+    start: float = 1.0, slope: float = -1.0, seed: dict[float, Any] | None = None,
+) -> tuple[float, Any, float]:
+    """The root search of :func:`dpsgd_noise_multiplier`: (z, its evaluation, the last slope estimate).
 
-    def eps_of(z: float) -> float:
-        if z not in cache:
-            cache[z] = evaluate(z)
-        return cache[z].epsilon
+    ``f(x) = log(epsilon(e^x) / target)`` is decreasing and close to linear in x = log z. The search
+    keeps the largest x evaluated with f > 0 (``lo``: too little noise) and the smallest with f <= 0
+    (``hi``: meets the target) and stops when both exist and hi - lo <= log(1 + rtol); z = e^hi is
+    returned. Each step predicts the root by a secant through the last two points (or the
+    current slope, or regula falsi on the bracket when the secant leaves it) and evaluates a
+    quarter of the tolerance beyond it, on the side the bracket still needs; unbracketed steps
+    move at most x8, a bracket that does not halve in three steps is bisected. ``seed`` holds
+    evaluations already made. Hand-written because the root is wanted as a *bracket* in log z
+    whose upper end is an evaluated multiplier, with few evaluations of a costly, slightly noisy
+    function; scipy's brentq returns a point without that guarantee.
+    """
+    cache: dict[float, Any] = dict(seed or {})
+    tol = math.log1p(rtol)
+    x_min, x_max = math.log(MIN_NOISE_MULTIPLIER), math.log(MAX_NOISE_MULTIPLIER)
+    jump = math.log(8.0)
 
     def f(z: float) -> float:
-        e = eps_of(z)
+        if z not in cache:
+            cache[z] = evaluate(z)
+        e = cache[z].epsilon
         return math.log(e / target) if e > 0 else -math.inf
 
-    # Bracket the root. log epsilon is close to linear in log z, so each new
-    # point extrapolates the secant (slope -1 to start), moving at most x8.
-    x_prev, f_prev = 0.0, f(1.0)
-    slope = -1.0
-    while True:
-        if math.isfinite(f_prev):
-            step = max(min(-f_prev / slope, math.log(8.0)), -math.log(8.0))
-        else:  # f = -inf: epsilon 0 (delta covers the whole curve), far too much noise, so go down
-            step = math.log(8.0) if f_prev > 0 else -math.log(8.0)
-        if step == 0.0:
-            step = math.log1p(rtol) * (1.0 if f_prev > 0 else -1.0)
-        x_new = x_prev + step
-        z_new = math.exp(x_new)
-        if z_new < MIN_NOISE_MULTIPLIER:
-            # epsilon <= target even with (almost) no noise: the smallest searched value is returned
-            return math.exp(x_prev), cache[math.exp(x_prev)]
-        if z_new > MAX_NOISE_MULTIPLIER:
-            raise InvalidParameterError(
-                f"target_epsilon={target!r} is not reachable with noise multipliers up to {MAX_NOISE_MULTIPLIER:g} "
-                f"(sample_rate={q!r}, steps={steps}, delta={delta!r}); raise the target or lower the steps."
-            )
-        f_new = f(z_new)
-        if (f_new > 0) != (f_prev > 0):
-            break
-        if math.isfinite(f_new) and math.isfinite(f_prev) and f_new != f_prev:
-            slope = min((f_new - f_prev) / (x_new - x_prev), -1e-3)
-        x_prev, f_prev = x_new, f_new
-    lo, hi = (math.exp(x_prev), z_new) if f_prev > 0 else (z_new, math.exp(x_prev))
-    # Illinois regula falsi on (log z, f): f(lo) > 0 >= f(hi)
-    x_lo, x_hi = math.log(lo), math.log(hi)
-    f_lo, f_hi = f(lo), f(hi)
-    side = 0
-    for _ in range(100):
-        if x_hi - x_lo <= math.log1p(rtol):
-            break
-        if math.isfinite(f_lo) and math.isfinite(f_hi) and f_lo != f_hi:
-            x = x_hi - f_hi * (x_hi - x_lo) / (f_hi - f_lo)
-        else:
-            x = 0.5 * (x_lo + x_hi)
-        # keep strictly inside, at least 1/32 of the width away from the ends
-        width = x_hi - x_lo
-        x = min(max(x, x_lo + width / 32.0), x_hi - width / 32.0)
-        fx = f(math.exp(x))
+    lo: tuple[float, float, float] | None = None  # (x, f, z) with f > 0
+    hi: tuple[float, float, float] | None = None  # (x, f, z) with f <= 0
+    last: tuple[float, float] | None = None
+    widths: list[float] = []
+    z = start
+    for _ in range(200):
+        x = math.log(z)
+        fx = f(z)
         if fx > 0:
-            x_lo, f_lo = x, fx
-            if side == -1:
-                f_hi /= 2.0
-            side = -1
+            if lo is None or x > lo[0]:
+                lo = (x, fx, z)
+        elif hi is None or x < hi[0]:
+            hi = (x, fx, z)
+        if last is not None and math.isfinite(fx) and math.isfinite(last[1]) and x != last[0] and fx != last[1]:
+            slope = min((fx - last[1]) / (x - last[0]), -1e-3)
+        last = (x, fx)
+        if lo is not None and hi is not None:
+            width = hi[0] - lo[0]
+            if width <= tol:
+                break
+            widths.append(width)
+            if math.isfinite(fx):
+                predicted = x - fx / slope
+            else:
+                predicted = math.nan
+            if not lo[0] < predicted < hi[0]:
+                if math.isfinite(lo[1]) and math.isfinite(hi[1]) and lo[1] != hi[1]:
+                    predicted = hi[0] - hi[1] * width / (hi[1] - lo[1])
+                else:
+                    predicted = 0.5 * (lo[0] + hi[0])
+            # aim past the predicted root, toward the end of the bracket that is farther from it
+            aim = predicted + tol / 4.0 if predicted - lo[0] <= hi[0] - predicted else predicted - tol / 4.0
+            if len(widths) >= 4 and widths[-1] > widths[-4] / 2.0:
+                aim = 0.5 * (lo[0] + hi[0])  # the secant is not closing the bracket: bisect
+                widths.clear()
+            x_new = min(max(aim, lo[0] + width / 32.0), hi[0] - width / 32.0)
         else:
-            x_hi, f_hi = x, fx
-            if side == 1:
-                f_lo /= 2.0
-            side = 1
-    z = math.exp(x_hi)
-    if z not in cache:  # exp(log z) round trip
-        eps_of(z)
-    return z, cache[z]
+            if math.isfinite(fx):
+                step = -fx / slope + (tol / 4.0 if fx > 0 else -tol / 4.0)
+                step = max(min(step, jump), -jump)
+            else:  # epsilon 0 (delta covers the whole curve): far too much noise, go down
+                step = -jump
+            x_new = x + step
+            if x_new < x_min:
+                if hi is not None and lo is None:
+                    # epsilon <= target even with (almost) no noise: the smallest searched value is returned
+                    return hi[2], cache[hi[2]], slope
+                x_new = x_min
+            if x_new > x_max:
+                if x >= x_max or (lo is not None and lo[0] >= x_max):
+                    raise InvalidParameterError(
+                        f"target_epsilon={target!r} is not reachable with noise multipliers up to "
+                        f"{MAX_NOISE_MULTIPLIER:g} (sample_rate={q!r}, steps={steps}, delta={delta!r}); raise the "
+                        "target or lower the steps."
+                    )
+                x_new = x_max
+        z = math.exp(x_new)
+    if hi is None:  # pragma: no cover - 200 steps of at least a bisection always bracket within the range
+        raise InvalidParameterError(f"the noise-multiplier search for target_epsilon={target!r} did not converge.")
+    return hi[2], cache[hi[2]], slope
 
 
 def _calibration(z: float, result: AccountingResult, q: float, steps: int) -> NoiseCalibration:

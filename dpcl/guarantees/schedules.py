@@ -45,7 +45,6 @@ Task sizes enter the plan through q and T; like every DP-SGD accountant
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -210,9 +209,9 @@ def dpsgd_schedule(n_examples: int, batch_size: int, epochs: int, task_index: in
     return batch_size / n_examples, epochs * math.ceil(n_examples / batch_size)
 
 
-@functools.lru_cache(maxsize=256)
 def _calibrate_dpsgd(eps: float, delta: float, q: float, steps: int, accountant: str, adjacency: str):
-    """Memoised DP-SGD calibration: tasks of equal size share one (deterministic) calibration."""
+    """DP-SGD calibration; tasks of equal size share one calibration through
+    :data:`dpcl.accounting.dpsgd.CALIBRATION_MEMO` (keyed on every input, under every accountant)."""
     from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 
     return dpsgd_noise_multiplier(eps, delta, q, steps, accountant=accountant, adjacency=adjacency)
