@@ -321,7 +321,18 @@ def _composed_points(pld: Any, count: int) -> float:
 
     ``common.compute_self_convolve_bounds`` is what ``DensePLDPmf.self_compose`` uses to size its
     FFT; it is evaluated here on the single-step PMFs (cheap) before anything is composed.
+    Memoised per PLD object and count (:data:`PLD_MEMO`).
     """
+    key = ("composed_points", id(pld), int(count), _composed_points_uncached)
+    hit = PLD_MEMO.get(key)
+    if hit is not None and hit[0] is pld:
+        return hit[1]
+    points = _composed_points_uncached(pld, count)
+    PLD_MEMO.put(key, (pld, points), 1.0)
+    return points
+
+
+def _composed_points_uncached(pld: Any, count: int) -> float:
     from dp_accounting.pld import common, pld_pmf
 
     points = 0.0
@@ -351,6 +362,203 @@ def _pld_too_large(points: float, interval: float, what: str) -> _PldTooLarge:
     )
 
 
+class _VectorisedGaussianLoss:
+    """Factory of a subclass of dp-accounting's ``GaussianPrivacyLoss`` whose hockey-stick divergence is vectorised.
+
+    Why hand-written: building a Gaussian or Poisson-subsampled Gaussian PLD, dp-accounting (0.6)
+    evaluates ``GaussianPrivacyLoss.get_delta_for_epsilon`` on its whole connect-the-dots grid with one
+    scalar ``inverse_privacy_loss`` call per grid point (a Python loop: 1.3 M calls, most of the
+    accounting time of ``dpcl run dpcl/configs/naive.toml``). dp-accounting offers nothing faster for
+    this mechanism: connect-the-dots is already its default, and its ``MixtureGaussianPrivacyLoss``
+    (vectorised, by binary search) is about 20x slower here. Only that loop is replaced: the subclass
+    inverts the privacy loss in closed form on the array, delta(eps) = mu_upper_cdf(x) - e^eps
+    mu_lower_cdf(x) at x = inverse loss (Meiser & Mohammadi 2018; Koskela et al. 2020), with
+    dp-accounting's own CDFs, and the PMF is still built by dp-accounting's connect-the-dots code. The
+    closed forms are those of the Gaussian's loss, l(x) = s (-s/2 - x) / sigma^2 under remove, and of
+    Poisson subsampling, l_q = log(1 + q (e^l - 1)) (remove) / -log(1 + q (e^-l - 1)) (add), evaluated in
+    the order of operations of dp-accounting's scalar path, so that the PMF agrees with it to rounding.
+    Replace-one and scalar calls go to dp-accounting unchanged. Cross-checked against
+    ``from_gaussian_mechanism`` (same PMF to 1e-9, same epsilon) in tests/accounting/test_fast_pld.py.
+    """
+
+    _cls: Any = None
+
+    @classmethod
+    def get(cls) -> Any:
+        if cls._cls is None:
+            cls._cls = cls._build()
+        return cls._cls
+
+    @staticmethod
+    def _build() -> Any:
+        import numbers
+
+        from dp_accounting.pld import privacy_loss_mechanism as plm
+
+        add, remove = plm.AdjacencyType.ADD, plm.AdjacencyType.REMOVE
+
+        def near(a: np.ndarray, b: float) -> np.ndarray:  # math.isclose(a, b), elementwise
+            return np.abs(a - b) <= 1e-9 * np.maximum(np.abs(a), abs(b))
+
+        class VectorisedGaussianPrivacyLoss(plm.GaussianPrivacyLoss):
+            def _inverse_losses(self, eps: np.ndarray) -> np.ndarray:
+                s, var, q = self.sensitivity, self._standard_deviation ** 2, self.sampling_prob
+
+                def log_a_exp_b_plus_c(b: np.ndarray) -> np.ndarray:
+                    # log(e^b / q + 1 - 1/q) in the order of operations of dp-accounting's scalar path
+                    d = b + np.log(1.0 / q)
+                    out = d + np.log1p(-np.exp(np.log(-(1.0 - 1.0 / q)) - d))
+                    return np.where(b == 0.0, np.log(1.0 / q + (1.0 - 1.0 / q)), out)
+
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    if self.adjacency_type == remove:
+                        unsampled = eps if q == 1.0 else log_a_exp_b_plus_c(eps)
+                        x = -0.5 * s - unsampled * var / s
+                        if q < 1.0:
+                            x = np.where(near(eps, math.log(1 - q)), math.inf, x)
+                    else:
+                        unsampled = eps if q == 1.0 else -log_a_exp_b_plus_c(-eps)
+                        x = s + (-0.5 * s - unsampled * var / s)
+                        if q < 1.0:
+                            x = np.where(near(eps, -math.log(1 - q)), -math.inf, x)
+                return x
+
+            def get_delta_for_epsilon(self, epsilon: Any) -> Any:
+                if isinstance(epsilon, numbers.Number) or self.adjacency_type not in (add, remove):
+                    return super().get_delta_for_epsilon(epsilon)
+                eps = np.asarray(epsilon, dtype=np.float64)
+                delta = np.zeros_like(eps)
+                q = self.sampling_prob
+                if q == 1.0:
+                    inside = np.ones(eps.shape, dtype=bool)
+                elif self.adjacency_type == add:
+                    inside = eps < -math.log1p(-q)  # beyond it e^eps mu_lower dominates mu_upper: delta 0
+                else:
+                    inside = eps > math.log1p(-q)  # below it the divergence is 1 - e^eps
+                    delta[~inside] = -np.expm1(eps[~inside])
+                x = self._inverse_losses(eps[inside])
+                delta[inside] = self.mu_upper_cdf(x) - np.exp(eps[inside] + self.mu_lower_log_cdf(x))
+                return np.clip(delta, 0.0, 1.0)
+
+        return VectorisedGaussianPrivacyLoss
+
+
+def _gaussian_pld(standard_deviation: float, interval: float, sampling_prob: float = 1.0, replace_one: bool = False) -> Any:
+    """dp-accounting's ``from_gaussian_mechanism(standard_deviation, sensitivity=1, pessimistic_estimate=True,
+    value_discretization_interval=interval, sampling_prob=...)``, built with :class:`_VectorisedGaussianLoss`.
+
+    Replace-one, or a dp-accounting without the PMF builder used here, goes through
+    ``from_gaussian_mechanism`` itself.
+    """
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+    from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
+
+    build = getattr(pld_lib, "_create_pld_pmf_from_monotone_privacy_loss", None)
+    if replace_one or build is None:
+        return pld_lib.from_gaussian_mechanism(
+            standard_deviation=standard_deviation, sensitivity=1.0, pessimistic_estimate=True,
+            value_discretization_interval=interval, sampling_prob=sampling_prob,
+            neighboring_relation=NeighborRel.REPLACE_ONE if replace_one else NeighborRel.ADD_OR_REMOVE_ONE,
+        )
+    loss = _VectorisedGaussianLoss.get()
+
+    def pmf(adjacency: Any) -> Any:
+        return build(
+            loss(standard_deviation, sensitivity=1.0, pessimistic_estimate=True, sampling_prob=sampling_prob,
+                 adjacency_type=adjacency),
+            pessimistic_estimate=True, value_discretization_interval=interval, use_connect_dots=True,
+        )
+
+    pmf_remove = pmf(plm.AdjacencyType.REMOVE)
+    if sampling_prob == 1.0:
+        return pld_lib.PrivacyLossDistribution(pmf_remove)
+    return pld_lib.PrivacyLossDistribution(pmf_remove, pmf(plm.AdjacencyType.ADD))
+
+
+class _PldMemo:
+    """Bounded in-process LRU of PLD objects and their sizes, weighted by the grid points they hold.
+
+    dp-accounting's PLD objects are never modified by dpcl or by composing (``compose`` and
+    ``self_compose`` return new objects), so one object can serve every caller. Keys are the full
+    inputs of the construction; a value derived from another PLD object (its self-composition or
+    its composed size) is keyed on that object's identity and holds a reference to it, so the
+    identity cannot be reused while the entry exists.
+    """
+
+    def __init__(self, max_points: float) -> None:
+        import collections
+        import threading
+
+        self._data: "collections.OrderedDict[Any, tuple[Any, float]]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._held = 0.0
+        self.max_points = max_points
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is None:
+                return None
+            self._data.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: Any, value: Any, points: float) -> None:
+        if not points <= self.max_points:
+            return
+        with self._lock:
+            if key in self._data:
+                self._held -= self._data.pop(key)[1]
+            while self._data and self._held + points > self.max_points:
+                self._held -= self._data.popitem(last=False)[1][1]
+            self._data[key] = (value, points)
+            self._held += points
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._held = 0.0
+
+
+#: PLDs kept in this process (about 8 bytes a point: at most ~160 MB); cleared with :func:`clear_memo`.
+PLD_MEMO = _PldMemo(2e7)
+
+
+def _single_gaussian_pld(standard_deviation: float, interval: float, sampling_prob: float, replace_one: bool) -> Any:
+    """:func:`_gaussian_pld`, memoised (a calibration and the ledgers after it rebuild the same steps)."""
+    key = ("gaussian", float(standard_deviation), float(interval), float(sampling_prob), bool(replace_one), _gaussian_pld)
+    pld = PLD_MEMO.get(key)
+    if pld is None:
+        pld = _gaussian_pld(standard_deviation, interval, sampling_prob, replace_one)
+        PLD_MEMO.put(key, pld, _pld_points(pld))
+    return pld
+
+
+def _grid_spans(pld: Any) -> list[float]:
+    """Width in grid points of each PMF of ``pld`` (a sparse PMF: from its smallest to its largest loss)."""
+    spans = []
+    for pmf in (getattr(pld, "_pmf_remove", None), getattr(pld, "_pmf_add", None)):  # noqa: SLF001 (sizes only)
+        probs = getattr(pmf, "_probs", None)
+        if probs is not None:
+            spans.append(float(probs.size))
+        else:
+            keys = list(getattr(pmf, "_loss_probs", None) or {0: 0.0})
+            spans.append(float(max(keys) - min(keys) + 1))
+    return spans
+
+
+def _pld_points(pld: Any) -> float:
+    return float(sum(a.size for a in _pmf_arrays(pld)))
+
+
+def _pmf_arrays(pld: Any) -> list[Any]:
+    out = []
+    for pmf in (getattr(pld, "_pmf_remove", None), getattr(pld, "_pmf_add", None)):  # noqa: SLF001 (sizes only)
+        probs = getattr(pmf, "_probs", None)
+        out.append(probs if probs is not None else np.zeros(len(getattr(pmf, "_loss_probs", {}) or {})))
+    return out
+
+
 #: Single-step grids larger than this are sized first on a coarser proxy grid (cheap to build).
 _PLD_PROXY_POINTS = 5e4
 
@@ -364,7 +572,6 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
     range it spans does not depend on the interval), so that a PLD which will be refused is never built.
     """
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
-    from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
 
     _refuse_eps_delta(mech, "pld")
     # (builder(interval) -> single-step PLD, repetitions, single-step size estimate at 1.0, description)
@@ -373,9 +580,7 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
     if mech.gauss_mus:
         mu = mech.gaussian_mu_total()
         pieces.append((
-            lambda h, mu=mu: pld_lib.from_gaussian_mechanism(
-                standard_deviation=1.0 / mu, sensitivity=1.0, pessimistic_estimate=True, value_discretization_interval=h,
-            ),
+            lambda h, mu=mu: _single_gaussian_pld(1.0 / mu, h, 1.0, False),
             1, _single_step_points(1.0 / mu, 1.0), f"one Gaussian with mu = {mu:.3g}",
         ))
         notes.append(f"pld: Gaussian mechanisms merged exactly into one with mu = {mu:.6g} (Dong, Roth & Su 2022, Cor. 3.3).")
@@ -386,17 +591,11 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
             ),
             count, 2.0 * eps0, f"Laplace mechanisms with epsilon0 = {eps0:.3g}",
         ))
-    relation = (
-        NeighborRel.REPLACE_ONE if mech.adjacency is Adjacency.REPLACE_ONE else NeighborRel.ADD_OR_REMOVE_ONE
-    )
     for (z, q), count in _grouped_pairs(mech.sampled):
         # replace-one moves a clipped gradient by up to 2C: size it as noise z / 2
         z_size = z / 2.0 if mech.adjacency is Adjacency.REPLACE_ONE else z
         pieces.append((
-            lambda h, z=z, q=q: pld_lib.from_gaussian_mechanism(
-                standard_deviation=z, sensitivity=1.0, pessimistic_estimate=True,
-                value_discretization_interval=h, sampling_prob=q, neighboring_relation=relation,
-            ),
+            lambda h, z=z, q=q: _single_gaussian_pld(z, h, q, mech.adjacency is Adjacency.REPLACE_ONE),
             count, _single_step_points(z_size, 1.0), f"subsampled-Gaussian steps with noise multiplier {z:.3g}",
         ))
     try:
@@ -442,7 +641,10 @@ def _sized_single_steps(
             if not points + estimate <= PLD_MAX_GRID_POINTS:
                 raise _pld_too_large(points + estimate, interval, what)
         pld = build(interval)
-        points += _composed_points(pld, count)
+        # the whole convolution's support, count (n - 1) + 1 points, bounds the composed grid from above:
+        # where it is small, dp-accounting's (costlier) Chernoff bound is not needed to see that it fits
+        full = max(count * (span - 1) + 1.0 for span in _grid_spans(pld))
+        points += full if points + full <= PLD_MAX_GRID_POINTS / 4 else _composed_points(pld, count)
         if not points <= PLD_MAX_GRID_POINTS:
             raise _pld_too_large(points, interval, what)
         singles.append((pld, count))
@@ -461,6 +663,17 @@ _SPARSE_SELF_COMPOSE_BLOCK = 1024
 
 
 def _self_compose(pld: Any, count: int) -> Any:
+    """:func:`_self_compose_uncached`, memoised per PLD object and count (:data:`PLD_MEMO`)."""
+    key = ("self_compose", id(pld), int(count), _SPARSE_SELF_COMPOSE_BLOCK, _self_compose_uncached)
+    hit = PLD_MEMO.get(key)
+    if hit is not None and hit[0] is pld:
+        return hit[1]
+    composed = _self_compose_uncached(pld, count)
+    PLD_MEMO.put(key, (pld, composed), _pld_points(composed))
+    return composed
+
+
+def _self_compose_uncached(pld: Any, count: int) -> Any:
     """``pld`` composed with itself ``count`` times, as ``pld.self_compose(count)``.
 
     Works around a cost in dp-accounting (0.6.0): a sparse PMF (at most 1000 loss
@@ -632,8 +845,28 @@ def _rdp_accountant(mech: _Mechanisms) -> Any:
         # the round trip 1 / fl(1 / eps0) can never come out below eps0 (rounding on the safe side)
         acc.compose(dp_event.LaplaceDpEvent(math.nextafter(1.0 / eps0, 0.0)), count)
     for (z, q), count in _grouped_pairs(mech.sampled):
-        acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), count)
+        # acc.compose(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count) adds count x the step's RDP at
+        # each order; the step's RDP vector is memoised, so that a ledger composing the same steps again
+        # (every release, every filter check) does not re-sum dp-accounting's series
+        acc._rdp += count * _sampled_step_rdp(z, q)  # noqa: SLF001 (the same update compose makes)
     return acc
+
+
+def _sampled_step_rdp(z: float, q: float) -> np.ndarray:
+    """RDP at dp-accounting's default orders of one Poisson-subsampled Gaussian step (read-only, memoised)."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    key = ("rdp_step", float(z), float(q))
+    hit = PLD_MEMO.get(key)
+    if hit is not None:
+        return hit
+    single = rdp_privacy_accountant.RdpAccountant()
+    single.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), 1)
+    vector = np.array(single._rdp, dtype=np.float64)  # noqa: SLF001
+    vector.setflags(write=False)
+    PLD_MEMO.put(key, vector, 1.0)
+    return vector
 
 
 def _rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
@@ -952,7 +1185,8 @@ _MEMO_SETTING_NAMES = (
     "_PLD_TAIL_MASS_TRUNCATION", "_PLD_GAUSSIAN_TAIL_SIGMAS", "_PLD_PROXY_POINTS", "_SPARSE_SELF_COMPOSE_BLOCK",
     "PRV_RELATIVE_EPS_ERROR", "PRV_MIN_EPS_ERROR", "PRV_MAX_GRID_POINTS", "PRV_RELATIVE_DELTA_ERROR",
     "_exact", "_basic", "_advanced", "_rdp", "_rdp_epsilon", "_prv_rdp_epsilon", "_pld", "_pld_refined",
-    "_sized_single_steps", "_self_compose", "_prv", "_prv_safe_domain", "_auto", "gdp_epsilon",
+    "_sized_single_steps", "_self_compose", "_self_compose_uncached", "_composed_points_uncached", "_gaussian_pld",
+    "_single_gaussian_pld", "_sampled_step_rdp", "_rdp_accountant", "_prv", "_prv_safe_domain", "_auto", "gdp_epsilon",
 )
 
 
@@ -1041,8 +1275,9 @@ def _memo_key(kind: str, mech: _Mechanisms, delta: float, *options: Any) -> tupl
 
 
 def clear_memo() -> None:
-    """Forget every memoised epsilon (the memo lives in this process only; see :data:`EPSILON_MEMO`)."""
+    """Forget every memoised epsilon and PLD (they live in this process only; see :data:`EPSILON_MEMO`)."""
     EPSILON_MEMO.clear()
+    PLD_MEMO.clear()
 
 
 def compute_epsilon(
