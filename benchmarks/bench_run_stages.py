@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import platform
 import pstats
@@ -57,6 +58,9 @@ _ACCOUNTING_PARTS = (
     "/prv_accountant/",
 )
 _TRAINING_PARTS = ("/dpcl/methods/",)
+#: Training is counted where the run hands over to a method (torch calls back into dpcl.methods from its
+#: modules and hooks; counting those re-entries would count the same time twice).
+_RUNNER_PARTS = ("/dpcl/runner/", "/dpcl/cli/", "/dpcl/certifier.py")
 
 
 def _in(path: str, parts: tuple[str, ...]) -> bool:
@@ -68,14 +72,15 @@ def _counted(func: tuple[str, int, str], parts: tuple[str, ...]) -> bool:
     return func[2] != "<module>" and _in(func[0], parts)
 
 
-def inclusive_seconds(stats: pstats.Stats, parts: tuple[str, ...]) -> float:
-    """Cumulative time of the calls that enter the modules matching ``parts`` from outside them."""
+def inclusive_seconds(stats: pstats.Stats, parts: tuple[str, ...], callers_in: tuple[str, ...] | None = None) -> float:
+    """Cumulative time of the calls that enter the modules matching ``parts`` from outside them (from the
+    modules ``callers_in`` only, when given)."""
     total = 0.0
     for func, (_, _, _, _, callers) in stats.stats.items():  # type: ignore[attr-defined]
         if not _counted(func, parts):
             continue
         for caller, timing in callers.items():
-            if not _in(caller[0], parts):
+            if not _in(caller[0], parts) and (callers_in is None or _in(caller[0], callers_in)):
                 total += timing[3]
     return total
 
@@ -93,7 +98,11 @@ def nested_seconds(stats: pstats.Stats, outer: tuple[str, ...], inner: tuple[str
 
 
 def profile_run(config: str, workdir: Path, timeout: float) -> dict[str, float | str]:
-    """Run one bundled config under cProfile in a fresh process; seconds per category."""
+    """Run one bundled config under cProfile in a fresh process; seconds per category.
+
+    The profile and the measured wall time stay in ``workdir`` (``CONFIG.prof``, ``CONFIG.wall.json``), so
+    that the split can be recomputed from them (``--from-profiles``).
+    """
     path = ROOT / "dpcl" / "configs" / f"{config}.toml"
     prof = workdir / f"{config}.prof"
     out = workdir / f"{config}_run"
@@ -105,10 +114,17 @@ def profile_run(config: str, workdir: Path, timeout: float) -> dict[str, float |
     wall = time.perf_counter() - start
     if done.returncode != 0:
         return {"config": config, "error": (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1]}
+    (workdir / f"{config}.wall.json").write_text(json.dumps({"wall": wall}))
+    return split_profile(config, prof, wall)
+
+
+def split_profile(config: str, prof: Path, wall: float) -> dict[str, float | str]:
+    """Seconds per category of one saved profile (see the module docstring)."""
     stats = pstats.Stats(str(prof))
     profiled = max(v[3] for v in stats.stats.values())  # type: ignore[attr-defined]
     accounting = inclusive_seconds(stats, _ACCOUNTING_PARTS)
-    training = inclusive_seconds(stats, _TRAINING_PARTS) - nested_seconds(stats, _TRAINING_PARTS, _ACCOUNTING_PARTS)
+    training = (inclusive_seconds(stats, _TRAINING_PARTS, _RUNNER_PARTS)
+                - nested_seconds(stats, _TRAINING_PARTS, _ACCOUNTING_PARTS))
     return {
         "config": config, "wall": wall, "profiled": profiled, "accounting": accounting, "training": training,
         "other": max(profiled - accounting - training, 0.0), "share": accounting / profiled,
@@ -128,8 +144,9 @@ def report(rows: list[dict[str, float | str]], load_before: str, load_after: str
         "",
         f"Measured by `benchmarks/bench_run_stages.py` on {_dt.date.today().isoformat()}, {platform.machine()} "
         f"with {os.cpu_count()} CPU(s), Python {platform.python_version()}; load average (1, 5, 15 min) "
-        f"{load_before} before and {load_after} after (the machine is shared: other processes slow every "
-        "stage, so compare shares rather than seconds).",
+        + (f"{load_before} before and {load_after} after" if load_before == load_after == "" or "," in load_before
+           else "not recorded with the saved profiles this report was recomputed from")
+        + " (the machine is shared: other processes slow every stage, so compare shares rather than seconds).",
         "",
         "Each bundled config runs `dpcl run CONFIG --quiet` under cProfile in a fresh process. Accounting is the "
         "inclusive time in `dpcl.accounting`, the audit, ledger, certificates and plans of `dpcl.guarantees`, "
@@ -158,17 +175,27 @@ def main(argv: list[str] | None = None) -> int:
                         choices=list(DPSGD_CONFIGS + OPTIONAL_CONFIGS), help="bundled configs to run")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--write", action="store_true", help=f"write {REPORT.name} (default when all DP-SGD configs run)")
+    parser.add_argument("--keep", type=Path, help="keep the profiles and wall times in this folder")
+    parser.add_argument("--from-profiles", type=Path, metavar="DIR",
+                        help="recompute the split from the profiles a --keep run saved (runs nothing)")
     args = parser.parse_args(argv)
     load_before = load_average()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="dpcl-stages-") as tmp:
-        if os.environ.get("DPCL_STAGES_KEEP"):
-            tmp = os.environ["DPCL_STAGES_KEEP"]
+    if args.from_profiles is not None:
         for config in args.configs:
-            row = profile_run(config, Path(tmp), args.timeout)
-            rows.append(row)
-            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-    text = report(rows, load_before, load_average())
+            wall = json.loads((args.from_profiles / f"{config}.wall.json").read_text())["wall"]
+            rows.append(split_profile(config, args.from_profiles / f"{config}.prof", wall))
+        load_before = load_after = "not recorded"
+    else:
+        with tempfile.TemporaryDirectory(prefix="dpcl-stages-") as tmp:
+            workdir = args.keep if args.keep is not None else Path(tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
+            for config in args.configs:
+                row = profile_run(config, workdir, args.timeout)
+                rows.append(row)
+                print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        load_after = load_average()
+    text = report(rows, load_before, load_after)
     if args.write or set(DPSGD_CONFIGS) <= set(args.configs):
         from dpcl.guarantees.atomic_io import write_text_atomic
 

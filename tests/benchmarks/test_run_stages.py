@@ -39,6 +39,7 @@ def test_accounting_is_the_time_entering_its_modules_from_outside() -> None:
     # the PLD called by the audit is inside it; a module body is an import ("other")
     assert stages.inclusive_seconds(stats, stages._ACCOUNTING_PARTS) == 5.0 + 0.7 + 1.0
     assert stages.inclusive_seconds(stats, stages._TRAINING_PARTS) == 10.0
+    assert stages.inclusive_seconds(stats, stages._TRAINING_PARTS, stages._RUNNER_PARTS) == 10.0  # not numpy's 0.5
     assert stages.nested_seconds(stats, stages._TRAINING_PARTS, stages._ACCOUNTING_PARTS) == 0.7
 
 
