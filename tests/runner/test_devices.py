@@ -61,10 +61,12 @@ PINNED = {
                           "8faa03dda394b7df554e4080d843f6eaaf1cb96abe7402c180f4bdedd1e27022"],
     },
     "naive": {
+        # re-recorded when calibration moved to the secant search (noise multiplier within rtol = 1e-3 of before;
+        # rdp epsilon per task 1.99912 instead of 1.99707, both <= the target 2)
         "accuracy_rows": [[1.0], [0.0, 0.9305555555555556]],
-        "eps": [1.9970736343203255, 2.603924144250066],
-        "state_digests": ["196c4f7ed1b8a0a82ccce050713d04e7e7d93aeed104348f005dc29917507923",
-                          "d917212c45efeaf349cb1ff89a36c14066d5b21a67fc330bd3f146fb68cf8fc7"],
+        "eps": [1.9991211494346794, 2.606436028937569],
+        "state_digests": ["68450530e96073c8b15dedd48e58188aa7528de60cbd8966ce71536764a352fc",
+                          "d4bf5ee790fd37aea9c6579dee40234e494c2e07a1b37a05d787288df92a57e3"],
     },
     "canary": "7c395b3f42b8f2d65b3ec76e9578ae0b4231fd62efe39c79dc8d2415ffaf5b20",
     "agem": {"state": "e3a90f585fb0b0d2b538d8cef216bbe4d7bca6d49242bb5da8c5aebc3fa24f0b",
