@@ -8,6 +8,8 @@ or failed verification. A file-system error no command turned into a typed
 error (a path that cannot be read or written) is still one line on stderr and
 exit code 2; output piped into a reader that stops early (``dpcl ... | head``)
 ends quietly with exit code 141 (128 + SIGPIPE), as other command-line tools do.
+Every command but ``run`` and ``demo`` answers within a processor-time limit or refuses
+with exit code 2 (:mod:`dpcl.cli.time_limit`).
 """
 
 from __future__ import annotations
@@ -111,10 +113,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_json:
             _print_json_error(message, 2)
         return 2
+    from dpcl.cli.time_limit import CommandTimeLimitExceeded, refusal_message, time_limit
+
     try:
-        code = int(args.handler(args) or 0)
-        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
+        with time_limit(args.command):
+            code = int(args.handler(args) or 0)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
         return code
+    except CommandTimeLimitExceeded as exc:  # a computation past its time (dpcl.cli.time_limit): a refusal
+        message = refusal_message(args, exc.args[0])
+        sys.stderr.write(f"dpcl {args.command}: error: {message}\n")
+        if as_json:
+            _print_json_error(message, 2)
+        return 2
     except DpclError as exc:
         sys.stderr.write(f"dpcl {args.command}: error: {exc}\n")
         if as_json:

@@ -10,10 +10,10 @@ and the accounting libraries the commands load lazily, then reads one request pe
   written by C code or by grandchildren is caught too), calls ``dpcl.cli.main(argv)`` and reports the exit code
   and whether an exception escaped (a traceback) or memory ran out on a pipe, then leaves with ``os._exit``;
 * waits at most ``timeout`` seconds of wall-clock time for it, then kills its whole process group (so nothing it
-  started outlives the example), and collects its peak resident memory (``os.wait4``);
+  started outlives the example), and collects its processor time and peak resident memory (``os.wait4``);
 * answers one JSON line: exit code, status (``ok``, ``traceback``, ``memory``, ``timeout`` or ``crash`` with the
-  signal), stdout and stderr (their last 20,000 characters, with their full length and line count), seconds and
-  peak memory.
+  signal), stdout and stderr (their last 20,000 characters, with their full length and line count), wall-clock and
+  processor seconds and peak memory.
 
 An example thus costs a fork (milliseconds) plus the command's own work, and examples never share state (a
 memoised value, a leaked file handle, a changed working directory).
@@ -135,7 +135,8 @@ def run_one(argv: list[str], cwd: str, memory: int, timeout: float) -> dict:
                 pass
         _, wait_status, usage = os.wait4(pid, 0)
         result = {
-            "argv": argv, "seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "argv": argv, "seconds": seconds, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "peak_rss_bytes": usage.ru_maxrss * 1024,
             "stdout": _read_output(out), "stderr": _read_output(err),
         }
     if timed_out:
