@@ -219,7 +219,7 @@ def check(result: dict, as_json: bool) -> None:
     every failure to FILE as it happens, before hypothesis shrinks it)."""
     try:
         _check(result, as_json)
-    except AssertionError as exc:
+    except Exception as exc:
         if os.environ.get("DPCL_FUZZ_FAILURES"):
             with open(os.environ["DPCL_FUZZ_FAILURES"], "a", encoding="utf-8") as log:
                 log.write(f"{json.dumps(result['argv'])}\n    {str(exc)[:1500]}\n")
@@ -748,6 +748,8 @@ FOUND = [
     # a traceback: ValueError from pathlib ("PosixPath('.') has an empty name")
     (["keygen", "--out="], "--out", "is a directory"),
     (["keygen", "--out=/"], "--out", "is a directory"),
+    # a refusal in two lines: argparse quoted an argument holding a line break
+    (["methods", "a\nb"], "unrecognized arguments", "a\\nb"),
 ]
 
 
@@ -758,6 +760,18 @@ def test_what_the_fuzz_test_found_is_refused_by_name(worker, argv, option, words
         check(result, as_json)
         assert result["code"] == 2, result
         assert option in result["stderr"]["text"] and words in result["stderr"]["text"], result["stderr"]["text"]
+
+
+def test_a_refusal_quoting_a_huge_value_stays_one_short_line(worker, tmp_path):
+    """Found by the fuzz test: ``epsilon = [1, 1, ...]`` (100,001 entries) in a config was quoted back whole, a
+    300 kB "line" (and under --json a 300 kB error object)."""
+    path = tmp_path / "c.toml"
+    path.write_text("[privacy]\nepsilon = [" + "1, " * 100_000 + "1]\ndelta = 1e-5\n")
+    for as_json in (False, True):
+        result = worker.run(["audit", str(path)] + ["--json"] * as_json)
+        check(result, as_json)
+        err = result["stderr"]["text"]
+        assert result["code"] == 2 and "epsilon" in err and "characters cut" in err and len(err) < 2100, err[:300]
 
 
 def test_docs_state_the_number_of_fuzz_examples():
