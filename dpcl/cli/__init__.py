@@ -8,6 +8,8 @@ or failed verification. A file-system error no command turned into a typed
 error (a path that cannot be read or written) is still one line on stderr and
 exit code 2; output piped into a reader that stops early (``dpcl ... | head``)
 ends quietly with exit code 141 (128 + SIGPIPE), as other command-line tools do.
+Every command but ``run`` and ``demo`` answers within a processor-time limit or refuses
+with exit code 2 (:mod:`dpcl.cli.time_limit`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,21 @@ COMMAND_MODULES = (
 )
 
 
+#: Longest refusal message printed; a longer one (a message that quotes a huge value back) keeps its start and end.
+MAX_MESSAGE_CHARACTERS = 2000
+
+
+def one_line(message: str) -> str:
+    """A refusal as one line of at most :data:`MAX_MESSAGE_CHARACTERS` characters: line breaks in it (from a quoted
+    argument or file name) are written as ``\\n``, and the middle of an overlong message is cut."""
+    text = str(message).replace("\r", "\\r").replace("\n", "\\n")
+    if len(text) > MAX_MESSAGE_CHARACTERS:
+        cut = len(text) - MAX_MESSAGE_CHARACTERS + 200
+        head, tail = text[: MAX_MESSAGE_CHARACTERS - 600], text[-400:]
+        text = f"{head} ... ({cut} characters cut) ... {tail}"
+    return text
+
+
 class UsageError(SystemExit):
     """A command-line usage error (exit code 2), already reported on stderr; carries the message for ``--json``."""
 
@@ -48,8 +65,9 @@ class _OneLineErrorParser(argparse.ArgumentParser):
     """argparse parser whose usage errors are one line on stderr and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        raise UsageError(f"{self.prog}: error: {message}")
+        message = one_line(f"{self.prog}: error: {message}")
+        sys.stderr.write(f"{message}\n")
+        raise UsageError(message)
 
 
 def _asks_for_json(argv: Sequence[str]) -> bool:
@@ -111,20 +129,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_json:
             _print_json_error(message, 2)
         return 2
+    from dpcl.cli.time_limit import CommandTimeLimitExceeded, refusal_message, time_limit
+
     try:
-        code = int(args.handler(args) or 0)
-        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
+        with time_limit(args.command):
+            code = int(args.handler(args) or 0)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
         return code
-    except DpclError as exc:
-        sys.stderr.write(f"dpcl {args.command}: error: {exc}\n")
+    except CommandTimeLimitExceeded as exc:  # a computation past its time (dpcl.cli.time_limit): a refusal
+        message = one_line(refusal_message(args, exc.args[0]))
+        sys.stderr.write(f"dpcl {args.command}: error: {message}\n")
         if as_json:
-            _print_json_error(str(exc), exc.exit_code)
+            _print_json_error(message, 2)
+        return 2
+    except DpclError as exc:
+        message = one_line(str(exc))
+        sys.stderr.write(f"dpcl {args.command}: error: {message}\n")
+        if as_json:
+            _print_json_error(message, exc.exit_code)
         return exc.exit_code
     except BrokenPipeError:
         return _stdout_closed()
     except OSError as exc:  # a path that cannot be read or written, not caught where it was used
         where = f": {exc.filename!r}" if getattr(exc, "filename", None) else ""
-        message = f"{exc.strerror or exc}{where}."
+        message = one_line(f"{exc.strerror or exc}{where}.")
         sys.stderr.write(f"dpcl {args.command}: error: {message}\n")
         if as_json:
             _print_json_error(message, 2)

@@ -37,7 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("config", metavar="CONFIG.toml", help="training config (see docs/guarantees.md)")
     add_json_flag(parser)
-    parser.set_defaults(handler=run_audit)
+    parser.set_defaults(handler=run_audit, time_hint=(
+        "the config's accounting is too expensive here; try [privacy] accountant = \"rdp\" (fastest, a looser "
+        "bound), fewer tasks, or fewer epochs"))
 
 
 def _data_stream_keys() -> tuple[str, ...] | None:

@@ -82,13 +82,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     gaussian.add_argument("--sigma", required=True, metavar="S", help="noise standard deviation, > 0")
     _add_common(gaussian)
-    gaussian.set_defaults(handler=run_audit_mechanism)
+    gaussian.set_defaults(handler=run_audit_mechanism, time_hint="use fewer --trials")
     laplace = mechanisms.add_parser(
         "laplace", help="x + Lap(scale)", description="Audit the Laplace mechanism x + Lap(scale)."
     )
     laplace.add_argument("--scale", required=True, metavar="B", help="Laplace noise scale, > 0")
     _add_common(laplace)
-    laplace.set_defaults(handler=run_audit_mechanism)
+    laplace.set_defaults(handler=run_audit_mechanism, time_hint="use fewer --trials")
 
 
 def run_audit_mechanism(args: argparse.Namespace) -> int:

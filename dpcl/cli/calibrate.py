@@ -85,7 +85,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     add_json_flag(dpsgd)
-    dpsgd.set_defaults(handler=run_calibrate_dpsgd)
+    dpsgd.set_defaults(handler=run_calibrate_dpsgd, time_hint=(
+        "a calibration evaluates the accountant many times; try --accountant rdp (fastest, a looser bound), a larger "
+        "--epsilon or --sample-rate, or fewer --steps"))
 
 
 def calibrate_gaussian_payload(epsilon: float, delta: float, sensitivity: float) -> dict:

@@ -88,7 +88,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="accountant (default auto: the tightest sound bound, named in the answer)",
     )
     add_json_flag(dpsgd)
-    dpsgd.set_defaults(handler=run_epsilon_dpsgd)
+    dpsgd.set_defaults(handler=run_epsilon_dpsgd, time_hint=(
+        "try --accountant rdp (fastest, a looser bound) or pld, or a larger --noise-multiplier"))
 
     compose = mechanisms.add_parser(
         "compose-gaussians",
@@ -104,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sensitivity", default="1.0", metavar="C", help="l2 sensitivity shared by every mechanism (default 1)"
     )
     add_json_flag(compose)
-    compose.set_defaults(handler=run_epsilon_compose_gaussians)
+    compose.set_defaults(handler=run_epsilon_compose_gaussians, time_hint="split the sigmas into several files")
 
 
 def run_epsilon_gaussian(args: argparse.Namespace) -> int:

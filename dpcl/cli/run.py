@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
                         help="torch device: cpu, cuda or cuda:N (default: [method] device, else cpu); a CUDA device "
                         "must exist")
     parser.add_argument(
-        "--nproc", type=int, default=1, metavar="N",
+        "--nproc", default="1", metavar="N",
         help="data-parallel DP-SGD on N local processes (peft_ensemble, naive, non_cl; gloo on cpu, nccl on cuda); "
         "the same ledger and epsilon as one process. Under torchrun leave it out: the ranks come from torchrun",
     )
@@ -106,18 +106,51 @@ def quiet_accounting_logs() -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def parse_nproc(text: str) -> int:
+    """``--nproc``: at most one rank per usable CPU core, or per CUDA device where there are more of those.
+
+    Each rank is a process holding its own copy of the model and data; more of them than the machine can run at
+    once only slow the run down, and a huge count would start processes until memory runs out.
+    """
+    from dpcl.cli.numbers import parse_count
+
+    cores = usable_cores()
+    nproc = parse_count("--nproc", text, minimum=1)
+    if nproc > cores:
+        import torch
+
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if nproc > max(cores, devices):
+            largest = max(cores, devices)
+            parse_count("--nproc", text, minimum=1, maximum=largest,
+                        hint=f"this machine has {cores} usable CPU cores and {devices} CUDA devices, one rank each; "
+                        "use more machines under torchrun for more ranks")
+    return nproc
+
+
 def run_command(args: argparse.Namespace) -> int:
     from dpcl.runner.distributed import launched_by_torchrun, run_data_parallel, run_under_torchrun
 
+    nproc = parse_nproc(args.nproc)
     quiet_accounting_logs()
     options = {"seed": args.seed, "device": args.device, "quiet": args.quiet or args.json,
                "reproducible_noise": args.reproducible_noise, "sign_key": args.sign}
-    if launched_by_torchrun() and args.nproc == 1:
+    if launched_by_torchrun() and nproc == 1:
         result = run_under_torchrun(args.config, args.out, **options)
         if result is None:  # a rank > 0: rank 0 reports
             return 0
     else:
-        result = run_data_parallel(args.config, args.out, nproc=args.nproc, **options)
+        result = run_data_parallel(args.config, args.out, nproc=nproc, **options)
     if args.json:
         print_json(
             {

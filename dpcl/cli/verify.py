@@ -72,7 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "it fails (exit 3). Without it the signature is reported (unsigned / signed by FINGERPRINT), not checked",
     )
     add_json_flag(parser)
-    parser.set_defaults(handler=run_verify)
+    parser.set_defaults(handler=run_verify, time_hint=(
+        "recomputing these certificates' epsilon is too expensive here; verify fewer certificates at a time or on a "
+        "faster machine"))
 
 
 def check_input_files(certificate: str, checkpoint: str | None) -> None:

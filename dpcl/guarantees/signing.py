@@ -115,9 +115,9 @@ def generate_key_pair(out: "str | os.PathLike[str]", *, force: bool = False) -> 
     """
     serialization, ed25519 = _crypto()
     private_path = Path(out)
-    public_path = _public_path(private_path)
-    if private_path.is_dir():
+    if private_path.is_dir():  # first: "", "." and "/" name no file, and have no KEY.pub beside them
         raise KeyFileError(f"--out {str(private_path)!r} is a directory; give the path of the private key file to write.")
+    public_path = _public_path(private_path)
     if not force:
         for existing in (private_path, public_path):
             if existing.exists() or existing.is_symlink():

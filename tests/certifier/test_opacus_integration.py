@@ -62,6 +62,19 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*DPCL, *args], capture_output=True, text=True, timeout=120)
 
 
+def _one_task_stream(tmp_path) -> tuple[Certifier, PrivacyEngine, nn.Module]:
+    """A Certifier of a one-task stream (public labels 0 and 1), opacus' engine with the dpcl accountant, a model."""
+    certifier = Certifier(tmp_path / "run", delta=DELTA, label_space="prior_const", prior_labels=[0, 1],
+                          across_tasks="sequential")
+    return certifier, PrivacyEngine(accountant="dpcl"), nn.Linear(4, 2)
+
+
+def _make_private(engine: PrivacyEngine, model: nn.Module, **options):
+    """``engine.make_private`` of ``model`` with SGD on task 0's loader, noise multiplier 1 and clipping norm 1."""
+    return engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                               data_loader=_loader(0), noise_multiplier=1.0, max_grad_norm=1.0, **options)
+
+
 def test_the_dpcl_accountant_is_registered_with_opacus():
     assert isinstance(create_accountant("dpcl"), dpcl_opacus.DpclAccountant)
     engine = PrivacyEngine(accountant="dpcl")
@@ -134,10 +147,7 @@ def test_make_private_with_epsilon_calibrates_through_dpcl(tmp_path, monkeypatch
 
     monkeypatch.setattr(dpcl_opacus, "dpsgd_noise_multiplier", spy)
     monkeypatch.setattr(dpcl_opacus, "_CALIBRATIONS", {})
-    certifier = Certifier(tmp_path / "run", delta=DELTA, label_space="prior_const", prior_labels=[0, 1],
-                          across_tasks="sequential")
-    engine = PrivacyEngine(accountant="dpcl")
-    model = nn.Linear(4, 2)
+    certifier, engine, model = _one_task_stream(tmp_path)
     private, optimizer, loader = engine.make_private_with_epsilon(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=_loader(0),
         target_epsilon=2.0, target_delta=DELTA, epochs=2, max_grad_norm=1.0,
@@ -157,14 +167,8 @@ def test_make_private_with_epsilon_calibrates_through_dpcl(tmp_path, monkeypatch
 
 
 def test_a_step_beyond_the_charged_schedule_is_refused_before_the_update(tmp_path):
-    certifier = Certifier(tmp_path / "run", delta=DELTA, label_space="prior_const", prior_labels=[0, 1],
-                          across_tasks="sequential")
-    engine = PrivacyEngine(accountant="dpcl")
-    model = nn.Linear(4, 2)
-    private, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=_loader(0),
-        noise_multiplier=1.0, max_grad_norm=1.0,
-    )
+    certifier, engine, model = _one_task_stream(tmp_path)
+    private, optimizer, loader = _make_private(engine, model)
     dpcl_opacus.attach(engine, certifier.task(0), optimizer=optimizer, data_loader=loader, steps=3)
     batches = iter(loader)
     for _ in range(3):
@@ -185,14 +189,8 @@ def test_a_step_beyond_the_charged_schedule_is_refused_before_the_update(tmp_pat
 
 
 def test_steps_taken_before_attaching_are_refused(tmp_path):
-    certifier = Certifier(tmp_path / "run", delta=DELTA, label_space="prior_const", prior_labels=[0, 1],
-                          across_tasks="sequential")
-    engine = PrivacyEngine(accountant="dpcl")
-    model = nn.Linear(4, 2)
-    private, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=_loader(0),
-        noise_multiplier=1.0, max_grad_norm=1.0,
-    )
+    certifier, engine, model = _one_task_stream(tmp_path)
+    private, optimizer, loader = _make_private(engine, model)
     _train(private, optimizer, loader, epochs=1)
     with pytest.raises(UnchargedStepError, match="before the accountant was attached"):
         dpcl_opacus.attach(engine, certifier.task(0), optimizer=optimizer, data_loader=loader, epochs=1)
@@ -203,14 +201,8 @@ def test_steps_taken_before_attaching_are_refused(tmp_path):
 
 
 def test_attach_refuses_a_loader_without_poisson_sampling(tmp_path):
-    certifier = Certifier(tmp_path / "run", delta=DELTA, label_space="prior_const", prior_labels=[0, 1],
-                          across_tasks="sequential")
-    engine = PrivacyEngine(accountant="dpcl")
-    model = nn.Linear(4, 2)
-    _, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=_loader(0),
-        noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False,
-    )
+    certifier, engine, model = _one_task_stream(tmp_path)
+    _, optimizer, loader = _make_private(engine, model, poisson_sampling=False)
     with pytest.raises(InvalidParameterError, match="Poisson"):
         dpcl_opacus.attach(engine, certifier.task(0), optimizer=optimizer, data_loader=loader, epochs=1)
     assert not certifier.ledger.charges

@@ -3,7 +3,6 @@ scoped; version-1 certificates still verify."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 
 from dpcl.accounting.events import GaussianEvent
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, UndeclaredReleaseError
-from dpcl.guarantees import ledger as ledger_module
 from dpcl.guarantees.certificates import (
     CERTIFICATE_VERSION,
     ScopedLedger,
@@ -26,7 +24,8 @@ from dpcl.guarantees.certificates import (
 from dpcl.guarantees.ledger import TaskLedger
 from dpcl.guarantees.method_schema import ReleaseCoverage
 
-from .reference import gaussian_profile_epsilon, reference_compute
+from .certified_runs import edit_certificate
+from .reference import gaussian_profile_epsilon
 
 DELTA = 1e-5
 V1_FIXTURE = Path(__file__).parent / "data" / "v1"
@@ -35,9 +34,7 @@ REASONS = ("The head is trained on the clean private labels.", "The noise scale 
 SCOPE = "The release of the noisy input features only; it does not cover the weights trained on them."
 
 
-@pytest.fixture(autouse=True)
-def reference_accountant(monkeypatch):
-    monkeypatch.setattr(ledger_module, "_compute", reference_compute)
+pytestmark = pytest.mark.usefixtures("reference_accountant")
 
 
 def _ledgers(n_tasks=2, *, across="sequential"):
@@ -49,15 +46,6 @@ def _ledgers(n_tasks=2, *, across="sequential"):
         headline.release(t)
         scoped.release(t)
     return headline, scoped
-
-
-def _edit(path, fn, reseal=True):
-    data = json.loads(path.read_text())
-    fn(data)
-    if reseal:
-        body = {k: v for k, v in data.items() if k != "sha256"}
-        data["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    path.write_text(json.dumps(data))
 
 
 def test_version_1_certificate_written_before_v2_still_verifies(tmp_path):
@@ -72,7 +60,7 @@ def test_version_1_certificate_written_before_v2_still_verifies(tmp_path):
     assert report.recomputed_epsilon == pytest.approx(gaussian_profile_epsilon(np.sqrt(1 / 16 + 1 / 25), DELTA), rel=1e-9)
     assert report.to_dict()["private"] is True
     # a hand edit of a v1 certificate still fails its integrity check
-    _edit(copy / "certificate.json", lambda d: d["assumptions"].append("More."), reseal=False)
+    edit_certificate(copy / "certificate.json", lambda d: d["assumptions"].append("More."), reseal=False)
     assert [c.name for c in verify_certificate(copy / "certificate.json").failed] == ["integrity"]
 
 
@@ -122,7 +110,8 @@ def test_not_covered_release_gives_private_false_with_reasons_and_verifies(tmp_p
     assert payload["private"] is False and payload["valid"] is True
     assert payload["scoped_guarantees"][0]["name"] == "inputs"
     # an edited scoped event no longer verifies, even when the content hash is recomputed
-    _edit(path, lambda d: d["scoped_guarantees"][0]["events"][0]["events"][0].__setitem__("sigma", 20.0))
+    edit_certificate(path, lambda d: d["scoped_guarantees"][0]["events"][0]["events"][0].__setitem__("sigma", 20.0),
+                     reseal=True)
     assert "scoped[inputs].epsilon" in [c.name for c in verify_certificate(path).failed]
 
 
@@ -163,7 +152,7 @@ def test_malformed_v2_certificates_are_refused(tmp_path, edit, message):
         release=ReleaseCoverage.not_covered(*REASONS), scoped={"inputs": (SCOPE, scoped)},
     )
     path = write_certificate(tmp_path / "c.cert.json", cert)
-    _edit(path, edit)
+    edit_certificate(path, edit, reseal=True)
     with pytest.raises(MalformedCertificateError, match=message):
         verify_certificate(path)
 
@@ -175,7 +164,7 @@ def test_private_headline_needs_its_basis_and_must_agree_with_run_private(tmp_pa
     path = write_certificate(tmp_path / "c.cert.json", cert)
     report = verify_certificate(path)
     assert [c.name for c in report.failed] == ["config"] and "[run] private = false" in report.failed[0].detail
-    _edit(path, lambda d: d["guarantee"].pop("basis"))
+    edit_certificate(path, lambda d: d["guarantee"].pop("basis"), reseal=True)
     with pytest.raises(MalformedCertificateError, match="basis"):
         verify_certificate(path)
 

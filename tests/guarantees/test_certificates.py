@@ -12,7 +12,6 @@ import pytest
 from dpcl import __version__
 from dpcl.accounting.events import GaussianEvent
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, VerificationError
-from dpcl.guarantees import ledger as ledger_module
 from dpcl.guarantees.atomic_io import sha256_file
 from dpcl.guarantees.certificates import (
     certificate_from_ledger,
@@ -21,44 +20,26 @@ from dpcl.guarantees.certificates import (
     write_certificate,
 )
 from dpcl.guarantees.ledger import TaskLedger
-from dpcl.guarantees.method_schema import ReleaseCoverage
 
-from .reference import gaussian_profile_epsilon, reference_compute
+from .certified_runs import COVERED, certify, edit_certificate
+from .reference import gaussian_profile_epsilon
 
 DELTA = 1e-5
 
-COVERED = ReleaseCoverage.post_processing("The checkpoint is a post-processing of the charged noisy releases.")
-
-
-@pytest.fixture(autouse=True)
-def reference_accountant(monkeypatch):
-    monkeypatch.setattr(ledger_module, "_compute", reference_compute)
+pytestmark = pytest.mark.usefixtures("reference_accountant")
 
 
 @pytest.fixture()
-def certified(tmp_path):
-    ckpt_dir = tmp_path / "run" / "checkpoints"
-    ckpt_dir.mkdir(parents=True)
+def certified(tmp_path, reference_accountant):
+    """Two Gaussian releases (sigma 3, then 4) of a sequential stream, each with its certificate."""
     ledger = TaskLedger(delta=DELTA, across_tasks="sequential", metadata={"config": {"method": {"name": "cosine"}}})
-    paths = []
-    for t, sigma in enumerate([3.0, 4.0]):
-        ckpt = ckpt_dir / f"task{t}.pt"
-        ckpt.write_bytes(np.random.default_rng(t).bytes(1000))
-        ledger.charge(t, GaussianEvent(sigma=sigma, sensitivity=1.0), label=f"task {t}")
-        ledger.release(t, checkpoint_sha256=sha256_file(ckpt))
-        cert = certificate_from_ledger(
-            ledger,
-            release=COVERED,
-            method="cosine",
-            label_space="prior_const",
-            assumptions=["Feature extractor pre-trained on public data."],
-            checkpoint=ckpt,
-            label_filtering=[{"task": t, "kept": 10, "filtered": 2}],
-        )
-        cert_path = tmp_path / "run" / "certificates" / f"task{t}.cert.json"
-        write_certificate(cert_path, cert)
-        paths.append((cert_path, ckpt))
-    return paths
+    return [
+        certify(tmp_path / "run", ledger, t, GaussianEvent(sigma=sigma, sensitivity=1.0), name=f"task{t}",
+                checkpoint_bytes=np.random.default_rng(t).bytes(1000), method="cosine",
+                assumptions=["Feature extractor pre-trained on public data."],
+                label_filtering=[{"task": t, "kept": 10, "filtered": 2}])
+        for t, sigma in enumerate([3.0, 4.0])
+    ]
 
 
 def test_certificate_content(certified):
@@ -88,21 +69,11 @@ def test_valid_certificate_verifies_and_survives_moving_the_run(certified, tmp_p
     assert verify_certificate(moved / "certificates" / "task1.cert.json").valid
 
 
-def _edit(path, fn, reseal=False):
-    """Edit a certificate by hand; ``reseal`` also rewrites its content hash (a deliberate forger), so the
-    semantic checks are seen on their own."""
-    data = json.loads(path.read_text())
-    fn(data)
-    if reseal:
-        body = {k: v for k, v in data.items() if k != "sha256"}
-        data["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    path.write_text(json.dumps(data))
-
-
 @pytest.mark.parametrize("reseal", [False, True])
 def test_edited_epsilon_fails(certified, reseal):
     cert_path, _ = certified[1]
-    _edit(cert_path, lambda d: d["guarantee"].__setitem__("epsilon", d["guarantee"]["epsilon"] * 0.9), reseal)
+    edit_certificate(cert_path, lambda d: d["guarantee"].__setitem__("epsilon", d["guarantee"]["epsilon"] * 0.9),
+                     reseal)
     report = verify_certificate(cert_path)
     assert not report.valid and [c.name for c in report.failed] == ["epsilon"] + ([] if reseal else ["integrity"])
     with pytest.raises(VerificationError, match="epsilon: stated"):
@@ -111,7 +82,7 @@ def test_edited_epsilon_fails(certified, reseal):
 
 def test_edited_event_fails(certified):
     cert_path, _ = certified[1]
-    _edit(cert_path, lambda d: d["events"][0]["events"][0].__setitem__("sigma", 30.0))
+    edit_certificate(cert_path, lambda d: d["events"][0]["events"][0].__setitem__("sigma", 30.0))
     report = verify_certificate(cert_path)
     assert "epsilon" in [c.name for c in report.failed]
 
@@ -128,7 +99,7 @@ def test_swapped_checkpoint_fails(certified):
 
 def test_edited_relation_fails(certified):
     cert_path, _ = certified[0]
-    _edit(cert_path, lambda d: d["guarantee"].__setitem__("adjacency", "replace_one"))
+    edit_certificate(cert_path, lambda d: d["guarantee"].__setitem__("adjacency", "replace_one"))
     assert "relation" in [c.name for c in verify_certificate(cert_path).failed]
 
 
@@ -143,18 +114,18 @@ def test_malformed_certificates(tmp_path, certified):
     with pytest.raises(MalformedCertificateError, match="does not exist"):
         verify_certificate(tmp_path / "missing.json")
     cert_path, _ = certified[0]
-    _edit(cert_path, lambda d: d.pop("events"))
+    edit_certificate(cert_path, lambda d: d.pop("events"))
     with pytest.raises(MalformedCertificateError, match="events"):
         verify_certificate(cert_path)
     cert_path, _ = certified[1]
-    _edit(cert_path, lambda d: d["guarantee"].__setitem__("across_tasks", "sideways"))
+    edit_certificate(cert_path, lambda d: d["guarantee"].__setitem__("across_tasks", "sideways"))
     with pytest.raises(MalformedCertificateError, match="across_tasks"):
         verify_certificate(cert_path)
-    _edit(cert_path, lambda d: d["guarantee"].__setitem__("across_tasks", "sequential"))
-    _edit(cert_path, lambda d: d["events"][0]["events"][0].__setitem__("sigma", -1.0))
+    edit_certificate(cert_path, lambda d: d["guarantee"].__setitem__("across_tasks", "sequential"))
+    edit_certificate(cert_path, lambda d: d["events"][0]["events"][0].__setitem__("sigma", -1.0))
     with pytest.raises(MalformedCertificateError, match="sigma"):
         verify_certificate(cert_path)
-    _edit(cert_path, lambda d: d["events"][0]["events"][0].__setitem__("kind", "mystery"))
+    edit_certificate(cert_path, lambda d: d["events"][0]["events"][0].__setitem__("kind", "mystery"))
     with pytest.raises(MalformedCertificateError, match="mystery"):
         verify_certificate(cert_path)
 
@@ -174,7 +145,7 @@ def test_build_refuses_missing_assumptions_or_mismatched_hash(tmp_path):
 @pytest.mark.parametrize("reseal", [False, True])
 def test_edited_group_epsilon_fails(certified, reseal):
     cert_path, _ = certified[1]
-    _edit(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("epsilon", 0.1), reseal)
+    edit_certificate(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("epsilon", 0.1), reseal)
     report = verify_certificate(cert_path)
     assert [c.name for c in report.failed] == ["composition_groups"] + ([] if reseal else ["integrity"])
     assert "stated epsilon 0.1" in report.failed[0].detail
@@ -207,7 +178,7 @@ def test_certificate_records_the_hash_of_its_own_content(certified):
 )
 def test_any_hand_edit_fails_integrity(certified, edit):
     cert_path, _ = certified[1]
-    _edit(cert_path, edit)
+    edit_certificate(cert_path, edit)
     report = verify_certificate(cert_path)
     assert not report.valid and "integrity" in [c.name for c in report.failed]
     assert "edited or damaged" in [c for c in report.failed if c.name == "integrity"][0].detail
@@ -215,7 +186,7 @@ def test_any_hand_edit_fails_integrity(certified, edit):
 
 def test_certificate_without_content_hash_fails_integrity(certified):
     cert_path, _ = certified[1]
-    _edit(cert_path, lambda d: d.pop("sha256"))
+    edit_certificate(cert_path, lambda d: d.pop("sha256"))
     report = verify_certificate(cert_path)
     assert [c.name for c in report.failed] == ["integrity"]
     assert "no SHA-256" in report.failed[0].detail
@@ -225,12 +196,12 @@ def test_edited_accountant_name_fails_even_when_resealed(certified):
     """The stated accountant must be the one that produced the recomputed epsilon; stating a looser-tolerance
     accountant must not widen the epsilon tolerance either."""
     cert_path, _ = certified[1]
-    _edit(cert_path, lambda d: d["guarantee"].__setitem__("accountant", "pld"), reseal=True)
+    edit_certificate(cert_path, lambda d: d["guarantee"].__setitem__("accountant", "pld"), reseal=True)
     report = verify_certificate(cert_path)
     assert [c.name for c in report.failed] == ["accountant"]
     assert report.relative_tolerance == 1e-9  # the reference accountant ('exact'), not the stated 'pld'
     cert_path, _ = certified[0]
-    _edit(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("accountant", "rdp"), reseal=True)
+    edit_certificate(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("accountant", "rdp"), reseal=True)
     report = verify_certificate(cert_path)
     assert [c.name for c in report.failed] == ["composition_groups"]
     assert "stated accountant 'rdp'" in report.failed[0].detail
@@ -238,7 +209,7 @@ def test_edited_accountant_name_fails_even_when_resealed(certified):
 
 def test_edited_group_charges_fail_when_resealed(certified):
     cert_path, _ = certified[1]
-    _edit(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("charges", [1]), reseal=True)
+    edit_certificate(cert_path, lambda d: d["guarantee"]["groups"][0].__setitem__("charges", [1]), reseal=True)
     report = verify_certificate(cert_path)
     assert [c.name for c in report.failed] == ["composition_groups"]
     assert "stated charges [1]" in report.failed[0].detail

@@ -12,38 +12,26 @@ import json
 import os
 import tomllib
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import dpcl
 import dpcl.data
-from dpcl.accounting.events import GaussianEvent
 from dpcl.cli import main
-from dpcl.guarantees import ledger as ledger_module
 from dpcl.guarantees.atomic_io import (
     MAX_JSON_BYTES,
     FileTooLargeError,
     JsonLimitError,
     read_json,
-    sha256_file,
 )
-from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
+from dpcl.guarantees.certificates import verify_certificate
 from dpcl.guarantees.config import MAX_CONFIG_BYTES
-from dpcl.guarantees.ledger import TaskLedger
-from dpcl.guarantees.method_schema import ReleaseCoverage
 from dpcl.guarantees.safe_paths import UnsafePathError
 
-from .reference import reference_compute
-
-COVERED = ReleaseCoverage.post_processing("The checkpoint is a post-processing of the charged noisy releases.")
 CONFIGS = os.path.join(os.path.dirname(dpcl.__file__), "configs")
 
-
-@pytest.fixture(autouse=True)
-def reference_accountant(monkeypatch):
-    monkeypatch.setattr(ledger_module, "_compute", reference_compute)
+pytestmark = pytest.mark.usefixtures("reference_accountant")
 
 
 def _cli(capsys, *argv):
@@ -56,21 +44,6 @@ def _one_line_refusal(code, out, err, needle):
     assert code == 2, err
     assert err.count("\n") == 1 and "Traceback" not in err and needle in err, err
     assert out == "" or set(json.loads(out)) == {"error", "exit_code"}
-
-
-@pytest.fixture()
-def certificate(tmp_path):
-    ckpt = tmp_path / "run" / "checkpoints" / "task001.pt"
-    ckpt.parent.mkdir(parents=True)
-    ckpt.write_bytes(np.random.default_rng(0).bytes(100))
-    ledger = TaskLedger(delta=1e-5, across_tasks="sequential")
-    ledger.charge(0, GaussianEvent(sigma=3.0), label="task 0")
-    ledger.release(0, checkpoint_sha256=sha256_file(ckpt))
-    cert = certificate_from_ledger(ledger, release=COVERED, method="cosine", label_space="prior_const",
-                                   assumptions=["Labels are public."], checkpoint=ckpt)
-    path = tmp_path / "run" / "certificates" / "task001.cert.json"
-    write_certificate(path, cert)
-    return path
 
 
 # -- JSON ------------------------------------------------------------------------------------------

@@ -12,19 +12,13 @@ import json
 import os
 import stat
 
-import numpy as np
 import pytest
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from dpcl.accounting.events import GaussianEvent
 from dpcl.cli import main
 from dpcl.errors import VerificationError
-from dpcl.guarantees import ledger as ledger_module
-from dpcl.guarantees.atomic_io import sha256_file
-from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
-from dpcl.guarantees.ledger import TaskLedger
-from dpcl.guarantees.method_schema import ReleaseCoverage
+from dpcl.guarantees.certificates import verify_certificate, write_certificate
 from dpcl.guarantees.signing import (
     KeyFileError,
     generate_key_pair,
@@ -33,43 +27,17 @@ from dpcl.guarantees.signing import (
     signature_status,
 )
 
-from .reference import reference_compute
+from .certified_runs import resealed
 
 DELTA = 1e-5
-COVERED = ReleaseCoverage.post_processing("The checkpoint is a post-processing of the charged noisy releases.")
 
 
-@pytest.fixture(autouse=True)
-def reference_accountant(monkeypatch):
-    monkeypatch.setattr(ledger_module, "_compute", reference_compute)
-
-
-@pytest.fixture()
-def certificate(tmp_path):
-    ckpt = tmp_path / "run" / "checkpoints" / "task001.pt"
-    ckpt.parent.mkdir(parents=True)
-    ckpt.write_bytes(np.random.default_rng(0).bytes(500))
-    ledger = TaskLedger(delta=DELTA, across_tasks="sequential")
-    ledger.charge(0, GaussianEvent(sigma=3.0), label="task 0")
-    ledger.release(0, checkpoint_sha256=sha256_file(ckpt))
-    cert = certificate_from_ledger(ledger, release=COVERED, method="cosine", label_space="prior_const",
-                                   assumptions=["Labels are public (prior)."], checkpoint=ckpt,
-                                   extra={"note": "naïve ünïcode"})
-    path = tmp_path / "run" / "certificates" / "task001.cert.json"
-    write_certificate(path, cert)
-    return path
+pytestmark = pytest.mark.usefixtures("reference_accountant")
 
 
 @pytest.fixture()
 def keys(tmp_path):
     return generate_key_pair(tmp_path / "keys" / "issuer")
-
-
-def _reseal(data):
-    """What a forger does: recompute the content hash after an edit (docs: sorted keys, compact, no signature)."""
-    body = {k: v for k, v in data.items() if k not in ("sha256", "signature")}
-    data["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return data
 
 
 def _cli(capsys, *argv):
@@ -141,7 +109,7 @@ def test_forged_certificate_with_recomputed_hash_fails_only_with_the_key(certifi
     sign_certificate(certificate, keys.private_key)
     data = json.loads(certificate.read_text())
     data["assumptions"].append("Nothing else is assumed.")  # any edit: here one that ε cannot catch
-    certificate.write_text(json.dumps(_reseal(data)))
+    certificate.write_text(json.dumps(resealed(data)))
     # without the key the forgery passes every check dpcl can make alone (the hash was recomputed)
     code, out, err = _cli(capsys, "verify", str(certificate), "--json")
     assert code == 0, err
@@ -196,7 +164,7 @@ def test_sign_refuses_an_edited_certificate_and_signs_nothing(certificate, keys,
     second.write_text(certificate.read_text().replace('"../checkpoints/', '"../checkpoints/'))
     data = json.loads(certificate.read_text())
     data["guarantee"]["epsilon"] *= 0.5
-    certificate.write_text(json.dumps(_reseal(data)))  # a consistent hash, but ε does not verify
+    certificate.write_text(json.dumps(resealed(data)))  # a consistent hash, but ε does not verify
     code, out, err = _cli(capsys, "sign", str(second), str(certificate), "--key", str(keys.private_key))
     assert code == 3 and "epsilon" in err and out == ""
     assert "signature" not in json.loads(second.read_text())
