@@ -114,6 +114,10 @@ PRV_MIN_EPS_ERROR = 1e-3
 PRV_MAX_GRID_POINTS = 1.2e7
 #: PRV ``delta_error`` as a fraction of delta.
 PRV_RELATIVE_DELTA_ERROR = 1e-3
+# prv-accountant evaluates exp(t) over its privacy-loss domain [-L, L]; past log(float64 max) ~ 709.78 that
+# overflows and its discretised PRVs come out with a wrong (even negative) mean: at q = 0.1, T = 1e6, z = 2 it
+# returned epsilon upper bound -844, which dpcl used to clamp to 0 although the true epsilon is about 1600.
+PRV_MAX_DOMAIN = 700.0
 _UNIT_ROUNDOFF = 2.0**-53
 
 
@@ -1005,10 +1009,18 @@ def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
                     f"mesh {mesh:.2g}; dpcl allocates at most {PRV_MAX_GRID_POINTS:.2g}, about 1.3 GB); use accountant "
                     "'auto', 'pld' or 'rdp'."
                 )
+            if not domain <= PRV_MAX_DOMAIN:
+                raise UnsupportedEventError(
+                    f"prv-accountant would need the privacy-loss domain +-{domain:.4g} for these events; past "
+                    f"+-{PRV_MAX_DOMAIN:g} its float64 exp overflows and its bound is not reliable (it gave a negative "
+                    "epsilon where the true one is about 1600); use accountant 'auto', 'pld' or 'rdp'."
+                )
             acc = PRVAccountant(
                 prvs=prvs, eps_error=eps_error, delta_error=delta_error, max_self_compositions=counts, eps_max=domain,
             )
-            _, _, eps_upper = acc.compute_epsilon(delta=delta, num_self_compositions=counts)
+            composed = acc.compute_composition(num_self_compositions=counts)
+            _check_prv_composition(acc.composer.prvs, counts, composed, mesh)
+            _, _, eps_upper = composed.compute_epsilon(delta, delta_error, eps_error)
     except UnsupportedEventError:
         raise
     except (ValueError, RuntimeError, FloatingPointError, OverflowError, ZeroDivisionError) as exc:
@@ -1020,9 +1032,37 @@ def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         raise UnsupportedEventError(
             f"prv-accountant returned no finite upper bound at delta={delta!r}; use accountant 'pld' or 'rdp'."
         )
-    return max(eps_upper, 0.0), (
+    if eps_upper <= 0.0:
+        # epsilon 0 is a valid answer only if delta(0) <= delta; a non-positive bound from prv-accountant cannot
+        # be told apart from a numerical failure of its composition, so it is not reported
+        raise UnsupportedEventError(
+            f"prv-accountant returned a non-positive upper bound ({eps_upper:.4g}) at delta={delta!r}, which dpcl "
+            "cannot tell apart from a numerical failure; use accountant 'pld' or 'rdp'."
+        )
+    return eps_upper, (
         f"prv: prv-accountant upper bound (not its estimate), eps_error={eps_error:.3g}, delta_error={delta_error:.3g}.",
     )
+
+
+def _check_prv_composition(singles: Sequence[Any], counts: Sequence[int], composed: Any, mesh: float) -> None:
+    """Refuse a prv-accountant composition that cannot be right: the mean privacy loss of each step is a KL
+    divergence (>= 0), its pmf has mass 1, and the composed mean is the sum of the steps' means (an FFT
+    composition that wrapped mass around its domain breaks this). prv-accountant checks none of these after
+    composing; dpcl refuses (the caller falls back to PLD or RDP) rather than report a wrong bound."""
+    means = [float(np.dot(p.domain.ts(), p.pmf)) for p in singles]
+    if any(not m >= -mesh for m in means):
+        raise UnsupportedEventError(
+            "prv-accountant discretised a step with a negative mean privacy loss (a KL divergence is >= 0); its "
+            "bound is not reliable here; use accountant 'pld' or 'rdp'."
+        )
+    expected = sum(n * m for n, m in zip(counts, means))
+    got = float(np.dot(composed.domain.ts(), composed.pmf))
+    mass = float(np.sum(composed.pmf))
+    if not (abs(mass - 1.0) <= 1e-6 and abs(got - expected) <= max(1e-6 * abs(expected), sum(counts) * 1e-9 + mesh)):
+        raise UnsupportedEventError(
+            f"prv-accountant's composition is inconsistent (mass {mass:.8g}, mean {got:.6g} instead of "
+            f"{expected:.6g}); its bound is not reliable here; use accountant 'pld' or 'rdp'."
+        )
 
 
 def _prv_safe_domain(mech: _Mechanisms, counts: list[int], eps_error: float, delta_error: float) -> float:
