@@ -226,8 +226,12 @@ def audit_config(
     assumptions.append(COUNTS_ASSUMPTION)
 
     plans = []
+    seen_assumptions = dict.fromkeys(assumptions)
+    seen_notes: dict[str, None] = {}
+    trained_so_far = 0
     for t, n in enumerate(sizes):
-        n_plan = sum(sizes[: t + 1]) if spec.reuses_past_tasks else n
+        trained_so_far += n
+        n_plan = trained_so_far if spec.reuses_past_tasks else n
         try:
             plan = spec.plan_task(method, privacy, n_plan, t)
         except (ConfigError, PrivacyViolationError):
@@ -249,10 +253,10 @@ def audit_config(
                 violations.append(str(exc))
                 not_dp_from = t if not_dp_from is None else not_dp_from
         plans.append((t, n_plan, plan))
-        for a in plan.assumptions:
-            if a not in assumptions:
-                assumptions.append(a)
-        notes.extend(n for n in plan.notes if n not in notes)  # methods repeat a note per task; state it once
+        seen_assumptions.update(dict.fromkeys(plan.assumptions))
+        seen_notes.update(dict.fromkeys(plan.notes))  # methods repeat a note per task; state it once
+    assumptions = list(seen_assumptions)
+    notes.extend(seen_notes)
 
     events_all = [e for _, _, p in plans if p is not None for e in p.events]
     adjacency = events_all[0].adjacency.value if events_all else privacy["adjacency"]
