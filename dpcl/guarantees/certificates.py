@@ -86,7 +86,9 @@ from dpcl.guarantees.ledger import (
     TaskLedger,
     charges_from_list,
     charges_to_list,
+    compact_indices,
     compose_stream,
+    expand_indices,
 )
 from dpcl.guarantees.method_schema import ReleaseCoverage
 
@@ -203,6 +205,14 @@ def _stream_statement(guarantee: StreamGuarantee) -> dict[str, Any]:
         "groups": [g.to_dict() for g in guarantee.groups],
         "notes": list(guarantee.notes),
     }
+
+
+def _compact_groups(statement: dict[str, Any]) -> None:
+    """Version 3: a group's runs of consecutive task and charge indices as ``[first, last]``."""
+    statement["groups"] = [
+        {**g, "tasks": compact_indices(g["tasks"]), "charges": compact_indices(g["charges"])}
+        for g in statement.get("groups", ())
+    ]
 
 
 def _scoped_entries(scoped: Mapping[str, Any] | None, release_task: int) -> list[dict[str, Any]]:
@@ -338,6 +348,10 @@ def build_certificate(
     repeated = any("repeat" in c for c in events) or any(
         "repeat" in c for e in scoped_guarantees for c in e.get("events", ())
     )
+    scoped_guarantees = [dict(e) for e in scoped_guarantees]
+    if repeated:  # version 3: charge runs stored once, and so the index runs of groups too
+        for statement in (headline, *scoped_guarantees):
+            _compact_groups(statement)
     return {
         "format": CERTIFICATE_FORMAT,
         "version": REPEATED_CHARGES_VERSION if repeated else CERTIFICATE_VERSION,
@@ -761,11 +775,11 @@ def _recompute(
         # winner and its settings (e.g. auto's PLD discretisation) are reproduced exactly.
         group_accountants = [str(x.get("requested_accountant", x["accountant"])) for x in g["groups"]]
         stated_groups = [
-            (tuple(int(t) for t in x["tasks"]), float(x["epsilon"]), str(x["accountant"]),
-             tuple(int(i) for i in x.get("charges", ())))
+            (expand_indices(x["tasks"], "group tasks"), float(x["epsilon"]), str(x["accountant"]),
+             expand_indices(x.get("charges", []), "group charges"))
             for x in g["groups"]
         ]
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
         raise MalformedCertificateError(f"certificate {prefix or 'guarantee'} is malformed: {exc}") from exc
     name = (lambda check: f"{prefix}{check}")
     checks: list[VerificationCheck] = []

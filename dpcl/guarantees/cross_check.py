@@ -56,7 +56,13 @@ from dpcl.accounting.events import Adjacency, ComposedEvent, PrivacyEvent
 from dpcl.accounting.interop import has_subsampling, neighboring_relation, to_dp_event
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, UnsupportedEventError
 from dpcl.guarantees.atomic_io import read_json
-from dpcl.guarantees.ledger import ACROSS_TASKS, _composition_groups, _group_events, charges_from_list
+from dpcl.guarantees.ledger import (
+    ACROSS_TASKS,
+    _composition_groups,
+    _group_events,
+    charges_from_list,
+    expand_indices,
+)
 
 __all__ = [
     "CROSS_CHECK_INTERVAL",
@@ -323,7 +329,7 @@ def _statement(
         delta = float(stated["delta"])
         across = str(stated["across_tasks"])
         stated_groups = {
-            tuple(int(t) for t in g["tasks"]): float(g["epsilon"]) for g in stated.get("groups", ())
+            expand_indices(g["tasks"], f"{name} group tasks"): float(g["epsilon"]) for g in stated.get("groups", ())
         }
     except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
         raise MalformedCertificateError(f"{name} guarantee cannot be cross-checked: malformed ({exc}).") from exc

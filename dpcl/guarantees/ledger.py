@@ -33,7 +33,9 @@ by :meth:`TaskLedger.charge`), which the accountants compose as a
 self-composition (dp-accounting's ``SelfComposedDpEvent``); a run of equal
 consecutive charges is one entry with ``"repeat": n`` (:func:`charges_to_list`);
 and a release lists only the composition groups that changed since the
-previous release (``groups_kept``: how many leading groups it shares with it). It carries a SHA-256 of
+previous release (``groups_kept``: how many leading groups it shares with it),
+and ``"notes": "same"`` when its notes are the previous release's; runs of
+consecutive task and charge indices in a group are ``[first, last]``. It carries a SHA-256 of
 its own content; a truncated, corrupt or edited file raises
 :class:`~dpcl.errors.LedgerCorruptError` and is never replaced silently. The hash
 is not a signature, so :meth:`TaskLedger.from_dict` also refuses content that is
@@ -75,9 +77,11 @@ __all__ = [
     "TaskLedger",
     "charges_from_list",
     "charges_to_list",
+    "compact_indices",
     "compose_stream",
     "compress_events",
     "event_is_gaussian_type",
+    "expand_indices",
 ]
 
 #: Composition modes across tasks, after ``auto`` has been resolved.
@@ -110,6 +114,47 @@ class Charge:
             events=tuple(event_from_dict(e) for e in data["events"]),
             label=str(data.get("label", "")),
         )
+
+
+def compact_indices(values: Sequence[int]) -> list[Any]:
+    """``values`` (increasing indices) with every run of three or more consecutive integers as ``[first, last]``:
+    the charges of a task charged 100 times in a row are ``[[k, k + 99]]``, not 100 numbers."""
+    out: list[Any] = []
+    i, n = 0, len(values)
+    while i < n:
+        j = i
+        while j + 1 < n and values[j + 1] == values[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append([int(values[i]), int(values[j])])
+        else:
+            out.extend(int(v) for v in values[i : j + 1])
+        i = j + 1
+    return out
+
+
+def expand_indices(value: Any, what: str = "indices") -> tuple[int, ...]:
+    """Indices from :func:`compact_indices` output or a plain list of integers; ranges may hold at most
+    :data:`MAX_CHARGES` indices in all, malformed input raises InvalidParameterError."""
+    if not isinstance(value, (list, tuple)):
+        raise InvalidParameterError(f"{what} must be a list of indices, got {type(value).__name__}.")
+    out: list[int] = []
+    for item in value:
+        if isinstance(item, (list, tuple)):
+            if len(item) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in item):
+                raise InvalidParameterError(f"{what}: a range must be [first, last] of two integers, got {item!r}.")
+            first, last = item
+            if not 0 <= first <= last or len(out) + last - first + 1 > MAX_CHARGES:
+                raise InvalidParameterError(
+                    f"{what}: range {item!r} must satisfy 0 <= first <= last and hold at most {MAX_CHARGES:.0e} "
+                    "indices in all."
+                )
+            out.extend(range(first, last + 1))
+        elif isinstance(item, bool) or not isinstance(item, int):
+            raise InvalidParameterError(f"{what} must hold integers or [first, last] ranges, got {item!r}.")
+        else:
+            out.append(item)
+    return tuple(out)
 
 
 def compress_events(events: Iterable[PrivacyEvent]) -> tuple[PrivacyEvent, ...]:
@@ -208,10 +253,13 @@ class GroupGuarantee:
     #: accountant that was asked for (``auto`` names its winner in ``accountant``); recomputation uses it.
     requested_accountant: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, compact: bool = False) -> dict[str, Any]:
+        """JSON form; ``compact`` writes every run of consecutive task and charge indices as ``[first, last]``
+        (:func:`compact_indices`; ledger format 2 and certificate version 3)."""
+        form = compact_indices if compact else list
         return {
-            "tasks": list(self.tasks),
-            "charges": list(self.charges),
+            "tasks": form(self.tasks),
+            "charges": form(self.charges),
             "epsilon": self.epsilon,
             "accountant": self.accountant,
             "requested_accountant": self.requested_accountant or self.accountant,
@@ -220,8 +268,8 @@ class GroupGuarantee:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "GroupGuarantee":
         return cls(
-            tasks=tuple(int(t) for t in data["tasks"]),
-            charges=tuple(int(i) for i in data["charges"]),
+            tasks=expand_indices(data["tasks"], "group tasks"),
+            charges=expand_indices(data["charges"], "group charges"),
             epsilon=float(data["epsilon"]),
             accountant=str(data["accountant"]),
             requested_accountant=str(data.get("requested_accountant", data["accountant"])),
@@ -249,7 +297,7 @@ class StreamGuarantee:
             "accountant": self.accountant,
             "adjacency": self.adjacency,
             "unit": self.unit,
-            "groups": [g.to_dict() for g in self.groups[groups_kept or 0:]],
+            "groups": [g.to_dict(compact=groups_kept is not None) for g in self.groups[groups_kept or 0:]],
             "notes": list(self.notes),
         }
         if groups_kept is not None:
@@ -759,11 +807,15 @@ class TaskLedger:
         """Release records, each listing only the groups after those it shares with the previous release."""
         out: list[dict[str, Any]] = []
         previous: tuple[GroupGuarantee, ...] = ()
+        previous_notes: tuple[str, ...] | None = None
         for record in self.releases:
             groups = record.guarantee.groups
             kept = _shared_prefix(previous, groups)
-            out.append(record.to_dict(groups_kept=kept))
-            previous = groups
+            entry = record.to_dict(groups_kept=kept)
+            if record.guarantee.notes == previous_notes:
+                entry["guarantee"]["notes"] = "same"  # the previous release's notes
+            out.append(entry)
+            previous, previous_notes = groups, record.guarantee.notes
         return out
 
     def save(self) -> None:
@@ -834,6 +886,8 @@ class TaskLedger:
             for r in data["releases"]:
                 g = r["guarantee"]
                 kept = g.get("groups_kept", 0) if version >= 2 else 0
+                if g.get("notes") == "same" and not (version >= 2 and ledger.releases):
+                    raise LedgerCorruptError(f"{where}: release {len(ledger.releases)} refers to a previous release's notes.")
                 previous_groups = ledger.releases[-1].guarantee.groups if ledger.releases else ()
                 if isinstance(kept, bool) or not isinstance(kept, int) or not 0 <= kept <= len(previous_groups):
                     raise LedgerCorruptError(
@@ -848,7 +902,11 @@ class TaskLedger:
                     adjacency=g["adjacency"],
                     unit=g["unit"],
                     groups=previous_groups[:kept] + tuple(GroupGuarantee.from_dict(x) for x in g["groups"]),
-                    notes=tuple(g.get("notes", ())),
+                    notes=(
+                        ledger.releases[-1].guarantee.notes
+                        if version >= 2 and g.get("notes") == "same" and ledger.releases
+                        else tuple(str(n) for n in g.get("notes", ()))
+                    ),
                 )
                 record = ReleaseRecord(int(r["task_index"]), int(r["n_charges"]), guarantee, r.get("checkpoint_sha256"))
                 previous = ledger.releases[-1].n_charges if ledger.releases else 1
