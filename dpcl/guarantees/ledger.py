@@ -92,6 +92,8 @@ LEDGER_FORMAT = "dpcl-task-ledger"
 #: that changed: ``groups_kept``). Version 1 (every charge and every release's groups written out) is still read.
 LEDGER_VERSION = 2
 READABLE_LEDGER_VERSIONS = (1, 2)
+#: Ledgers with more charges and releases than this are written without indentation.
+COMPACT_LEDGER_ENTRIES = 1000
 #: Most charges a ledger or certificate may expand its ``repeat`` counts to (a reference each in memory).
 MAX_CHARGES = 10**7
 
@@ -362,9 +364,18 @@ def _composition_groups(charges: Sequence[Charge], across_tasks: str) -> list[tu
         tasks = tuple(sorted({t for c in charges for t in c.tasks}))
         return [(tasks, tuple(range(len(charges))))]
     by_task: dict[int, list[int]] = {}
-    for i, c in enumerate(charges):
+    single_task = True
+    i, n = 0, len(charges)
+    while i < n:  # a run of one charge object (equal charges stored once) is handled at once
+        c, j = charges[i], i + 1
+        while j < n and charges[j] is c:
+            j += 1
         for t in c.tasks:
-            by_task.setdefault(t, []).append(i)
+            by_task.setdefault(t, []).extend(range(i, j))
+        single_task = single_task and len(c.tasks) == 1
+        i = j
+    if single_task:  # every charge reads one task: the groups are the tasks, whose charges are disjoint
+        return sorted(((t,), tuple(idx)) for t, idx in by_task.items())
     groups: dict[frozenset[int], list[int]] = {}
     for t, idx in by_task.items():
         groups.setdefault(frozenset(idx), []).append(t)
@@ -408,8 +419,9 @@ def compose_stream(
     delta = float(check_delta("delta", delta))
     if not charges:
         raise InvalidParameterError("no charge recorded yet: nothing to compose.")
-    adjacencies = {e.adjacency for c in charges for e in c.events}
-    units = {e.unit for c in charges for e in c.events}
+    distinct = {id(c): c for c in charges}.values()  # a run of equal charges is one object
+    adjacencies = {e.adjacency for c in distinct for e in c.events}
+    units = {e.unit for c in distinct for e in c.events}
     if len(adjacencies) > 1 or len(units) > 1:
         raise InvalidParameterError(
             f"all charges must share one adjacency and privacy unit; got {sorted(a.value for a in adjacencies)} "
@@ -820,7 +832,10 @@ class TaskLedger:
 
     def save(self) -> None:
         if self.path is not None:
-            write_json_atomic(self.path, self.to_dict())
+            # indented for reading while small; compact for long streams (a third of the size, far from the
+            # 16 MiB that dpcl reads at most)
+            long_stream = len(self.charges) + len(self.releases) > COMPACT_LEDGER_ENTRIES
+            write_json_atomic(self.path, self.to_dict(), indent=None if long_stream else 2)
 
     @classmethod
     def from_dict(cls, data: Any, *, path: "str | os.PathLike[str] | None" = None) -> "TaskLedger":
