@@ -313,3 +313,20 @@ def test_charges_to_list_is_a_copy_not_a_view():
     second = copy.deepcopy(first)
     first[0]["repeat"] = 99
     assert charges_to_list(ledger.charges) == second
+
+
+def test_released_groups_never_change_when_a_task_is_charged_again(tmp_path):
+    ledger = TaskLedger(delta=DELTA, across_tasks="parallel", accountant="exact", path=tmp_path / "l.json")
+    for t in range(4):
+        ledger.charge(t, GaussianEvent(sigma=3.0))
+        ledger.release(t)
+    before = [tuple(r.guarantee.groups) for r in ledger.releases]
+    ledger.charge(1, GaussianEvent(sigma=2.0))  # task 1 again, after releases that state its group
+    ledger.release(1)
+    assert [tuple(r.guarantee.groups) for r in ledger.releases[:4]] == before
+    want = compose_stream(ledger.charges, "parallel", DELTA, "exact")
+    assert ledger.releases[-1].guarantee.groups == want.groups and ledger.guarantee().epsilon == want.epsilon
+    loaded = TaskLedger.load(tmp_path / "l.json")
+    assert [r.guarantee for r in loaded.releases] == [r.guarantee for r in ledger.releases]
+    loaded.charge(4, GaussianEvent(sigma=1.0))
+    assert loaded.guarantee() == compose_stream(loaded.charges, "parallel", DELTA, "exact")
