@@ -330,3 +330,12 @@ def test_released_groups_never_change_when_a_task_is_charged_again(tmp_path):
     assert [r.guarantee for r in loaded.releases] == [r.guarantee for r in ledger.releases]
     loaded.charge(4, GaussianEvent(sigma=1.0))
     assert loaded.guarantee() == compose_stream(loaded.charges, "parallel", DELTA, "exact")
+
+
+def test_resume_recognises_a_pending_charge_whose_equal_events_the_ledger_compressed():
+    from dpcl.certifier import _uncommitted_charge
+
+    ledger = TaskLedger(delta=DELTA, across_tasks="parallel", accountant="rdp")
+    charge = ledger.charge(0, [STEP] * 3)  # stored as RepeatedEvent(STEP, 3)
+    assert _uncommitted_charge(ledger, [0], [STEP] * 3) is charge
+    assert _uncommitted_charge(ledger, [0], [STEP] * 2) is None
