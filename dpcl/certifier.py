@@ -88,7 +88,7 @@ from dpcl.guarantees.label_space import (
     label_space_assumption,
     output_label_sets,
 )
-from dpcl.guarantees.ledger import Charge, ReleaseRecord, StreamGuarantee, TaskLedger
+from dpcl.guarantees.ledger import Charge, ReleaseRecord, StreamGuarantee, TaskLedger, compress_events
 from dpcl.guarantees.method_schema import ReleaseCoverage
 
 __all__ = [
@@ -214,8 +214,8 @@ def _uncommitted_charge(ledger: TaskLedger, tasks: Sequence[int], events: Sequen
     """The ledger's last charge if it is ``events`` on ``tasks`` with no release after it, else None."""
     if not ledger.charges or (ledger.releases and ledger.releases[-1].n_charges == len(ledger.charges)):
         return None
-    last = ledger.charges[-1]
-    return last if last.tasks == tuple(int(t) for t in tasks) and last.events == tuple(events) else None
+    last = ledger.charges[-1]  # the ledger stores a run of equal events once with its count: compare in that form
+    return last if last.tasks == tuple(int(t) for t in tasks) and last.events == compress_events(events) else None
 
 
 def _check_run_options(*, private: Any, resume: Any, driver: Any, config: Any, metadata: Any) -> None:

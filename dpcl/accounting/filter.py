@@ -29,6 +29,7 @@ budget would have been exceeded.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -162,8 +163,7 @@ class PrivacyFilter:
                 "profile, e.g. Gaussian mechanisms, under the basic rule."
             )
         share = check_delta_scalar("delta", delta)
-        result = compute_epsilon(event, share, "auto")
-        return FilterCharge(epsilon=result.epsilon, delta=share)
+        return FilterCharge(epsilon=_auto_epsilon_of(event, share), delta=share)
 
     def admit(self, event: PrivacyEvent, *, delta: float | None = None) -> FilterCharge:
         """Admit ``event`` if the budget allows it, else raise :class:`BudgetExceededError`.
@@ -221,3 +221,10 @@ class PrivacyFilter:
             "spent": {"epsilon": spent.epsilon, "delta": spent.delta, "mu": spent.mu},
             "remaining": {"epsilon": remaining.epsilon, "delta": remaining.delta, "mu": remaining.mu},
         }
+
+
+@functools.lru_cache(maxsize=1024)
+def _auto_epsilon_of(event: PrivacyEvent, delta: float) -> float:
+    """``compute_epsilon(event, delta, "auto").epsilon``, memoised: events are immutable, and the per-task filters of
+    a long parallel stream of equal-size tasks admit the same event at the same delta share."""
+    return compute_epsilon(event, delta, "auto").epsilon

@@ -29,6 +29,7 @@ not load data (``dpcl audit`` obtains them from the data layer or from
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -167,6 +168,44 @@ def combined_release(plans: Sequence[TaskPlan]) -> ReleaseCoverage | None:
     return ReleaseCoverage.post_processing(" ".join(dict.fromkeys(c.basis for c in coverages)))
 
 
+_TASK_NOTE = re.compile(r"task (\d+): (.*)", re.S)
+
+
+def merge_task_notes(notes: Sequence[str]) -> list[str]:
+    """Notes that differ only in their ``task N:`` prefix stated once for all those tasks ("tasks 0-9999: ...").
+
+    Equal-size tasks get the same plan, so a stream of 10^4 of them would otherwise repeat one sentence 10^4
+    times. Other notes are kept as they are, in order; a merged note takes the place of its first task's note.
+    """
+    from dpcl.guarantees.ledger import compact_indices
+
+    order: list[Any] = []
+    tasks_of: dict[str, list[int]] = {}
+    for note in notes:
+        match = _TASK_NOTE.fullmatch(note)
+        if match is None:
+            order.append(note)
+            continue
+        rest = match.group(2)
+        if rest not in tasks_of:
+            tasks_of[rest] = []
+            order.append((rest,))
+        tasks_of[rest].append(int(match.group(1)))
+    out = []
+    for item in order:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        (rest,) = item
+        tasks = sorted(set(tasks_of[rest]))
+        if len(tasks) == 1:
+            out.append(f"task {tasks[0]}: {rest}")
+        else:
+            spans = ", ".join(f"{r[0]}-{r[1]}" if isinstance(r, list) else str(r) for r in compact_indices(tasks))
+            out.append(f"tasks {spans}: {rest}")
+    return out
+
+
 def _check_sizes(task_sizes: Sequence[int], n_tasks: int) -> list[int]:
     sizes = list(task_sizes)
     if n_tasks and len(sizes) != n_tasks:
@@ -226,8 +265,12 @@ def audit_config(
     assumptions.append(COUNTS_ASSUMPTION)
 
     plans = []
+    seen_assumptions = dict.fromkeys(assumptions)
+    seen_notes: dict[str, None] = {}
+    trained_so_far = 0
     for t, n in enumerate(sizes):
-        n_plan = sum(sizes[: t + 1]) if spec.reuses_past_tasks else n
+        trained_so_far += n
+        n_plan = trained_so_far if spec.reuses_past_tasks else n
         try:
             plan = spec.plan_task(method, privacy, n_plan, t)
         except (ConfigError, PrivacyViolationError):
@@ -249,10 +292,10 @@ def audit_config(
                 violations.append(str(exc))
                 not_dp_from = t if not_dp_from is None else not_dp_from
         plans.append((t, n_plan, plan))
-        for a in plan.assumptions:
-            if a not in assumptions:
-                assumptions.append(a)
-        notes.extend(n for n in plan.notes if n not in notes)  # methods repeat a note per task; state it once
+        seen_assumptions.update(dict.fromkeys(plan.assumptions))
+        seen_notes.update(dict.fromkeys(plan.notes))  # methods repeat a note per task; state it once
+    assumptions = list(seen_assumptions)
+    notes.extend(merge_task_notes(seen_notes))
 
     events_all = [e for _, _, p in plans if p is not None for e in p.events]
     adjacency = events_all[0].adjacency.value if events_all else privacy["adjacency"]

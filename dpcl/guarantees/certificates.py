@@ -79,12 +79,23 @@ from dpcl.errors import (
     VerificationError,
 )
 from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
-from dpcl.guarantees.ledger import ACROSS_TASKS, Charge, StreamGuarantee, TaskLedger, compose_stream
+from dpcl.guarantees.ledger import (
+    ACROSS_TASKS,
+    Charge,
+    StreamGuarantee,
+    TaskLedger,
+    charges_from_list,
+    charges_to_list,
+    compact_indices,
+    compose_stream,
+    expand_indices,
+)
 from dpcl.guarantees.method_schema import ReleaseCoverage
 
 __all__ = [
     "CERTIFICATE_FORMAT",
     "CERTIFICATE_VERSION",
+    "REPEATED_CHARGES_VERSION",
     "READABLE_VERSIONS",
     "NON_PRIVATE_FORMAT",
     "NonPrivateReleaseError",
@@ -111,8 +122,11 @@ CERTIFICATE_FORMAT = "dpcl-certificate"
 NON_PRIVATE_FORMAT = "dpcl-non-private-release"
 #: Version this dpcl writes: 2 (headline = the checkpoint, ``private``, ``reasons``, ``scoped_guarantees``).
 CERTIFICATE_VERSION = 2
+#: Version written instead when a list of charges holds a run of equal consecutive charges stored once with
+#: ``"repeat": n`` (otherwise the same as version 2), so that a dpcl which would not expand it refuses the file.
+REPEATED_CHARGES_VERSION = 3
 #: Versions this dpcl reads and verifies (1: headline always private, no scoped statements).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 
 #: Relative tolerance between stated and recomputed epsilon, per accountant.
 #: Closed-form and RDP accountants are deterministic to rounding (1e-9). PLD and
@@ -193,6 +207,14 @@ def _stream_statement(guarantee: StreamGuarantee) -> dict[str, Any]:
     }
 
 
+def _compact_groups(statement: dict[str, Any]) -> None:
+    """Version 3: a group's runs of consecutive task and charge indices as ``[first, last]``."""
+    statement["groups"] = [
+        {**g, "tasks": compact_indices(g["tasks"]), "charges": compact_indices(g["charges"])}
+        for g in statement.get("groups", ())
+    ]
+
+
 def _scoped_entries(scoped: Mapping[str, Any] | None, release_task: int) -> list[dict[str, Any]]:
     """One ``scoped_guarantees`` entry per scope: the guarantee its ledger recorded for ``release_task``."""
     entries: list[dict[str, Any]] = []
@@ -217,7 +239,7 @@ def _scoped_entries(scoped: Mapping[str, Any] | None, release_task: int) -> list
                 "name": str(name),
                 "scope": str(item.scope).strip(),
                 **_stream_statement(record.guarantee),
-                "events": [c.to_dict() for c in item.ledger.charges[: record.n_charges]],
+                "events": charges_to_list(item.ledger.charges[: record.n_charges]),
                 "tolerance": {"relative": _tolerance(record.guarantee.accountant)},
             }
         )
@@ -322,9 +344,17 @@ def build_certificate(
     names = [str(e["name"]) for e in scoped_guarantees]
     if len(set(names)) != len(names):
         raise InvalidParameterError(f"scoped guarantee names must be distinct, got {names}.")
+    events = charges_to_list(charges)
+    repeated = any("repeat" in c for c in events) or any(
+        "repeat" in c for e in scoped_guarantees for c in e.get("events", ())
+    )
+    scoped_guarantees = [dict(e) for e in scoped_guarantees]
+    if repeated:  # version 3: charge runs stored once, and so the index runs of groups too
+        for statement in (headline, *scoped_guarantees):
+            _compact_groups(statement)
     return {
         "format": CERTIFICATE_FORMAT,
-        "version": CERTIFICATE_VERSION,
+        "version": REPEATED_CHARGES_VERSION if repeated else CERTIFICATE_VERSION,
         "dpcl_version": __version__,
         "created": _now(),
         "release": {"task_index": int(release_task), "method": str(method)},
@@ -332,7 +362,7 @@ def build_certificate(
         "scoped_guarantees": [dict(e) for e in scoped_guarantees],
         "label_space": {"policy": str(label_space), "filtered": [dict(x) for x in (label_filtering or [])]},
         "assumptions": sentences,
-        "events": [c.to_dict() for c in charges],
+        "events": events,
         "filter": dict(filter_state) if filter_state else None,
         "checkpoint": _checkpoint_entry(checkpoint, checkpoint_sha256),
         "tolerance": {"relative": tolerance},
@@ -686,9 +716,17 @@ class VerificationReport:
         }
 
 
-def _parse_charges(events: Any, what: str = "certificate events") -> list[Charge]:
+def _parse_charges(events: Any, what: str = "certificate events", version: int = CERTIFICATE_VERSION) -> list[Charge]:
+    """The charges of a certificate; ``"repeat": n`` (n equal consecutive charges) only from version 3 on."""
+    if version < REPEATED_CHARGES_VERSION and isinstance(events, list) and any(
+        isinstance(c, Mapping) and "repeat" in c for c in events
+    ):
+        raise MalformedCertificateError(
+            f"{what} use 'repeat', which only certificate version {REPEATED_CHARGES_VERSION} may use "
+            f"(this one states version {version})."
+        )
     try:
-        return [Charge.from_dict(c) for c in events]
+        return charges_from_list(events, what)
     except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
         raise MalformedCertificateError(f"{what} cannot be parsed: {exc}") from exc
 
@@ -737,11 +775,11 @@ def _recompute(
         # winner and its settings (e.g. auto's PLD discretisation) are reproduced exactly.
         group_accountants = [str(x.get("requested_accountant", x["accountant"])) for x in g["groups"]]
         stated_groups = [
-            (tuple(int(t) for t in x["tasks"]), float(x["epsilon"]), str(x["accountant"]),
-             tuple(int(i) for i in x.get("charges", ())))
+            (expand_indices(x["tasks"], "group tasks"), float(x["epsilon"]), str(x["accountant"]),
+             expand_indices(x.get("charges", []), "group charges"))
             for x in g["groups"]
         ]
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
         raise MalformedCertificateError(f"certificate {prefix or 'guarantee'} is malformed: {exc}") from exc
     name = (lambda check: f"{prefix}{check}")
     checks: list[VerificationCheck] = []
@@ -750,8 +788,9 @@ def _recompute(
     tolerance = _tolerance(str(g["accountant"]))
 
     # events agree with the stated neighbouring relation and unit.
-    adj = {e.adjacency.value for c in charges for e in c.events}
-    units = {e.unit for c in charges for e in c.events}
+    distinct = {id(c): c for c in charges}.values()  # a run of equal charges is one object
+    adj = {e.adjacency.value for c in distinct for e in c.events}
+    units = {e.unit for c in distinct for e in c.events}
     ok = adj == {g["adjacency"]} and units == {g["unit"]}
     checks.append(
         VerificationCheck(
@@ -850,7 +889,7 @@ def verify_certificate(
     tolerance = DEFAULT_RELATIVE_TOLERANCE
     reasons: tuple[str, ...] = ()
     if private:
-        charges = _parse_charges(data["events"])
+        charges = _parse_charges(data["events"], version=version)
         headline_checks, recomputed, tolerance, accountants = _recompute(g, charges, "")
         checks.extend(headline_checks)
         stated, delta = float(g["epsilon"]), float(g["delta"])
@@ -872,7 +911,7 @@ def verify_certificate(
     scoped: list[ScopedVerification] = []
     for entry in data.get("scoped_guarantees", []):
         label = f"scoped[{entry['name']}]."
-        entry_charges = _parse_charges(entry["events"], f"scoped guarantee {entry['name']!r} events")
+        entry_charges = _parse_charges(entry["events"], f"scoped guarantee {entry['name']!r} events", version)
         entry_checks, entry_eps, _tol, entry_accountants = _recompute(entry, entry_charges, label)
         checks.extend(entry_checks)
         problems.extend(_config_checks(config, entry, entry_accountants, f"scoped guarantee {entry['name']!r}"))

@@ -35,6 +35,10 @@ message. A group whose events have no dp-accounting counterpart (an
 ``epsilon_delta`` event) or that dp-accounting's PLD does not analyse is
 reported as not cross-checked, with the reason; it neither passes nor fails.
 
+Repetition stays compressed: a ``RepeatedEvent`` (and a run of equal charges stored once with
+``"repeat": n``, certificate version 3) becomes one dp-accounting ``SelfComposedDpEvent``, which the PLD
+accountant composes by self-convolution from its count.
+
 Replace-one Laplace events (L2DP-ML): dp-accounting's PLD analyses Laplace only
 under add/remove; without Poisson subsampling a replace-one mechanism has the
 same privacy curve as add/remove at the same shift, so such a group is
@@ -52,7 +56,13 @@ from dpcl.accounting.events import Adjacency, ComposedEvent, PrivacyEvent
 from dpcl.accounting.interop import has_subsampling, neighboring_relation, to_dp_event
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, UnsupportedEventError
 from dpcl.guarantees.atomic_io import read_json
-from dpcl.guarantees.ledger import ACROSS_TASKS, Charge, _composition_groups
+from dpcl.guarantees.ledger import (
+    ACROSS_TASKS,
+    _composition_groups,
+    _group_events,
+    charges_from_list,
+    expand_indices,
+)
 
 __all__ = [
     "CROSS_CHECK_INTERVAL",
@@ -314,12 +324,12 @@ def _statement(
     name: str, stated: Mapping[str, Any], raw_charges: Any, interval: float
 ) -> StatementCrossCheck:
     try:
-        charges = [Charge.from_dict(c) for c in raw_charges]
+        charges = charges_from_list(raw_charges, f"{name} events")  # "repeat": n equal charges, never expanded
         epsilon = float(stated["epsilon"])
         delta = float(stated["delta"])
         across = str(stated["across_tasks"])
         stated_groups = {
-            tuple(int(t) for t in g["tasks"]): float(g["epsilon"]) for g in stated.get("groups", ())
+            expand_indices(g["tasks"], f"{name} group tasks"): float(g["epsilon"]) for g in stated.get("groups", ())
         }
     except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
         raise MalformedCertificateError(f"{name} guarantee cannot be cross-checked: malformed ({exc}).") from exc
@@ -331,7 +341,7 @@ def _statement(
     groups: list[GroupCrossCheck] = []
     notes: list[str] = []
     for tasks, idx in _composition_groups(charges, across):
-        events = [e for i in idx for e in charges[i].events]
+        events = _group_events(charges, idx)  # a run of equal charges: one SelfComposedDpEvent
         try:
             bounds = independent_epsilon(events, delta, interval)
         except UnsupportedEventError as exc:

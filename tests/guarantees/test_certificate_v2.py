@@ -139,7 +139,7 @@ def test_non_private_certificate_states_its_reasons_and_scoped_statements(tmp_pa
         (lambda d: d["guarantee"].__setitem__("epsilon", 1.0), "epsilon null"),
         (lambda d: d["guarantee"].__setitem__("reasons", []), "reasons"),
         (lambda d: d["guarantee"].__setitem__("private", "no"), "true or false"),
-        (lambda d: d.__setitem__("version", 3), "version 3"),
+        (lambda d: d.__setitem__("version", 4), "version 4"),
         (lambda d: d.pop("scoped_guarantees"), "scoped_guarantees"),
         (lambda d: d["scoped_guarantees"][0].__setitem__("scope", ""), "scope sentence"),
         (lambda d: d["scoped_guarantees"].append(dict(d["scoped_guarantees"][0])), "distinct"),
