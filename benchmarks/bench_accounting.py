@@ -64,11 +64,24 @@ class Measurement:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _forget_memoised_accounting() -> None:
+    """dpcl memoises epsilons, PLDs and calibrations in-process; a timed repeat must compute, not look up."""
+    from dpcl.accounting.accountants import clear_memo
+    from dpcl.accounting.dpsgd import CALIBRATION_MEMO
+
+    clear_memo()
+    CALIBRATION_MEMO.clear()
+
+
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[Any, float]:
-    """Run ``fn`` once to warm up, then ``repeats`` times; return its last value and the median seconds."""
+    """Run ``fn`` once to warm up, then ``repeats`` times; return its last value and the median seconds.
+
+    dpcl's in-process memos are cleared before every call, so each timing is a full computation."""
+    _forget_memoised_accounting()
     value = fn()
     times = []
     for _ in range(repeats):
+        _forget_memoised_accounting()
         start = time.perf_counter()
         value = fn()
         times.append(time.perf_counter() - start)
