@@ -125,6 +125,19 @@ def _event_meaning(event: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": str(inner.get("type", inner.get("kind", "?"))), "count": count, "noise": _noise_values(inner)}
 
 
+def merge_repeated(events: list[Any]) -> list[Any]:
+    """Consecutive equal events (same type and noise) as one event with the summed count: k single events and one
+    event repeated k times are the same composition, whichever layout the ledger and certificate format chose."""
+    merged: list[Any] = []
+    for event in events:
+        if (merged and isinstance(event, Mapping) and isinstance(merged[-1], Mapping)
+                and {k: v for k, v in event.items() if k != "count"} == {k: v for k, v in merged[-1].items() if k != "count"}):
+            merged[-1] = {**merged[-1], "count": int(merged[-1].get("count", 1)) + int(event.get("count", 1))}
+        else:
+            merged.append(dict(event) if isinstance(event, Mapping) else event)
+    return merged
+
+
 def _headline(g: Mapping[str, Any]) -> dict[str, Any]:
     return {key: g.get(key) for key in ("private", "epsilon", "delta", "unit", "adjacency", "accountant",
                                         "across_tasks")}
@@ -132,7 +145,7 @@ def _headline(g: Mapping[str, Any]) -> dict[str, Any]:
 
 def _charges_meaning(charges: Any) -> list[dict[str, Any]]:
     return [
-        {"tasks": list(c.get("tasks", [])), "events": [_event_meaning(e) for e in c.get("events", [])]}
+        {"tasks": list(c.get("tasks", [])), "events": merge_repeated([_event_meaning(e) for e in c.get("events", [])])}
         for c in charges or []
     ]
 
@@ -199,7 +212,10 @@ def compare(expected: Any, actual: Any, where: str = "", *, eps_rtol: float = 1e
             problems.append(f"{where}: keys {sorted(expected)} != {sorted(actual)}")
         for key in set(expected) & set(actual):
             inside = noise or key in ("noise", "plan_noise")
-            problems += compare(expected[key], actual[key], f"{where}/{key}", eps_rtol=eps_rtol,
+            mine, theirs = expected[key], actual[key]
+            if key == "events" and isinstance(mine, list) and isinstance(theirs, list):
+                mine, theirs = merge_repeated(mine), merge_repeated(theirs)
+            problems += compare(mine, theirs, f"{where}/{key}", eps_rtol=eps_rtol,
                                 noise_rtol=noise_rtol, noise=inside)
         return problems
     if isinstance(expected, list) and isinstance(actual, list):

@@ -64,3 +64,10 @@ def test_bundled_config_matches_the_golden_run(name, tmp_path):
     golden = _golden("full")[name]
     problems = compare(golden, run_config(name, "full", tmp_path))
     assert not problems, "\n".join(problems)
+
+
+def test_compare_reads_repeated_events_as_their_count():
+    single = {"type": "laplace", "count": 1, "noise": [0.2]}
+    golden = {"charges": [{"events": [single, single]}]}
+    assert compare(golden, {"charges": [{"events": [{**single, "count": 2}]}]}) == []
+    assert compare(golden, {"charges": [{"events": [{**single, "count": 3}]}]})
