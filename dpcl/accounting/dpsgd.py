@@ -235,10 +235,18 @@ def _calibrate_auto(
     if "pld" not in plain.candidates or (others and min(others) < target):
         # another candidate may meet the target with less noise: search on auto itself
         return _calibrate_auto_full(target, delta, q, steps, relation, rtol, z, slope)
+    return _finish_on_plain_auto(z, plain, target, delta, q, steps, relation, rtol, slope)
+
+
+def _finish_on_plain_auto(
+    z: float, plain: AccountingResult, target: float, delta: float, q: float, steps: int, relation: Adjacency,
+    rtol: float, slope: float,
+) -> tuple[float, AccountingResult]:
+    """Plain ``auto`` must meet the target at the multiplier returned; where it (its own PLD refinement) is a
+    little above the target, the search continues on plain ``auto`` itself, starting from ``z``."""
     if plain.epsilon <= target:
         return z, plain
 
-    # plain auto (its own PLD refinement) is a little above the target here: continue the search on it
     def plain_auto(z: float) -> AccountingResult:
         return dpsgd_epsilon(z, q, steps, delta, "auto", relation)
 
@@ -271,14 +279,7 @@ def _calibrate_auto_full(
             pld_interval = finer
             z, result, slope = _search(evaluate, target, delta, q, steps, rtol, start=z, slope=slope)
     plain = dpsgd_epsilon(z, q, steps, delta, "auto", relation)
-    if plain.epsilon <= target:
-        return z, plain
-
-    def plain_auto(z: float) -> AccountingResult:
-        return dpsgd_epsilon(z, q, steps, delta, "auto", relation)
-
-    z, result, _ = _search(plain_auto, target, delta, q, steps, rtol, start=z, slope=slope, seed={z: plain})
-    return z, result
+    return _finish_on_plain_auto(z, plain, target, delta, q, steps, relation, rtol, slope)
 
 
 def _search(
