@@ -731,6 +731,7 @@ def _dpsgd_plan(
         TASK_SIZE_ASSUMPTION,
         _privacy,
         calibrated_dpsgd_task,
+        dpsgd_noise_record,
     )
 
     eps, delta, adjacency, accountant = _privacy(privacy)
@@ -749,15 +750,7 @@ def _dpsgd_plan(
     q, steps, calibration, event = calibrated_dpsgd_task(
         n, int(v["batch_size"]), int(v["epochs"]), task_index, eps, delta, adjacency, accountant
     )
-    noise.update({
-        "noise_multiplier": float(calibration.noise_multiplier),
-        "sample_rate": q,
-        "steps": steps,
-        "max_grad_norm": max_grad_norm,
-        "task_epsilon": float(calibration.epsilon),
-        "calibration_accountant": calibration.accountant,
-        EMPTY_TASK_RELEASE_KEY: "previous release",
-    })
+    noise.update(dpsgd_noise_record(calibration, q, steps, max_grad_norm, empty_task_release="previous release"))
     checkpoint_note = (
         f"task {task_index}: checkpoint guarantee: DP-SGD on {n} fortunes (unit: one fortune, {adjacency.value}), "
         f"q={q:.6g}, {steps} steps, noise multiplier {calibration.noise_multiplier:.6g}, clipping "

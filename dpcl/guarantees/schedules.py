@@ -240,6 +240,22 @@ def _accountant_advice(accountant: str, adjacency: Adjacency) -> str:
     )
 
 
+def dpsgd_noise_record(
+    calibration: Any, q: float, steps: int, max_grad_norm: float, *, empty_task_release: str
+) -> dict[str, Any]:
+    """A calibrated DP-SGD task's ``noise`` record in its plan (what training reads and the certificate states);
+    ``empty_task_release`` is what an empty task of this method releases instead (Prop. F.1)."""
+    return {
+        "noise_multiplier": float(calibration.noise_multiplier),
+        "sample_rate": q,
+        "steps": steps,
+        "max_grad_norm": max_grad_norm,
+        "task_epsilon": float(calibration.epsilon),
+        "calibration_accountant": calibration.accountant,
+        EMPTY_TASK_RELEASE_KEY: empty_task_release,
+    }
+
+
 def calibrated_dpsgd_task(
     n: int, batch_size: int, epochs: int, task_index: int, eps: float, delta: float, adjacency: Adjacency,
     accountant: str,
@@ -340,15 +356,7 @@ class DpSgdSpec:
         )
         return TaskPlan(
             events=(event,),
-            noise={
-                "noise_multiplier": float(calibration.noise_multiplier),
-                "sample_rate": q,
-                "steps": steps,
-                "max_grad_norm": max_grad_norm,
-                "task_epsilon": float(calibration.epsilon),
-                "calibration_accountant": calibration.accountant,
-                EMPTY_TASK_RELEASE_KEY: "initialisation",
-            },
+            noise=dpsgd_noise_record(calibration, q, steps, max_grad_norm, empty_task_release="initialisation"),
             assumptions=assumptions,
             release=DPSGD_RELEASE,
             notes=(

@@ -359,8 +359,9 @@ def run_under_torchrun(
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-    backend, base = _check_config(config_path, device, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
-    _share_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    backend, base = _check_config(config_path, device, local_world)
+    _share_cpu_threads(local_world)
     rank_device = _rank_device(base, local_rank)
     dist.init_process_group(backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
     try:
