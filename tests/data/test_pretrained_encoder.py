@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -360,3 +360,24 @@ def test_film_inside_an_image_encoder_trains_on_two_gloo_processes(assets, tmp_p
         assert recorded["extra"]["peft_ensemble"]["variant"] == "film"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["cumulative_epsilon"][-1] == pytest.approx(planned["epsilon"], rel=1e-9)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+def test_cosine_and_film_on_a_local_encoder_train_on_cuda_and_certify(assets, tmp_path, monkeypatch):
+    """The GPU path of the local-encoder runs: features and FiLM training on ``cuda``, certificates verified."""
+    from dpcl.guarantees.certificates import read_certificate, verify_certificate
+    from dpcl.runner import run_training
+
+    encoder, images = assets
+    monkeypatch.setenv("DPCL_CACHE_DIR", str(tmp_path / "cache"))
+    for method in ("cosine", "peft_ensemble"):
+        config = tmp_path / f"{method}.toml"
+        config.write_text(config_text(method, images, encoder), encoding="utf-8")
+        result = run_training(config, tmp_path / method, device="cuda", quiet=True, seed=1)
+        assert result.complete and result.metrics["device"].startswith("cuda")
+        for release in result.releases:
+            verify_certificate(result.out_dir / release.certificate).raise_if_invalid()
+        certificate = read_certificate(result.last_certificate)
+        assert certificate["guarantee"]["private"] is True
+        if method == "peft_ensemble":
+            assert certificate["extra"]["peft_ensemble"]["variant"] == "film"

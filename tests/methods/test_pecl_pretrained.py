@@ -251,3 +251,29 @@ def test_a_non_gpt2_architecture_gets_lora_on_its_attention_and_its_own_special_
     trained = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in learner.model.lm.named_parameters()
                if p.requires_grad}
     assert trained == {"q_proj", "v_proj"}  # peft's default LoRA targets for llama
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+def test_dp_pecl_with_pretrained_path_trains_on_cuda_and_certifies_the_checkpoint(model_dir, tmp_path):
+    """``pretrained_path`` on CUDA: the DP PeCL (DP-SGD on the adapters and head) of a local causal LM, private."""
+    from dpcl.guarantees.certificates import read_certificate, verify_certificate
+    from dpcl.runner import run_training
+
+    config = tmp_path / "pecl.toml"
+    config.write_text(
+        "[privacy]\nepsilon = 8.0\ndelta = 1e-6\nadjacency = \"add_remove\"\naccountant = \"auto\"\n"
+        "across_tasks = \"auto\"\n\n[stream]\ndataset = \"fortunes_texts\"\n"
+        "dataset_options = { categories = [\"food\", \"law\", \"science\", \"work\"], max_per_class = 6 }\n"
+        "tasks = [[0, 1], [2, 3]]\nlabel_space = \"prior\"\nprior_labels = [[0, 1], [2, 3]]\n"
+        "disjoint_units = true\n\n[method]\nname = \"pecl\"\ntraining = \"dp_sgd\"\nmax_grad_norm = 1.0\n"
+        "epsilon_lower = 1.0\nepsilon_upper = 10.0\nepochs = 1\nbatch_size = 8\nmax_seq_len = 16\nlora_rank = 2\n"
+        f"pretrained_path = {model_dir!r}\ndevice = \"cuda\"\n",
+        encoding="utf-8",
+    )
+    result = run_training(config, tmp_path / "out", quiet=True)
+    assert result.complete and len(result.releases) == 2 and result.metrics["device"].startswith("cuda")
+    for release in result.releases:
+        verify_certificate(result.out_dir / release.certificate).raise_if_invalid()
+    cert = read_certificate(result.last_certificate)
+    assert cert["guarantee"]["private"] is True and cert["guarantee"]["unit"] == "example"
+    assert cert["config"]["method"]["pretrained_path"] == model_dir
