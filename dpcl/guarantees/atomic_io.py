@@ -12,12 +12,14 @@ third-party package is required for four system calls.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from dpcl.errors import InvalidParameterError
 
@@ -31,6 +33,7 @@ __all__ = [
     "FileTooLargeError",
     "JsonLimitError",
     "check_nesting",
+    "collector_paused",
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
 ]
@@ -211,3 +214,19 @@ def sha256_file(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20) -> s
         for chunk in iter(lambda: handle.read(chunk_size), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a large file's objects are built (restored after, as found).
+
+    Parsing a ledger or certificate of 10^4 tasks creates some 10^5 containers that live until the caller is done;
+    the collector would walk all of them several times (a third of a verification's time) and free none of them.
+    They hold no reference cycles, so reference counting frees them as before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -78,16 +78,18 @@ from dpcl.errors import (
     UndeclaredReleaseError,
     VerificationError,
 )
-from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
+from dpcl.guarantees.atomic_io import collector_paused, read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.ledger import (
     ACROSS_TASKS,
     Charge,
     StreamGuarantee,
     TaskLedger,
+    charge_runs,
     charges_from_list,
     charges_to_list,
     compact_indices,
     compose_stream,
+    distinct_charges,
     expand_indices,
 )
 from dpcl.guarantees.method_schema import ReleaseCoverage
@@ -761,6 +763,11 @@ def _config_checks(config: Any, g: Mapping[str, Any], group_accountants: Sequenc
     return problems
 
 
+def _count_events(charges: Sequence[Charge]) -> int:
+    """Number of events in ``charges`` (a run of n references to one charge counts its events n times)."""
+    return sum(len(charges[start].events) * (stop - start) for start, stop in charge_runs(charges))
+
+
 def _recompute(
     g: Mapping[str, Any], charges: Sequence[Charge], prefix: str
 ) -> tuple[list[VerificationCheck], float | None, float, list[str]]:
@@ -788,7 +795,7 @@ def _recompute(
     tolerance = _tolerance(str(g["accountant"]))
 
     # events agree with the stated neighbouring relation and unit.
-    distinct = {id(c): c for c in charges}.values()  # a run of equal charges is one object
+    distinct = distinct_charges(charges)  # a run of equal charges is one object
     adj = {e.adjacency.value for c in distinct for e in c.events}
     units = {e.unit for c in distinct for e in c.events}
     ok = adj == {g["adjacency"]} and units == {g["unit"]}
@@ -811,7 +818,7 @@ def _recompute(
             VerificationCheck(
                 name("epsilon"),
                 close,
-                f"stated {stated!r}, recomputed {recomputed!r} from {sum(len(c.events) for c in charges)} events "
+                f"stated {stated!r}, recomputed {recomputed!r} from {_count_events(charges)} events "
                 f"(relative tolerance {tolerance:g})",
             )
         )
@@ -874,7 +881,12 @@ def verify_certificate(
     :class:`MalformedCertificateError` (exit code 2). Version-1 certificates are verified as
     private headlines without scoped statements.
     """
-    p = Path(path)
+    with collector_paused():
+        return _verify(Path(path), checkpoint, public_key)
+
+
+def _verify(p: Path, checkpoint: "str | os.PathLike[str] | None", public_key: Any) -> VerificationReport:
+    """:func:`verify_certificate` of the certificate at ``p``."""
     data = read_certificate(p)
     version = int(data["version"])
     g = data["guarantee"]

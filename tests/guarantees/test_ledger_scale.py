@@ -339,3 +339,69 @@ def test_resume_recognises_a_pending_charge_whose_equal_events_the_ledger_compre
     charge = ledger.charge(0, [STEP] * 3)  # stored as RepeatedEvent(STEP, 3)
     assert _uncommitted_charge(ledger, [0], [STEP] * 3) is charge
     assert _uncommitted_charge(ledger, [0], [STEP] * 2) is None
+
+
+def _parsed(entries, which: int):
+    """Charge ``which`` of ``entries`` parsed together, or the type of the error the parse raises."""
+    try:
+        return ledger_module.charges_from_list(entries)[which]
+    except Exception as exc:  # noqa: BLE001  (errors are compared between two parses)
+        return type(exc)
+
+
+@pytest.mark.parametrize("count", [1000, 1000.0, True, "1000", -5, 10**20])
+def test_charges_with_the_same_events_json_share_their_parsed_events_and_nothing_else(count):
+    good = {"tasks": [0], "label": "a", "events": [RepeatedEvent(STEP, 1000).to_dict()]}
+    other = copy.deepcopy(good) | {"tasks": [1], "label": "b"}
+    other["events"][0]["count"] = count  # 1000.0 and True equal 1000 in Python but are other JSON
+    alone, shared = _parsed([other], 0), _parsed([good, other], 1)
+    assert shared == alone  # parsed next to an equal-looking entry: the same events, or the same error
+    if not isinstance(shared, type):
+        first = ledger_module.charges_from_list([good, other])
+        same_json = json.dumps(other["events"]) == json.dumps(good["events"])
+        assert (first[0].events is first[1].events) == same_json
+        assert (first[1].tasks, first[1].label) == ((1,), "b")
+
+
+def _reference_groups(charges, across):
+    """:func:`compose_stream`'s groups and events computed charge by charge (no runs, no sharing)."""
+    out = []
+    for tasks, idx in ledger_module._composition_groups(list(charges), across):
+        events = ledger_module._group_events(list(charges), idx)  # walks every index
+        out.append((tasks, idx, events))
+    return out
+
+
+@pytest.mark.parametrize("across", ["parallel", "sequential"])
+def test_composition_by_runs_gives_the_charge_by_charge_groups(across):
+    from dpcl.guarantees.ledger import Charge, ChargeRuns, charge_runs
+
+    a, b, c = (Charge((t,), (GaussianEvent(sigma=2.0 + t),), f"t{t}") for t in range(3))
+    both = Charge((0, 2), (GaussianEvent(sigma=5.0),), "both")
+    plain = [a, a, a, b, a, a, c, b, b]  # task 0 read by two runs of one object with task 1 between them
+    runs = ChargeRuns(plain, [(0, 3), (3, 4), (4, 6), (6, 7), (7, 9)])
+    assert charge_runs(plain) == runs.runs
+    cases = [plain, runs] + ([plain + [both, both]] if across == "parallel" else [])
+    for charges in cases:
+        want = _reference_groups(charges, across)
+        got = ledger_module._groups_with_runs(charges, across)
+        assert [(t, i) for t, i, _ in got] == [(t, i) for t, i, _ in want]
+        for (_, idx, segments), (_, _, events) in zip(got, want):
+            assert ledger_module._group_events(charges, idx, segments) == events
+        stream = compose_stream(charges, across, DELTA, "exact")
+        assert stream == compose_stream(list(charges), across, DELTA, "exact", cache={})
+    assert ledger_module._group_events(plain, (0, 1, 2, 4, 5)) == (RepeatedEvent(a.events[0], 5),)
+
+
+def test_verification_leaves_the_garbage_collector_as_it_found_it(tmp_path):
+    import gc
+
+    path = tmp_path / "task.cert.json"
+    _certificate(_events_ledger(2, 3), path)
+    assert gc.isenabled()
+    assert verify_certificate(path).valid and gc.isenabled()
+    gc.disable()
+    try:
+        assert verify_certificate(path).valid and not gc.isenabled()
+    finally:
+        gc.enable()
