@@ -908,6 +908,13 @@ class Certifier:
             self.ledger.metadata.setdefault("curator_sha256", {})[str(t)] = str(curator_sha256)
         return self.ledger.release(t, checkpoint_sha256=checkpoint_sha256)
 
+    def compact_ledgers(self) -> None:
+        """Fold the journals of the headline and scoped ledgers into their files (one atomic rewrite each,
+        :meth:`~dpcl.guarantees.ledger.TaskLedger.compact`), so that each ledger file holds everything on its own;
+        ``dpcl run`` calls it when it stops. Loading a ledger reads its journal anyway."""
+        for ledger in (self.ledger, *self._scoped.values()):
+            ledger.compact()
+
     def committed_tasks(self) -> list[int]:
         """Tasks whose release the ledger committed, in order (each once); empty for a non-private Certifier."""
         return list(dict.fromkeys(self.ledger.released_tasks())) if self.private else []

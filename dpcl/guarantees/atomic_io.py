@@ -24,6 +24,8 @@ from typing import Any, Iterator
 from dpcl.errors import InvalidParameterError
 
 __all__ = [
+    "append_bytes_durably",
+    "parse_json",
     "write_bytes_atomic",
     "write_text_atomic",
     "write_json_atomic",
@@ -166,13 +168,44 @@ def read_json(
     last value would see different files), and NaN/Infinity.
     """
     raw = read_bytes_limited(path, max_bytes, "JSON file")
-    text = raw.decode("utf-8")
+    return parse_json(raw.decode("utf-8"), max_depth=max_depth)
+
+
+def parse_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON text as :func:`read_json` does (no duplicate keys, no NaN/Infinity, at most ``max_depth``
+    levels); invalid text raises ``ValueError``."""
     try:
         value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys)
     except RecursionError:
         raise JsonLimitError(f"arrays or objects are nested deeper than {max_depth} levels") from None
     check_nesting(value, max_depth)
     return value
+
+
+def append_bytes_durably(path: str | os.PathLike[str], data: bytes, *, keep: int | None = None) -> int:
+    """Append ``data`` to ``path`` (created if absent) in one write, ``fsync`` it (and the directory when the file
+    is new), and return the file's new size. ``keep`` first cuts the file to its first ``keep`` bytes (a torn
+    tail a reader dropped), so that the appended bytes follow the last complete record.
+
+    A crash may leave a prefix of ``data`` at the end of the file (never a byte of it elsewhere): records that end
+    with a newline and hold none inside let a reader recognise such a torn tail and drop it."""
+    target = Path(path)
+    new = not target.exists()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        if keep is not None:
+            os.ftruncate(fd, keep)
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if new:
+        _fsync_directory(target.parent if str(target.parent) else Path("."))
+    return size
 
 
 def _refuse_constant(name: str) -> Any:

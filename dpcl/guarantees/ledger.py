@@ -24,8 +24,10 @@ Disjointness is an assumption the user states; when unit ids are given, the
 ledger checks it and refuses (:class:`~dpcl.errors.DisjointnessViolationError`)
 a task that shares a unit with another, naming one shared unit.
 
-Persistence: the ledger is one JSON file written atomically after every change
-(:func:`dpcl.guarantees.atomic_io.write_json_atomic`). Repetition is stored once
+Persistence: the ledger is one JSON file written atomically
+(:func:`dpcl.guarantees.atomic_io.write_json_atomic`) and a journal beside it to which every later change
+appends one hash-chained line of what changed (:meth:`TaskLedger.save`), folded into the file by
+:meth:`TaskLedger.compact` when it grows larger than the file, when a run resumes and when it stops. Repetition is stored once
 with its count and never expanded (format version 2, :data:`LEDGER_VERSION`;
 version 1 is still read): a run of equal events in one charge is one
 :class:`~dpcl.accounting.events.RepeatedEvent` (:func:`compress_events`, applied
@@ -67,7 +69,16 @@ from dpcl.errors import (
     LedgerCorruptError,
     PrivacyViolationError,
 )
-from dpcl.guarantees.atomic_io import read_json, write_json_atomic
+from dpcl.guarantees.atomic_io import (
+    MAX_JSON_BYTES,
+    FileTooLargeError,
+    append_bytes_durably,
+    collector_paused,
+    parse_json,
+    read_bytes_limited,
+    read_json,
+    write_json_atomic,
+)
 
 __all__ = [
     "ACROSS_TASKS",
@@ -86,6 +97,7 @@ __all__ = [
     "distinct_charges",
     "event_is_gaussian_type",
     "expand_indices",
+    "journal_path",
 ]
 
 #: Composition modes across tasks, after ``auto`` has been resolved.
@@ -100,6 +112,18 @@ READABLE_LEDGER_VERSIONS = (1, 2)
 COMPACT_LEDGER_ENTRIES = 1000
 #: Most charges a ledger or certificate may expand its ``repeat`` counts to (a reference each in memory).
 MAX_CHARGES = 10**7
+#: A ledger's journal is folded into the ledger (one atomic rewrite, :meth:`TaskLedger.compact`) once appending
+#: would make it larger than the ledger and than this many bytes: the bytes written over a stream stay linear in
+#: its length.
+JOURNAL_MIN_BYTES = 1 << 20
+
+
+def journal_path(path: "str | os.PathLike[str]", ledger_sha256: str) -> Path:
+    """The journal of the ledger file ``path`` whose content hash is ``ledger_sha256``:
+    ``NAME.<first 16 hex digits of the hash>.journal`` beside it, so that a journal extends one ledger content
+    only (one folded into a rewritten ledger no longer names it)."""
+    p = Path(path)
+    return p.with_name(f"{p.name}.{str(ledger_sha256)[:16]}.journal")
 
 
 @dataclass(frozen=True)
@@ -627,6 +651,66 @@ def _shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     return next(i for i in range(n) if a[i] != b[i])
 
 
+def _remove_file(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are the same JSON value (``1``, ``1.0`` and ``true`` differ, unlike in Python)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _json_patch(old: Any, new: Any, path: tuple[str, ...] = ()) -> list[list[Any]]:
+    """Operations turning JSON object ``old`` into ``new``: ``["set", path, value]``, ``["del", path]`` and
+    ``["extend", path, items]`` (a list that only grew), ``path`` the keys from the root (metadata grows by a
+    release's certificate and label counts, so a journal line holds those, not the whole metadata)."""
+    if type(old) is dict and type(new) is dict:
+        ops: list[list[Any]] = [["del", [*path, k]] for k in old if k not in new]
+        for k, v in new.items():
+            if k not in old:
+                ops.append(["set", [*path, k], v])
+            elif not _same_json(old[k], v):
+                ops.extend(_json_patch(old[k], v, (*path, k)))
+        return ops
+    if type(old) is list and type(new) is list and len(new) > len(old) and _same_json(new[: len(old)], old):
+        return [["extend", list(path), new[len(old):]]]
+    return [["set", list(path), new]]
+
+
+def _apply_json_patch(target: dict[str, Any], ops: Any, where: str) -> None:
+    """Apply :func:`_json_patch` operations to ``target`` in place; malformed ones raise LedgerCorruptError."""
+    if not isinstance(ops, list):
+        raise LedgerCorruptError(f"{where}: metadata changes must be a list.")
+    for op in ops:
+        if not (isinstance(op, list) and len(op) in (2, 3) and op[0] in ("set", "del", "extend")
+                and isinstance(op[1], list) and op[1] and all(isinstance(k, str) for k in op[1])
+                and (len(op) == 3) == (op[0] != "del")):
+            raise LedgerCorruptError(f"{where}: malformed metadata change {op!r:.100}.")
+        *parents, key = op[1]
+        node: Any = target
+        for k in parents:
+            node = node.get(k) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or (op[0] != "set" and key not in node):
+            raise LedgerCorruptError(f"{where}: metadata change {op[0]} {op[1]!r} names no such entry.")
+        if op[0] == "set":
+            node[key] = op[2]
+        elif op[0] == "del":
+            del node[key]
+        elif isinstance(node[key], list) and isinstance(op[2], list):
+            node[key].extend(op[2])
+        else:
+            raise LedgerCorruptError(f"{where}: metadata change extend {op[1]!r} does not extend a list.")
+
+
 def _canonical(payload: Mapping[str, Any]) -> str:
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
@@ -702,6 +786,11 @@ class TaskLedger:
         self._single_task_charges = True
         self._parallel: dict[str, Any] = {"tasks": [], "groups": [], "dirty": set(), "worst": -1,
                                           "notes": {}, "group_notes": {}, "accountants": {}, "shared": 0}
+        # what is on disk at ``path`` (see save): None until the first save or load
+        self._persisted: dict[str, Any] | None = None
+        self._units_dirty: set[int] = set()
+        #: bytes of a torn last journal line that :meth:`load` dropped (0: none)
+        self.torn_journal_bytes = 0
 
     # -- settings ----------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -789,6 +878,7 @@ class TaskLedger:
         previous = self._units.get(t, [])
         merged = np.union1d(_unit_keys(previous), keys) if previous else np.unique(keys)
         self._units[t] = merged.tolist()
+        self._units_dirty.add(t)
         self.save()
 
     # -- charging and releasing -----------------------------------------------
@@ -832,6 +922,7 @@ class TaskLedger:
                 previous = self._units.get(t, [])
                 merged = np.union1d(_unit_keys(previous), keys) if previous else np.unique(keys)
                 self._units[t] = merged.tolist()
+                self._units_dirty.add(t)
         self.save()
         return charge
 
@@ -962,12 +1053,14 @@ class TaskLedger:
         body["sha256"] = hashlib.sha256(_canonical(body).encode()).hexdigest()
         return body
 
-    def _releases_to_list(self) -> list[dict[str, Any]]:
-        """Release records, each listing only the groups after those it shares with the previous release."""
+    def _releases_to_list(self, start: int = 0) -> list[dict[str, Any]]:
+        """Release records from ``start`` on, each listing only the groups after those it shares with the previous
+        release."""
         out: list[dict[str, Any]] = []
-        previous: tuple[GroupGuarantee, ...] = ()
-        previous_notes: tuple[str, ...] | None = None
-        for record in self.releases:
+        before = self.releases[start - 1].guarantee if start else None
+        previous: Sequence[GroupGuarantee] = before.groups if before else ()
+        previous_notes: tuple[str, ...] | None = before.notes if before else None
+        for record in self.releases[start:]:
             groups = record.guarantee.groups
             kept = _shared_prefix(previous, groups)
             entry = record.to_dict(groups_kept=kept)
@@ -978,11 +1071,150 @@ class TaskLedger:
         return out
 
     def save(self) -> None:
-        if self.path is not None:
-            # indented for reading while small; compact for long streams (a third of the size, far from the
-            # 16 MiB that dpcl reads at most)
-            long_stream = len(self.charges) + len(self.releases) > COMPACT_LEDGER_ENTRIES
-            write_json_atomic(self.path, self.to_dict(), indent=None if long_stream else 2)
+        """Make every change since the last save durable at ``path`` (nothing without a path).
+
+        The first save (or one to another path) writes the whole ledger atomically (:meth:`compact`). A later
+        save appends one line to the ledger's journal (:func:`journal_path`) holding only what changed: the new
+        charges, the new releases, the unit ids of the tasks that got new ones and the changes of ``metadata``,
+        so a stream of n releases writes O(n) bytes, not O(n^2). The line is the unit of a save: it is written
+        with one ``write`` and ``fsync``-ed before this returns; a crash leaves at most a torn last line, without
+        its final newline, which :meth:`load` drops (the save did not happen, as with an interrupted atomic
+        rewrite). A journal that would grow larger than the ledger and :data:`JOURNAL_MIN_BYTES` is folded in.
+        """
+        if self.path is None:
+            return
+        state = self._persisted
+        if state is None or state["path"] != self.path:
+            self.compact()
+            return
+        line, last = self._journal_line(state)
+        if line is None:
+            return
+        if state["journal_bytes"] + len(line) > max(state["ledger_bytes"], JOURNAL_MIN_BYTES):
+            self.compact()
+            return
+        size = append_bytes_durably(journal_path(self.path, state["sha256"]), line, keep=state["keep"])
+        self._mark_persisted(state, last=last, journal_bytes=size)
+
+    def compact(self) -> None:
+        """Write the whole ledger atomically to ``path`` and remove the journal it folds in (nothing without a
+        path). A crash in between leaves the new ledger and a journal that names the old one, which no load reads.
+        """
+        if self.path is None:
+            return
+        body = self.to_dict()
+        state = self._persisted
+        # a journal naming the new content cannot be this ledger's (it would be replayed onto it): removed first
+        _remove_file(journal_path(self.path, body["sha256"]))
+        # indented for reading while small; compact for long streams (a third of the size, far from the
+        # 16 MiB that dpcl reads at most)
+        long_stream = len(self.charges) + len(self.releases) > COMPACT_LEDGER_ENTRIES
+        write_json_atomic(self.path, body, indent=None if long_stream else 2)
+        if state is not None and state["path"] == self.path:
+            _remove_file(journal_path(self.path, state["sha256"]))
+        self._persisted = {"path": self.path, "sha256": body["sha256"], "ledger_bytes": self.path.stat().st_size}
+        self._mark_persisted(self._persisted, last=body["sha256"], journal_bytes=0)
+
+    def _mark_persisted(self, state: dict[str, Any], *, last: str, journal_bytes: int, keep: int | None = None) -> None:
+        """Record that everything in memory is on disk: ``last`` is the hash the next journal line chains to."""
+        state.update(charges=len(self.charges), releases=len(self.releases), metadata=_canonical(self.metadata),
+                     last=last, journal_bytes=journal_bytes, keep=keep)
+        self._units_dirty = set()
+
+    def _journal_line(self, state: Mapping[str, Any]) -> tuple[bytes | None, str]:
+        """The journal line of the changes since ``state`` (None when nothing changed) and its hash."""
+        body: dict[str, Any] = {"ledger": state["sha256"], "prev": state["last"]}
+        n = state["charges"]
+        if len(self.charges) > n:
+            entries = charges_to_list(self.charges[n:])
+            if n and self.charges[n] == self.charges[n - 1]:  # the run of the last saved charge goes on
+                entries[0] = {"repeat_previous": entries[0].get("repeat", 1)}
+            body["charges"] = entries
+        if len(self.releases) > state["releases"]:
+            body["releases"] = self._releases_to_list(state["releases"])
+        if self._units_dirty:
+            body["units"] = {str(t): self._units[t] for t in sorted(self._units_dirty) if t in self._units}
+        metadata = _canonical(self.metadata)
+        if metadata != state["metadata"]:
+            body["metadata"] = _json_patch(json.loads(state["metadata"]), json.loads(metadata))
+        if len(body) == 2:
+            return None, state["last"]
+        body["sha256"] = hashlib.sha256(_canonical(body).encode()).hexdigest()
+        return (json.dumps(body, separators=(",", ":"), allow_nan=False) + "\n").encode(), body["sha256"]
+
+    def _replay_journal(self, ledger_sha256: str, ledger_bytes: int) -> None:
+        """Apply the lines of this ledger's journal (if any) in order, each checked against its hash and chained
+        to the previous one (the first to the ledger's hash); a damaged or foreign line raises
+        :class:`LedgerCorruptError`. A last line without its final newline is a torn write: dropped (the save
+        that wrote it never returned), and cut off before the next line is appended."""
+        assert self.path is not None
+        jpath = journal_path(self.path, ledger_sha256)
+        state: dict[str, Any] = {"path": self.path, "sha256": ledger_sha256, "ledger_bytes": ledger_bytes}
+        try:
+            raw = read_bytes_limited(jpath, MAX_JSON_BYTES, "ledger journal")
+        except FileNotFoundError:
+            raw = b""
+        except FileTooLargeError as exc:
+            raise LedgerCorruptError(f"{exc}; restore the ledger and its journal from a backup.") from exc
+        complete, newline, torn = raw.rpartition(b"\n")
+        last = ledger_sha256
+        lines = complete.split(b"\n") if newline else []
+        for k, line in enumerate(lines):
+            where = f"ledger journal {str(jpath)!r} line {k + 1}"
+            try:
+                entry = parse_json(line.decode("utf-8"))
+                stated = entry.pop("sha256") if isinstance(entry, dict) else None
+                actual = hashlib.sha256(_canonical(entry).encode()).hexdigest()
+            except (ValueError, UnicodeDecodeError, TypeError) as exc:
+                raise LedgerCorruptError(
+                    f"{where} is not valid JSON ({exc}): the journal was damaged. Restore the ledger and its journal "
+                    "from a backup; they are never repaired automatically."
+                ) from exc
+            if stated != actual or entry.get("ledger") != ledger_sha256 or entry.get("prev") != last:
+                raise LedgerCorruptError(
+                    f"{where} failed its integrity check (its hash, or its chain to the ledger and the line before "
+                    "it): it was edited, damaged or belongs to another ledger. Restore the ledger and its journal "
+                    "from a backup; they are never repaired automatically."
+                )
+            try:
+                self._apply_journal_entry(entry, where)
+            except LedgerCorruptError:
+                raise
+            except (KeyError, TypeError, ValueError, IndexError, InvalidParameterError, PrivacyViolationError) as exc:
+                raise LedgerCorruptError(f"{where} is inconsistent: {exc}") from exc
+            last = stated
+        self.torn_journal_bytes = len(torn)
+        self._persisted = state
+        kept = len(raw) - len(torn)
+        self._mark_persisted(state, last=last, journal_bytes=kept, keep=kept if torn else None)
+        state["lines"] = len(lines)
+
+    def _apply_journal_entry(self, entry: Mapping[str, Any], where: str) -> None:
+        """Add one journal line's charges, releases, unit ids and metadata changes to the ledger."""
+        entries = entry.get("charges", [])
+        if not isinstance(entries, list):
+            raise LedgerCorruptError(f"{where}: charges must be a list.")
+        previous = None
+        repeated: list[Charge] = []
+        if entries and isinstance(entries[0], dict) and "repeat_previous" in entries[0]:
+            count = entries[0]["repeat_previous"]
+            if set(entries[0]) != {"repeat_previous"} or isinstance(count, bool) or not isinstance(count, int) \
+                    or count < 1 or not self.charges:
+                raise LedgerCorruptError(f"{where}: repeat_previous must be a count >= 1 of a charge already recorded.")
+            previous = self.charges[-1]
+            entries = entries[1:]
+            repeated = [previous] * min(count, MAX_CHARGES + 1)
+        charges = charges_from_list(entries, f"{where} charges")
+        if len(self.charges) + len(repeated) + len(charges) > MAX_CHARGES:
+            raise LedgerCorruptError(f"{where}: the ledger would hold more than {MAX_CHARGES:.0e} charges.")
+        self._load_charges([*repeated, *charges], where, previous=previous)
+        self._load_releases(entry.get("releases", []), where, LEDGER_VERSION)
+        units = entry.get("units", {})
+        if not isinstance(units, dict) or not all(isinstance(v, list) for v in units.values()):
+            raise LedgerCorruptError(f"{where}: units must map task indices to lists of unit ids.")
+        for t, ids in units.items():
+            self._units[int(t)] = list(ids)
+        _apply_json_patch(self.metadata, entry.get("metadata", []), where)
 
     @classmethod
     def from_dict(cls, data: Any, *, path: "str | os.PathLike[str] | None" = None) -> "TaskLedger":
@@ -1022,69 +1254,8 @@ class TaskLedger:
                 [Charge.from_dict(c) for c in data["charges"]] if version == 1 else charges_from_list(data["charges"])
             )
             ledger._units = {int(k): list(v) for k, v in data.get("units", {}).items()}
-            checked: Charge | None = None
-            for i, c in enumerate(charges):
-                if c is checked:  # a repeated charge: checked already (admitted to the filter below every time)
-                    if ledger.uses_filter:
-                        ledger._admit(c)
-                    ledger._append(c)
-                    continue
-                checked = c
-                if not c.tasks or any(t < 0 for t in c.tasks) or not c.events:
-                    raise LedgerCorruptError(
-                        f"{where}: charge {i} must read at least one task index >= 0 and hold at least one event."
-                    )
-                for e in c.events:
-                    if e.adjacency is not ledger.adjacency or e.unit != ledger.unit:
-                        raise LedgerCorruptError(
-                            f"{where}: charge {i} holds an event under {e.adjacency.value!r} / {e.unit!r} but the "
-                            f"ledger accounts {ledger.adjacency.value!r} / {ledger.unit!r}."
-                        )
-                if ledger.across_tasks == "sequential" and len(c.tasks) > 1:
-                    _composition_groups([c], "sequential")
-                if ledger.uses_filter:
-                    ledger._admit(c)
-                ledger._append(c)
-            for r in data["releases"]:
-                g = r["guarantee"]
-                kept = g.get("groups_kept", 0) if version >= 2 else 0
-                if g.get("notes") == "same" and not (version >= 2 and ledger.releases):
-                    raise LedgerCorruptError(f"{where}: release {len(ledger.releases)} refers to a previous release's notes.")
-                previous_groups = ledger.releases[-1].guarantee.groups if ledger.releases else ()
-                if isinstance(kept, bool) or not isinstance(kept, int) or not 0 <= kept <= len(previous_groups):
-                    raise LedgerCorruptError(
-                        f"{where}: release {len(ledger.releases)} keeps {kept!r} groups of the previous release, "
-                        f"which has {len(previous_groups)}."
-                    )
-                guarantee = StreamGuarantee(
-                    epsilon=float(g["epsilon"]),
-                    delta=float(g["delta"]),
-                    across_tasks=g["across_tasks"],
-                    accountant=g["accountant"],
-                    adjacency=g["adjacency"],
-                    unit=g["unit"],
-                    groups=_extended(previous_groups, kept, [GroupGuarantee.from_dict(x) for x in g["groups"]]),
-                    notes=(
-                        ledger.releases[-1].guarantee.notes
-                        if version >= 2 and g.get("notes") == "same" and ledger.releases
-                        else tuple(str(n) for n in g.get("notes", ()))
-                    ),
-                )
-                record = ReleaseRecord(int(r["task_index"]), int(r["n_charges"]), guarantee, r.get("checkpoint_sha256"))
-                previous = ledger.releases[-1].n_charges if ledger.releases else 1
-                if not previous <= record.n_charges <= len(ledger.charges):
-                    raise LedgerCorruptError(
-                        f"{where}: release {len(ledger.releases)} covers {record.n_charges} charges; releases must "
-                        f"cover a non-decreasing number of charges between 1 and the {len(ledger.charges)} recorded."
-                    )
-                stated = (guarantee.delta, guarantee.across_tasks, guarantee.adjacency, guarantee.unit)
-                expected = (ledger.delta, ledger.across_tasks, ledger.adjacency.value, ledger.unit)
-                if stated != expected:
-                    raise LedgerCorruptError(
-                        f"{where}: release {len(ledger.releases)} states (delta, across_tasks, adjacency, unit) = "
-                        f"{stated} but the ledger's settings are {expected}."
-                    )
-                ledger.releases.append(record)
+            ledger._load_charges(charges, where)
+            ledger._load_releases(data["releases"], where, version)
         except LedgerCorruptError:
             raise
         except (KeyError, TypeError, ValueError, InvalidParameterError, PrivacyViolationError) as exc:
@@ -1092,20 +1263,97 @@ class TaskLedger:
         ledger.path = None if path is None else Path(path)
         return ledger
 
+    def _load_charges(self, charges: Sequence[Charge], where: str, previous: Charge | None = None) -> None:
+        """Check and append charges read from a file (the ledger or its journal): each distinct charge reads a task
+        and holds events under the ledger's settings; every one is admitted to the filter. ``previous`` is a charge
+        already appended whose repetitions ``charges`` may continue (checked already)."""
+        checked = previous
+        offset = len(self.charges)
+        for i, c in enumerate(charges):
+            if c is checked:  # a repeated charge: checked already (admitted to the filter below every time)
+                if self.uses_filter:
+                    self._admit(c)
+                self._append(c)
+                continue
+            checked = c
+            if not c.tasks or any(t < 0 for t in c.tasks) or not c.events:
+                raise LedgerCorruptError(
+                    f"{where}: charge {offset + i} must read at least one task index >= 0 and hold at least one event."
+                )
+            for e in c.events:
+                if e.adjacency is not self.adjacency or e.unit != self.unit:
+                    raise LedgerCorruptError(
+                        f"{where}: charge {offset + i} holds an event under {e.adjacency.value!r} / {e.unit!r} but the "
+                        f"ledger accounts {self.adjacency.value!r} / {self.unit!r}."
+                    )
+            if self.across_tasks == "sequential" and len(c.tasks) > 1:
+                _composition_groups([c], "sequential")
+            if self.uses_filter:
+                self._admit(c)
+            self._append(c)
+
+    def _load_releases(self, entries: Any, where: str, version: int) -> None:
+        """Check and append release records read from a file (the ledger or its journal)."""
+        for r in entries:
+            g = r["guarantee"]
+            kept = g.get("groups_kept", 0) if version >= 2 else 0
+            if g.get("notes") == "same" and not (version >= 2 and self.releases):
+                raise LedgerCorruptError(f"{where}: release {len(self.releases)} refers to a previous release's notes.")
+            previous_groups = self.releases[-1].guarantee.groups if self.releases else ()
+            if isinstance(kept, bool) or not isinstance(kept, int) or not 0 <= kept <= len(previous_groups):
+                raise LedgerCorruptError(
+                    f"{where}: release {len(self.releases)} keeps {kept!r} groups of the previous release, "
+                    f"which has {len(previous_groups)}."
+                )
+            guarantee = StreamGuarantee(
+                epsilon=float(g["epsilon"]),
+                delta=float(g["delta"]),
+                across_tasks=g["across_tasks"],
+                accountant=g["accountant"],
+                adjacency=g["adjacency"],
+                unit=g["unit"],
+                groups=_extended(previous_groups, kept, [GroupGuarantee.from_dict(x) for x in g["groups"]]),
+                notes=(
+                    self.releases[-1].guarantee.notes
+                    if version >= 2 and g.get("notes") == "same" and self.releases
+                    else tuple(str(n) for n in g.get("notes", ()))
+                ),
+            )
+            record = ReleaseRecord(int(r["task_index"]), int(r["n_charges"]), guarantee, r.get("checkpoint_sha256"))
+            previous = self.releases[-1].n_charges if self.releases else 1
+            if not previous <= record.n_charges <= len(self.charges):
+                raise LedgerCorruptError(
+                    f"{where}: release {len(self.releases)} covers {record.n_charges} charges; releases must "
+                    f"cover a non-decreasing number of charges between 1 and the {len(self.charges)} recorded."
+                )
+            stated = (guarantee.delta, guarantee.across_tasks, guarantee.adjacency, guarantee.unit)
+            expected = (self.delta, self.across_tasks, self.adjacency.value, self.unit)
+            if stated != expected:
+                raise LedgerCorruptError(
+                    f"{where}: release {len(self.releases)} states (delta, across_tasks, adjacency, unit) = "
+                    f"{stated} but the ledger's settings are {expected}."
+                )
+            self.releases.append(record)
+
     @classmethod
     def load(cls, path: "str | os.PathLike[str]") -> "TaskLedger":
-        """Load a saved ledger; a missing file raises FileNotFoundError, a damaged one LedgerCorruptError."""
+        """Load a saved ledger and the lines of its journal (:meth:`save`); a missing file raises
+        FileNotFoundError, a damaged ledger or journal LedgerCorruptError."""
         p = Path(path)
-        try:
-            data = read_json(p)
-        except FileNotFoundError:
-            raise
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise LedgerCorruptError(
-                f"ledger {str(p)!r} is truncated or not valid JSON ({exc}); it is never replaced automatically: "
-                "restore it from a backup or move it away deliberately."
-            ) from exc
-        return cls.from_dict(data, path=p)
+        with collector_paused():
+            try:
+                size = p.stat().st_size
+                data = read_json(p)
+            except FileNotFoundError:
+                raise
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise LedgerCorruptError(
+                    f"ledger {str(p)!r} is truncated or not valid JSON ({exc}); it is never replaced automatically: "
+                    "restore it from a backup or move it away deliberately."
+                ) from exc
+            ledger = cls.from_dict(data, path=p)
+            ledger._replay_journal(data["sha256"], size)
+        return ledger
 
     @classmethod
     def open(cls, path: "str | os.PathLike[str]", *, must_exist: bool = False, **settings: Any) -> "TaskLedger":
@@ -1137,6 +1385,8 @@ class TaskLedger:
                 )
             if settings.get("metadata"):
                 ledger.metadata.update(settings["metadata"])
+            if ledger._persisted["lines"] or ledger.torn_journal_bytes:
+                ledger.compact()  # a resumed run starts from one file again
             return ledger
         ledger = cls(path=p, **settings)
         ledger.save()

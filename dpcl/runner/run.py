@@ -824,6 +824,7 @@ def run_training(
         if stop_after_task is not None and stop_after_task <= t < run.n_tasks - 1:
             break
     with clock.stage("summary"):
+        run.certifier.compact_ledgers()
         metrics = write_summary(run)
     return RunResult(
         out_dir=run.out,

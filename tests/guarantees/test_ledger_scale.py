@@ -405,3 +405,127 @@ def test_verification_leaves_the_garbage_collector_as_it_found_it(tmp_path):
         assert verify_certificate(path).valid and not gc.isenabled()
     finally:
         gc.enable()
+
+
+# -- the journal: saves append what changed ------------------------------------------------------------------------
+def _journal(path):
+    (journal,) = path.parent.glob(f"{path.name}.*.journal")
+    return journal
+
+
+def _journaled_ledger(path, tasks: int = 6) -> TaskLedger:
+    """A ledger on disk whose saves after the first went to its journal: runs of equal charges that go on across
+    saves, releases, unit ids, and metadata that grows, changes type and loses keys."""
+    ledger = TaskLedger.open(path, delta=DELTA, across_tasks="parallel", accountant="rdp",
+                             metadata={"run": {"certificates": [], "flag": 1, "gone": "x"}})
+    for t in range(tasks):
+        for _ in range(3):
+            ledger.charge(t, RepeatedEvent(STEP, 10), label=f"task {t}")  # one object, saved three times
+        ledger.register_units(t, [f"u{t}-{i}" for i in range(4)])
+        ledger.release(t, checkpoint_sha256=f"{t:064x}")
+        ledger.metadata["run"]["certificates"].append(f"task{t}.cert.json")
+        ledger.metadata["run"]["flag"] = True if t % 2 else 1  # equal in Python, other JSON
+        ledger.metadata["run"].pop("gone", None)
+        ledger.save()
+    return ledger
+
+
+def test_the_journal_loads_back_to_the_ledger_in_memory(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = _journaled_ledger(path)
+    assert json.loads(path.read_text())["charges"] == []  # the first save; the rest is in the journal
+    loaded = TaskLedger.load(path)
+    assert loaded.to_dict() == ledger.to_dict()
+    assert loaded.metadata["run"]["flag"] is True and "gone" not in loaded.metadata["run"]
+    assert loaded.guarantee() == ledger.guarantee()
+    assert [loaded.charges[i] is loaded.charges[i + 1] for i in (0, 1)] == [True, True]  # a run stays one object
+    ledger.compact()
+    assert not list(tmp_path.glob("*.journal")) and TaskLedger.load(path).to_dict() == loaded.to_dict()
+
+
+def test_a_save_appends_what_changed_only(tmp_path):
+    """Bytes written per release do not grow with the stream (the whole file was rewritten every time)."""
+    path = tmp_path / "ledger.json"
+    ledger = TaskLedger.open(path, delta=DELTA, across_tasks="parallel", accountant="exact")
+    sizes = []
+    for t in range(300):
+        ledger.charge(t, GaussianEvent(sigma=4.0), label="t")
+        ledger.release(t)
+        sizes.append(_journal(path).stat().st_size)
+    growth = [b - a for a, b in zip(sizes, sizes[1:])]
+    assert max(growth[-50:]) <= max(growth[:50]) + 16  # digits of larger indices at most
+    assert path.stat().st_size < 2000  # the ledger itself was written once, empty
+    assert TaskLedger.load(path).to_dict() == ledger.to_dict()
+
+
+def test_a_torn_last_line_is_dropped_and_cut_off_by_the_next_save(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = _journaled_ledger(path, tasks=2)
+    journal = _journal(path)
+    whole = journal.read_bytes()
+    for cut in (1, len(whole.split(b"\n")[-2]) // 2, len(whole.split(b"\n")[-2])):  # a prefix of the last line
+        journal.write_bytes(whole[: len(whole) - 1 - cut] if cut < len(whole.split(b"\n")[-2]) else whole[:-1])
+        loaded = TaskLedger.load(path)
+        assert loaded.torn_journal_bytes > 0
+        assert len(loaded.releases) + len(loaded.charges) < len(ledger.releases) + len(ledger.charges) or \
+            loaded.metadata != ledger.metadata  # the torn save is not there
+    loaded.charge(5, GaussianEvent(sigma=3.0))  # cuts the torn tail off first
+    again = TaskLedger.load(path)
+    assert again.torn_journal_bytes == 0 and again.to_dict() == loaded.to_dict()
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda lines: lines.__setitem__(0, lines[0].replace(b'"task 0"', b'"task 9"')), "integrity"),
+        (lambda lines: lines.pop(2), "integrity"),  # a line missing from the chain
+        (lambda lines: lines.__setitem__(2, lines[2][:-5]), "not valid JSON"),  # torn, yet not the last line
+        (lambda lines: lines.__setitem__(2, b""), "not valid JSON"),
+    ],
+)
+def test_a_damaged_journal_line_is_refused(tmp_path, damage, message):
+    path = tmp_path / "ledger.json"
+    _journaled_ledger(path, tasks=2)
+    journal = _journal(path)
+    lines = journal.read_bytes().split(b"\n")
+    damage(lines)
+    journal.write_bytes(b"\n".join(lines))
+    with pytest.raises(LedgerCorruptError, match=message):
+        TaskLedger.load(path)
+
+
+def test_a_resealed_journal_line_is_still_checked(tmp_path):
+    """The line hash is not a signature: a resealed line that records an inconsistent charge is refused."""
+    path = tmp_path / "ledger.json"
+    _journaled_ledger(path, tasks=1)
+    journal = _journal(path)
+    lines = journal.read_bytes().split(b"\n")
+    entry = json.loads(lines[0])
+    entry["charges"][0]["events"][0]["event"]["unit"] = "user"
+    entry.pop("sha256")
+    entry["sha256"] = hashlib.sha256(ledger_module._canonical(entry).encode()).hexdigest()
+    lines[0] = json.dumps(entry).encode()
+    chained = json.loads(lines[1])  # the next line chains to the resealed one
+    chained["prev"] = entry["sha256"]
+    chained.pop("sha256")
+    chained["sha256"] = hashlib.sha256(ledger_module._canonical(chained).encode()).hexdigest()
+    lines[1] = json.dumps(chained).encode()
+    journal.write_bytes(b"\n".join(lines))
+    with pytest.raises(LedgerCorruptError, match="holds an event under"):
+        TaskLedger.load(path)
+
+
+def test_a_journal_is_folded_in_when_it_outgrows_the_ledger_and_a_crash_in_between_loses_nothing(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(ledger_module, "JOURNAL_MIN_BYTES", 2000)
+    path = tmp_path / "ledger.json"
+    ledger = _journaled_ledger(path, tasks=8)
+    assert len(json.loads(path.read_text())["releases"]) > 0  # folded in at least once
+    assert TaskLedger.load(path).to_dict() == ledger.to_dict()
+    # a crash after the rewrite and before the old journal's removal: that journal names the old content
+    old_journal = _journal(path)
+    saved = old_journal.read_bytes()
+    ledger.compact()
+    old_journal.write_bytes(saved)
+    assert TaskLedger.load(path).to_dict() == ledger.to_dict()
