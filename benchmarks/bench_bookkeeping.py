@@ -23,6 +23,10 @@ time and peak resident memory (``os.wait4``) are its own:
    ``dpcl verify CERT --json`` on each (wall time and peak memory of the whole command).
 5. **steps**: the size of a certificate of one task of 10^3 and of 10^5 steps, which must be equal up to the
    digits of the count (a run of steps is one ``RepeatedEvent``).
+6. **journal**: a ledger written to disk as ``dpcl run`` writes it, saved after every charge and release, for
+   ``--journal-tasks`` tasks: saves that append what changed to the ledger's journal (this dpcl) against saves
+   that rewrite the whole file (``TaskLedger.compact`` at every save, as dpcl did before the journal): bytes
+   written (``wchar`` of ``/proc/self/io``), wall and CPU time, and the bytes of the last 10% of the releases.
 
 Goals (issue 16): audit < 10 s, verify < 1 s per certificate, peak memory < 2 GB. The calibration of the
 noise multiplier (one calibration for equal-size tasks) is part of the audit time and is reported apart.
@@ -139,6 +143,51 @@ def stage_ledger(workdir: Path, n_tasks: int, charges_per_task: int, name: str) 
     }
 
 
+def _bytes_written() -> int | None:
+    """Bytes this process has passed to ``write`` so far (Linux ``/proc/self/io``), None elsewhere."""
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def stage_journal(workdir: Path, n_tasks: int, mode: str) -> dict[str, Any]:
+    """Charge and release ``n_tasks`` tasks into a ledger on disk, each save appending to the journal
+    (``mode`` "append") or rewriting the whole ledger (``mode`` "rewrite")."""
+    from dpcl.guarantees.ledger import TaskLedger
+
+    config, events = _planned_events(workdir / "config.toml")
+    privacy = config.privacy
+    if mode == "rewrite":
+        TaskLedger.save = TaskLedger.compact  # every save writes the whole file atomically
+    directory = workdir / f"journal-{mode}"
+    directory.mkdir()
+    ledger = TaskLedger(delta=privacy["delta"], across_tasks="parallel", accountant=privacy["accountant"],
+                        adjacency=events[0].adjacency, unit=events[0].unit, path=directory / "ledger.json",
+                        metadata={"config": config.to_dict()})
+    tail = max(1, n_tasks // 10)
+    start, cpu, written = time.perf_counter(), time.process_time(), _bytes_written()
+    for t in range(n_tasks):
+        if t == n_tasks - tail:
+            tail_written = _bytes_written()
+        ledger.charge(t, events, label=f"naive task {t}")
+        ledger.release(t, checkpoint_sha256="0" * 64)
+    seconds, cpu_seconds, end = time.perf_counter() - start, time.process_time() - cpu, _bytes_written()
+    loaded = TaskLedger.load(directory / "ledger.json")
+    assert loaded.to_dict() == ledger.to_dict()
+    return {
+        "tasks": n_tasks,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "bytes_written": None if written is None else end - written,
+        "tail_bytes_per_release": None if written is None else (end - tail_written) / tail,
+        "bytes_on_disk": sum(f.stat().st_size for f in directory.iterdir()),
+    }
+
+
 def stage_verify(path: Path) -> dict[str, Any]:
     """``verify_certificate`` on one certificate in a process that has imported dpcl already (as ``dpcl verify``
     does for the second and later certificates of one command)."""
@@ -229,7 +278,7 @@ def _calibration_seconds() -> float:
     return res["seconds"]
 
 
-def measure(n_tasks: int, charges_per_task: int) -> dict[str, Any]:
+def measure(n_tasks: int, charges_per_task: int, journal_tasks: int) -> dict[str, Any]:
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="dpcl-bookkeeping-") as tmp:
         workdir = Path(tmp)
@@ -254,6 +303,8 @@ def measure(n_tasks: int, charges_per_task: int) -> dict[str, Any]:
                                              **{f"in_process_{k}": v for k, v in
                                                 _stage(workdir, "verify", cert["path"]).items() if "seconds" in k}}
         steps = _stage(workdir, "steps")
+        journal = {mode: _stage(workdir, "journal", str(min(journal_tasks, n_tasks)), mode)
+                   for mode in ("append", "rewrite")}
     return {
         "tasks": n_tasks,
         "steps_per_task": EPOCHS * EXAMPLES_PER_TASK // BATCH_SIZE,
@@ -264,6 +315,7 @@ def measure(n_tasks: int, charges_per_task: int) -> dict[str, Any]:
         "ledgers": ledgers,
         "verify": verify,
         "steps": {k: v for k, v in steps.items() if k not in ("peak_mib", "stage_seconds")},
+        "journal": journal,
         "load": (load_start, os.getloadavg()[0]),
     }
 
@@ -362,8 +414,28 @@ def report(r: dict[str, Any], machine: dict[str, str]) -> str:
         "",
         f"Certificate of one task by its number of DP-SGD steps ({sizes}): a run of steps is one `RepeatedEvent` "
         "whose count is stored once, so the size does not grow with the steps.",
-        "",
     ]
+    if "journal" in r:
+        n = r["journal"]["append"]["tasks"]
+        lines += [
+            "",
+            "## Writing the ledger as a run goes",
+            "",
+            f"{n:,} tasks charged and released into a ledger on disk, saved after every charge and release (as "
+            "`dpcl run` does, each save `fsync`-ed): saves that append what changed to the ledger's journal, "
+            "against saves that rewrite the whole ledger (as dpcl did before the journal). Bytes written are the "
+            "process's `write` calls (`/proc/self/io`).",
+            "",
+            "| saves | bytes written | per release, last 10% | time (CPU) | on disk at the end |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for mode, label in (("append", "append to the journal"), ("rewrite", "rewrite the whole ledger")):
+            j = r["journal"][mode]
+            lines.append(
+                f"| {label} | {_mib(j['bytes_written'] or 0)} | {_kib(j['tail_bytes_per_release'] or 0)} | "
+                f"{j['seconds']:.2f} s ({j['cpu_seconds']:.2f} s) | {_kib(j['bytes_on_disk'])} |"
+            )
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -389,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--charges-per-task", type=int, default=100,
                         help="charges per task in the events ledger (default 100: 10^6 events for 10^4 tasks)")
+    parser.add_argument("--journal-tasks", type=int, default=300,
+                        help="tasks of the ledger written to disk as a run goes, once appending to its journal and "
+                             "once rewriting it whole at every save (default 300; the rewrite is quadratic)")
     parser.add_argument("--write", action="store_true", help=f"write {REPORT.name}")
     parser.add_argument("--stage", nargs="*", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
@@ -399,11 +474,13 @@ def main(argv: list[str] | None = None) -> int:
             out = stage_ledger(args.workdir, int(rest[0]), int(rest[1]), rest[2])
         elif kind == "verify":
             out = stage_verify(Path(rest[0]))
+        elif kind == "journal":
+            out = stage_journal(args.workdir, int(rest[0]), rest[1])
         else:
             out = stage_steps(args.workdir)
         print(json.dumps(out))
         return 0
-    results = measure(args.tasks, args.charges_per_task)
+    results = measure(args.tasks, args.charges_per_task, args.journal_tasks)
     text = report(results, machine_info())
     print(text)
     if args.write:
