@@ -184,8 +184,9 @@ def parse_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
 
 def append_bytes_durably(path: str | os.PathLike[str], data: bytes, *, keep: int | None = None) -> int:
     """Append ``data`` to ``path`` (created if absent) in one write, ``fsync`` it (and the directory when the file
-    is new), and return the file's new size. ``keep`` first cuts the file to its first ``keep`` bytes (a torn
-    tail a reader dropped), so that the appended bytes follow the last complete record.
+    is new), and return the file's new size. ``keep`` first cuts the file to its first ``keep`` bytes (the
+    complete records: a torn tail a reader dropped or a failed write left), so that the appended bytes follow the
+    last complete record.
 
     A crash may leave a prefix of ``data`` at the end of the file (never a byte of it elsewhere): records that end
     with a newline and hold none inside let a reader recognise such a torn tail and drop it."""

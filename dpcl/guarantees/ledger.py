@@ -1093,7 +1093,9 @@ class TaskLedger:
         if state["journal_bytes"] + len(line) > max(state["ledger_bytes"], JOURNAL_MIN_BYTES):
             self.compact()
             return
-        size = append_bytes_durably(journal_path(self.path, state["sha256"]), line, keep=state["keep"])
+        # cut the journal to what is known complete first: a torn line that load dropped, or the part of a line
+        # that a failed write (a full disk) left, never prefixes this one
+        size = append_bytes_durably(journal_path(self.path, state["sha256"]), line, keep=state["journal_bytes"])
         self._mark_persisted(state, last=last, journal_bytes=size)
 
     def compact(self) -> None:
@@ -1115,10 +1117,11 @@ class TaskLedger:
         self._persisted = {"path": self.path, "sha256": body["sha256"], "ledger_bytes": self.path.stat().st_size}
         self._mark_persisted(self._persisted, last=body["sha256"], journal_bytes=0)
 
-    def _mark_persisted(self, state: dict[str, Any], *, last: str, journal_bytes: int, keep: int | None = None) -> None:
-        """Record that everything in memory is on disk: ``last`` is the hash the next journal line chains to."""
+    def _mark_persisted(self, state: dict[str, Any], *, last: str, journal_bytes: int) -> None:
+        """Record that everything in memory is on disk: ``last`` is the hash the next journal line chains to,
+        ``journal_bytes`` the length of the journal's complete lines."""
         state.update(charges=len(self.charges), releases=len(self.releases), metadata=_canonical(self.metadata),
-                     last=last, journal_bytes=journal_bytes, keep=keep)
+                     last=last, journal_bytes=journal_bytes)
         self._units_dirty = set()
 
     def _journal_line(self, state: Mapping[str, Any]) -> tuple[bytes | None, str]:
@@ -1185,8 +1188,7 @@ class TaskLedger:
             last = stated
         self.torn_journal_bytes = len(torn)
         self._persisted = state
-        kept = len(raw) - len(torn)
-        self._mark_persisted(state, last=last, journal_bytes=kept, keep=kept if torn else None)
+        self._mark_persisted(state, last=last, journal_bytes=len(raw) - len(torn))
         state["lines"] = len(lines)
 
     def _apply_journal_entry(self, entry: Mapping[str, Any], where: str) -> None:

@@ -529,3 +529,24 @@ def test_a_journal_is_folded_in_when_it_outgrows_the_ledger_and_a_crash_in_betwe
     ledger.compact()
     old_journal.write_bytes(saved)
     assert TaskLedger.load(path).to_dict() == ledger.to_dict()
+
+
+def test_the_part_of_a_line_a_failed_write_left_is_cut_off_by_the_next_save(tmp_path, monkeypatch):
+    import dpcl.guarantees.atomic_io as atomic_io
+
+    path = tmp_path / "ledger.json"
+    ledger = _journaled_ledger(path, tasks=2)
+    original = atomic_io.os.write
+
+    def half_then_full(fd, data):  # a disk that fills up in the middle of the line
+        original(fd, bytes(data[: len(data) // 2]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic_io.os, "write", half_then_full)
+    with pytest.raises(OSError):
+        ledger.charge(7, GaussianEvent(sigma=3.0))
+    monkeypatch.setattr(atomic_io.os, "write", original)
+    assert TaskLedger.load(path).torn_journal_bytes > 0  # the half line is on disk, without its newline
+    ledger.charge(8, GaussianEvent(sigma=3.0))  # saves the charge of task 7 too, after cutting the half line off
+    loaded = TaskLedger.load(path)
+    assert loaded.torn_journal_bytes == 0 and loaded.to_dict() == ledger.to_dict()
