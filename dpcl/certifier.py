@@ -29,6 +29,7 @@ Run directory (the same split as ``dpcl run``)::
     DIR/checkpoints/   released checkpoints           (release: may be published)
     DIR/certificates/  one certificate per release    (release: may be published)
     DIR/ledger.json    the task ledger                (curator: never publish)
+    DIR/ledger.json.*.journal  its journal (later saves)  (curator: never publish)
     DIR/scoped/        one ledger per scoped statement (curator: never publish)
     DIR/curator/       your private state, if any     (curator: never publish)
 

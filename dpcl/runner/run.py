@@ -43,6 +43,7 @@ Run directory::
 
     DIR/run.json                         run state (resume point), atomic
     DIR/ledger.json                      the task ledger (TaskLedger), atomic
+    DIR/ledger.json.*.journal            its journal while the run goes (folded in when it stops)
     DIR/checkpoints/task001.pt           one checkpoint per release, atomic
     DIR/certificates/task001.cert.json   one certificate per release, verified after writing
     DIR/curator/task001.state.pt         curator state per release (private), atomic
