@@ -87,10 +87,12 @@ from dpcl.guarantees.ledger import (
     charge_runs,
     charges_from_list,
     charges_to_list,
+    check_indices,
     compact_indices,
     compose_stream,
     distinct_charges,
     expand_indices,
+    indices_equal,
 )
 from dpcl.guarantees.method_schema import ReleaseCoverage
 
@@ -781,11 +783,14 @@ def _recompute(
         # recompute with the accountant that was asked for: ``auto`` re-runs its own comparison, so the
         # winner and its settings (e.g. auto's PLD discretisation) are reproduced exactly.
         group_accountants = [str(x.get("requested_accountant", x["accountant"])) for x in g["groups"]]
+        # a group's charges are compared in their compact form (indices_equal), checked here like the rest
         stated_groups = [
             (expand_indices(x["tasks"], "group tasks"), float(x["epsilon"]), str(x["accountant"]),
-             expand_indices(x.get("charges", []), "group charges"))
+             x.get("charges", []))
             for x in g["groups"]
         ]
+        for x in stated_groups:
+            check_indices(x[3], "group charges")
     except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
         raise MalformedCertificateError(f"certificate {prefix or 'guarantee'} is malformed: {exc}") from exc
     name = (lambda check: f"{prefix}{check}")
@@ -834,8 +839,9 @@ def _recompute(
                                f"epsilon {a[1]!r}")
                 elif a[2] != b[2]:
                     bad.append(f"tasks {list(b[0])}: stated accountant {b[2]!r}, recomputed with {a[2]!r}")
-                elif b[3] and a[3] != b[3]:
-                    bad.append(f"tasks {list(b[0])}: stated charges {list(b[3])}, recomputed {list(a[3])}")
+                elif b[3] and not indices_equal(b[3], a[3]):  # a[3] is strictly increasing, as every group's
+                    bad.append(f"tasks {list(b[0])}: stated charges {list(expand_indices(b[3]))}, "
+                               f"recomputed {list(a[3])}")
             same_groups = not bad
             detail = "; ".join(bad) if bad else f"all {len(got_groups)} composition group(s) match"
         checks.append(VerificationCheck(name("composition_groups"), same_groups, detail))

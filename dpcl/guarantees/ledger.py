@@ -96,7 +96,9 @@ __all__ = [
     "compress_events",
     "distinct_charges",
     "event_is_gaussian_type",
+    "check_indices",
     "expand_indices",
+    "indices_equal",
     "journal_path",
 ]
 
@@ -175,30 +177,70 @@ def compact_indices(values: Sequence[int]) -> list[Any]:
     return out
 
 
-def expand_indices(value: Any, what: str = "indices") -> tuple[int, ...]:
-    """Indices from :func:`compact_indices` output or a plain list of integers; ranges may hold at most
-    :data:`MAX_CHARGES` indices in all, malformed input raises InvalidParameterError."""
+def _index_items(value: Any, what: str) -> Iterator[Any]:
+    """The items of :func:`compact_indices` output, checked: integers, and ranges as ``(first, last)`` holding at
+    most :data:`MAX_CHARGES` indices in all; malformed input raises InvalidParameterError."""
     if not isinstance(value, (list, tuple)):
         raise InvalidParameterError(f"{what} must be a list of indices, got {type(value).__name__}.")
-    out: list[int] = []
+    total = 0
     for item in value:
         if type(item) is int:  # the common case first (bool is not of type int)
-            out.append(item)
+            total += 1
+            yield item
         elif isinstance(item, (list, tuple)):
             if len(item) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in item):
                 raise InvalidParameterError(f"{what}: a range must be [first, last] of two integers, got {item!r}.")
             first, last = item
-            if not 0 <= first <= last or len(out) + last - first + 1 > MAX_CHARGES:
+            if not 0 <= first <= last or total + last - first + 1 > MAX_CHARGES:
                 raise InvalidParameterError(
                     f"{what}: range {item!r} must satisfy 0 <= first <= last and hold at most {MAX_CHARGES:.0e} "
                     "indices in all."
                 )
-            out.extend(range(first, last + 1))
+            total += last - first + 1
+            yield (int(first), int(last))
         elif isinstance(item, bool) or not isinstance(item, int):
             raise InvalidParameterError(f"{what} must hold integers or [first, last] ranges, got {item!r}.")
         else:
+            total += 1
+            yield item
+
+
+def expand_indices(value: Any, what: str = "indices") -> tuple[int, ...]:
+    """Indices from :func:`compact_indices` output or a plain list of integers; ranges may hold at most
+    :data:`MAX_CHARGES` indices in all, malformed input raises InvalidParameterError."""
+    out: list[int] = []
+    for item in _index_items(value, what):
+        if type(item) is tuple:
+            out.extend(range(item[0], item[1] + 1))
+        else:
             out.append(item)
     return tuple(out)
+
+
+def check_indices(value: Any, what: str = "indices") -> None:
+    """Raise InvalidParameterError where :func:`expand_indices` would, without expanding anything."""
+    for _ in _index_items(value, what):
+        pass
+
+
+def indices_equal(value: Any, increasing: Sequence[int], what: str = "indices") -> bool:
+    """``expand_indices(value) == tuple(increasing)`` for a strictly increasing ``increasing`` (the charge indices
+    of every composition group are), without expanding ``value``'s ranges: a slice of a strictly increasing
+    sequence of integers that starts at ``first``, ends at ``last`` and holds ``last - first + 1`` of them is
+    ``first, ..., last``."""
+    position, n = 0, len(increasing)
+    for item in _index_items(value, what):
+        if type(item) is tuple:
+            first, last = item
+            end = position + last - first  # where ``last`` must stand
+            if end >= n or increasing[position] != first or increasing[end] != last:
+                return False
+            position = end + 1
+        else:
+            if position >= n or increasing[position] != item:
+                return False
+            position += 1
+    return position == n
 
 
 def compress_events(events: Iterable[PrivacyEvent]) -> tuple[PrivacyEvent, ...]:

@@ -44,6 +44,21 @@ def _dp_accounting_pld_epsilon(dp_events) -> float:
     return float(accountant.get_epsilon(DELTA))
 
 
+def test_stated_indices_compare_with_increasing_ones_without_expanding():
+    from dpcl.guarantees.ledger import compact_indices, expand_indices, indices_equal
+
+    increasing = [(), (3,), tuple(range(100)), (0, 2, 4, 5, 6, 8), (5, 6, 7, 9, 10, 11, 12, 40)]
+    stated = [*(compact_indices(list(v)) for v in increasing), *(list(v) for v in increasing),
+              [[0, 99]], [[1, 100]], [[0, 98]], [0, [2, 5]], [[5, 7], 9, [10, 12], 40], [[5, 7], [9, 12]], [40],
+              [[0, 3], [3, 6]], [2, 1], [[5, 7], [9, 12], 40, 41]]
+    for got in increasing:
+        for value in stated:
+            assert indices_equal(value, got) == (expand_indices(value) == got), (value, got)
+    for bad in ([[3, 1]], [[0, 10**12]], [True], 5):
+        with pytest.raises(Exception, match="range|indices|integers"):
+            indices_equal(bad, (0,))
+
+
 def test_index_runs_are_stored_as_ranges():
     from dpcl.guarantees.ledger import compact_indices, expand_indices
 
@@ -388,6 +403,7 @@ def test_composition_by_runs_gives_the_charge_by_charge_groups(across):
         assert [(t, i) for t, i, _ in got] == [(t, i) for t, i, _ in want]
         for (_, idx, segments), (_, _, events) in zip(got, want):
             assert ledger_module._group_events(charges, idx, segments) == events
+            assert all(a < b for a, b in zip(idx, idx[1:]))  # what indices_equal relies on
         stream = compose_stream(charges, across, DELTA, "exact")
         assert stream == compose_stream(list(charges), across, DELTA, "exact", cache={})
     assert ledger_module._group_events(plain, (0, 1, 2, 4, 5)) == (RepeatedEvent(a.events[0], 5),)
