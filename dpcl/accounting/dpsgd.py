@@ -10,7 +10,7 @@ prv-accountant); the tests cross-check them with opacus' own accountants.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from dpcl.accounting import accountants as _accountants
@@ -175,13 +175,7 @@ class StreamNoiseCalibration:
     runs: tuple[tuple[float, int], ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "noise_multiplier": self.noise_multiplier,
-            "epsilon": self.epsilon,
-            "accountant": self.accountant,
-            "delta": self.delta,
-            "runs": [{"sample_rate": q, "steps": t} for q, t in self.runs],
-        }
+        return {**asdict(self), "runs": [{"sample_rate": q, "steps": t} for q, t in self.runs]}
 
 
 def dpsgd_stream_events(

@@ -38,6 +38,7 @@ def _reference_pld(z: float, runs: list[tuple[float, int]], delta: float) -> flo
 def test_stream_multiplier_meets_the_target_tightly_on_the_composition(target: float) -> None:
     cal = dpsgd_stream_noise_multiplier(target, DELTA, ER_RUNS)
     assert isinstance(cal, StreamNoiseCalibration) and cal.runs == tuple(ER_RUNS)
+    assert cal.to_dict()["runs"][0] == {"sample_rate": ER_RUNS[0][0], "steps": ER_RUNS[0][1]}
     assert cal.epsilon <= target and cal.epsilon == pytest.approx(target, rel=5e-3)
     # what a ledger computes on the same events
     assert compute_epsilon(dpsgd_stream_events(cal.noise_multiplier, ER_RUNS), DELTA).epsilon == cal.epsilon
