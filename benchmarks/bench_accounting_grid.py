@@ -12,8 +12,9 @@ target epsilon = dp-accounting's fine PLD epsilon at z: the smallest multiplier 
 under fine PLD is z itself, so z_auto / z - 1 is how far ``auto`` is from it.
 
 Every cell (one method at one point) runs in a fresh subprocess: imports and a one-step warm-up
-call first, then the timed call under a wall-clock cap (``--cap``, default 600 s; the process group
-is killed when it runs out) and an address-space limit (``--memory-gb``, default 4). A cell that
+call first (dpcl's in-process memos are cleared after it), then the timed call under a wall-clock
+cap (``--cap``, default 600 s; the process group is killed when it runs out) and an address-space
+limit (``--memory-gb``, default 4). A cell that
 hits a cap, or that a library refuses, is recorded with that reason. Finished cells are stored in
 ``benchmarks/GRID.json`` (atomically, after each cell) with the date, cap, load average and dpcl
 commit they were measured at, so an interrupted run resumes where it stopped and the report is
@@ -122,6 +123,14 @@ def _worker(method: str, q: float, steps: int, z: float, memory_gb: float) -> No
             _epsilon("dpcl auto", q, 1, 1.0)
         else:
             _epsilon(method, q, 1, z)
+        if method.startswith("dpcl"):
+            # the warm-up filled dpcl's in-process memos (single-step PLDs, the RDP of one step): the timed
+            # call must compute them, as the peers do
+            from dpcl.accounting.accountants import clear_memo
+            from dpcl.accounting.dpsgd import CALIBRATION_MEMO
+
+            clear_memo()
+            CALIBRATION_MEMO.clear()
         print("WARM", flush=True)
         start = time.perf_counter()
         value = _epsilon(method, q, steps, z)
