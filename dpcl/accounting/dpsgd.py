@@ -209,12 +209,10 @@ def _calibrate_auto(
     target: float, delta: float, q: float, steps: int, relation: Adjacency, rtol: float, start: float, slope: float,
 ) -> tuple[float, AccountingResult]:
     """``auto`` calibration on PLD evaluations only, finished on plain ``auto`` (see :func:`dpsgd_noise_multiplier`)."""
-    lo_h, hi_h = _accountants.AUTO_PLD_INTERVAL_RANGE
+    mech = _mechanisms(start, q, steps, relation)
     try:
         _, _, info = _accountants._pld_refined(
-            _mechanisms(start, q, steps, relation), delta,
-            min(max(target / _accountants.AUTO_PLD_RESOLUTION, lo_h), hi_h),
-            tolerance=CALIBRATION_PLD_TOLERANCE,
+            mech, delta, _accountants._auto_pld_start(mech, target, CALIBRATION_PLD_TOLERANCE), tolerance=CALIBRATION_PLD_TOLERANCE,
         )
     except UnsupportedEventError:
         return _calibrate_auto_full(target, delta, q, steps, relation, rtol, start, slope)
