@@ -866,7 +866,9 @@ AUTO_PLD_MAX_INTERVAL = 1.0
 _AUTO_PLD_ERROR_CONSTANT = 0.1
 
 
-def _auto_pld_start(mech: _Mechanisms, epsilon_scale: float | None, tolerance: float = AUTO_PLD_TOLERANCE) -> float:
+def _auto_pld_start(
+    mech: _Mechanisms, epsilon_scale: float | None, tolerance: float = AUTO_PLD_TOLERANCE, interval: float | None = None,
+) -> float:
     """The interval auto's PLD refinement starts from: ``epsilon_scale`` (the RDP epsilon) / :data:`AUTO_PLD_RESOLUTION`
     clipped to :data:`AUTO_PLD_INTERVAL_RANGE`, or finer where the events predict a larger discretisation error.
 
@@ -880,9 +882,15 @@ def _auto_pld_start(mech: _Mechanisms, epsilon_scale: float | None, tolerance: f
     3 kappa N h^2 / V) is half the tolerance: where the prediction holds, the refinement converges in two
     steps (at q = 0.001 the RDP rule starts at 1e-3, whose error is 6-30 %, and needed four). The start is
     never coarser than the RDP rule, and the prediction only saves steps: the stopping rule is unchanged.
+    ``interval`` replaces the RDP rule (calibration's coarse search passes its own).
     """
     lo, hi = AUTO_PLD_INTERVAL_RANGE
-    start = min(max(epsilon_scale / AUTO_PLD_RESOLUTION, lo), hi) if epsilon_scale is not None else PLD_VALUE_DISCRETIZATION_INTERVAL
+    if interval is not None:
+        start = interval
+    elif epsilon_scale is not None:
+        start = min(max(epsilon_scale / AUTO_PLD_RESOLUTION, lo), hi)
+    else:
+        start = PLD_VALUE_DISCRETIZATION_INTERVAL
     variance, steps = 0.0, 0
     if mech.gauss_mus:
         variance += mech.gaussian_mu_total() ** 2
