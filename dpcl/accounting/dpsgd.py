@@ -252,6 +252,8 @@ CALIBRATION_PLD_TOLERANCE = 0.002
 #: The coarse PLD that gives the search its start: interval target / this, clipped to the range below.
 COARSE_PLD_RESOLUTION = 100.0
 COARSE_PLD_INTERVAL_RANGE = (1e-3, 1e-2)
+#: ... or finer, where the discretisation error predicted from the events (``_auto_pld_start``) exceeds about this.
+COARSE_PLD_TOLERANCE = 0.02
 #: Memo of :func:`dpsgd_noise_multiplier` (in this process only; values are frozen ``NoiseCalibration``).
 CALIBRATION_MEMO = _Memo(1024)
 
@@ -260,7 +262,7 @@ def _calibration_settings() -> tuple[Any, ...]:
     """Every module setting (and search function) a calibration depends on, for its memo key."""
     return (
         MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER, CALIBRATION_PLD_TOLERANCE, COARSE_PLD_RESOLUTION,
-        COARSE_PLD_INTERVAL_RANGE, _search, _coarse_guess, _calibrate_auto, _calibrate_auto_full, settings_key(),
+        COARSE_PLD_INTERVAL_RANGE, COARSE_PLD_TOLERANCE, _search, _coarse_guess, _calibrate_auto, _calibrate_auto_full, settings_key(),
     )
 
 
@@ -289,7 +291,10 @@ def _coarse_guess(target: float, delta: float, q: float, steps: int, relation: A
     interval = _coarse_interval(target)
 
     def coarse(z: float) -> _Epsilon:
-        return _Epsilon(_accountants._pld(_mechanisms(z, q, steps, relation), delta, interval)[0])
+        mech = _mechanisms(z, q, steps, relation)
+        # at small sampling rates the coarse interval is far too coarse (q = 0.001: ~30 % at 1e-3, where the
+        # root came out at z = 28 instead of 2): finer where the error predicted from the events asks for it
+        return _Epsilon(_accountants._pld(mech, delta, _accountants._auto_pld_start(mech, None, COARSE_PLD_TOLERANCE, interval))[0])
 
     try:
         z, _, slope = _search(coarse, target, delta, q, steps, 0.02)
@@ -302,12 +307,10 @@ def _calibrate_auto(
     target: float, delta: float, q: float, steps: int, relation: Adjacency, rtol: float, start: float, slope: float,
 ) -> tuple[float, AccountingResult]:
     """``auto`` calibration on PLD evaluations only, finished on plain ``auto`` (see :func:`dpsgd_noise_multiplier`)."""
-    lo_h, hi_h = _accountants.AUTO_PLD_INTERVAL_RANGE
+    mech = _mechanisms(start, q, steps, relation)
     try:
         _, _, info = _accountants._pld_refined(
-            _mechanisms(start, q, steps, relation), delta,
-            min(max(target / _accountants.AUTO_PLD_RESOLUTION, lo_h), hi_h),
-            tolerance=CALIBRATION_PLD_TOLERANCE,
+            mech, delta, _accountants._auto_pld_start(mech, target, CALIBRATION_PLD_TOLERANCE), tolerance=CALIBRATION_PLD_TOLERANCE,
         )
     except UnsupportedEventError:
         return _calibrate_auto_full(target, delta, q, steps, relation, rtol, start, slope)
