@@ -12,8 +12,9 @@ target epsilon = dp-accounting's fine PLD epsilon at z: the smallest multiplier 
 under fine PLD is z itself, so z_auto / z - 1 is how far ``auto`` is from it.
 
 Every cell (one method at one point) runs in a fresh subprocess: imports and a one-step warm-up
-call first, then the timed call under a wall-clock cap (``--cap``, default 600 s; the process group
-is killed when it runs out) and an address-space limit (``--memory-gb``, default 4). A cell that
+call first (dpcl's in-process memos are cleared after it), then the timed call under a wall-clock
+cap (``--cap``, default 600 s; the process group is killed when it runs out) and an address-space
+limit (``--memory-gb``, default 4). A cell that
 hits a cap, or that a library refuses, is recorded with that reason. Finished cells are stored in
 ``benchmarks/GRID.json`` (atomically, after each cell) with the date, cap, load average and dpcl
 commit they were measured at, so an interrupted run resumes where it stopped and the report is
@@ -122,6 +123,14 @@ def _worker(method: str, q: float, steps: int, z: float, memory_gb: float) -> No
             _epsilon("dpcl auto", q, 1, 1.0)
         else:
             _epsilon(method, q, 1, z)
+        if method.startswith("dpcl"):
+            # the warm-up filled dpcl's in-process memos (single-step PLDs, the RDP of one step): the timed
+            # call must compute them, as the peers do
+            from dpcl.accounting.accountants import clear_memo
+            from dpcl.accounting.dpsgd import CALIBRATION_MEMO
+
+            clear_memo()
+            CALIBRATION_MEMO.clear()
         print("WARM", flush=True)
         start = time.perf_counter()
         value = _epsilon(method, q, steps, z)
@@ -257,38 +266,56 @@ def import_log(log: Path, cache: dict[str, dict[str, Any]], note: dict[str, Any]
 NOTES = """\
 ## Notes (read from the cells; why a goal is missed, and what stands out)
 
-* **A wrong number: dpcl `prv` gives ε = 0 at q = 0.1, T = 10⁶, z = 2**, where dp-accounting PLD gives
-  1608.37 and opacus RDP 1634.95 (so ε is at least about 1600). prv-accountant 0.2.0, called as dpcl calls it
-  (`eps_error` 25.06 = 1 % of the RDP ε 2506.26, `delta_error` 1e-8, `eps_max` 2592.2 from dp-accounting's RDP),
-  returns (lower, estimate, upper) = (-894.06, -868.98, -843.91); `dpcl.accounting.accountants._prv` returns
-  `max(eps_upper, 0.0)`, i.e. clamps the library's negative "upper bound" to 0 instead of refusing. `auto` consults
-  `prv` whenever its PLD is refused or its refinement stops before converging (its 8 s wall-clock budget), and
-  takes the smallest candidate: with that budget cut to 0.5 s (as a loaded machine does to the 8 s), `auto` at this
-  point reports ε = 0 (accountant `prv`; candidates rdp 2506.26, pld 1608.46, prv 0.0). In the grid run `auto`'s PLD
-  converged in 3.7 s and it answered 1608.39. Not fixed here (the accountants belong to the accounting work): a
-  negative or zero PRV upper bound where the RDP ε is positive must be refused, not clamped.
+* **`auto` since the earlier run of this grid.** The columns `dpcl auto`, `dpcl pld`, `dpcl auto calibration` were
+  measured again at commit 4cff386, `dpcl prv` and `dpcl rdp` at 6bee134 (every dpcl cell now clears dpcl's
+  in-process memos after its warm-up). `auto` reports the same ε as before at 26 points and a smaller one at 17
+  (by up to 0.084 %); at (0.001, 10⁵, 2) and (0.001, 10⁶, 2) it is 0.015 % and 0.020 % larger (its refinement,
+  converged as before, ends at another interval; still 0.25 % below the peer). Its time goal is met at 42 of 45
+  points (32 in the earlier run; 38 when the commit before these changes is measured as now). What changed:
+  (1) its PLD starts at an interval predicted from the events (connect-the-dots adds ~h²/6 of variance to each
+  step's privacy loss, against the step's own q²(e^(1/z²) − 1)), never coarser than before, so at q = 0.001 it converges after one halving (e.g. 7.94e-5 →
+  3.97e-5 at z = 2) instead of four PLDs from 1e-3, whose first was 6–30 % too high; (2) each PLD is dp-accounting's
+  computation with three steps done in numpy (same results, checked in tests/accounting/test_fast_pld.py): a sparse
+  PMF goes dense without the `size ** count` integer, the truncation bounds of the FFT self-composition are summed
+  without 40 `scipy.special.logsumexp` calls, and ε for δ is read off by a vectorised scan instead of a Python loop
+  over the grid (3.8 s of 9 s at q = 0.1, T = 10⁶, z = 0.6); the `dpcl pld` column (the same ε as dp-accounting
+  at 1e-4, to 2e-8 relative) now takes 1.04 to 8 × less time than dp-accounting's; (3) the memory check takes
+  twice a coarse proxy's estimate instead of a Chernoff bound on the full grid where that fits.
 * **ε goal (≤ 1.005 × the tightest sound peer): met at every point where `auto` and a peer answered.** Where `auto`
-  is below dp-accounting's PLD at 1e-4 it is still an upper bound. At q = 0.001, z = 2 its refinement ends finer than
-  1e-4 (5.03e-5 at T = 10⁴), and dp-accounting's own pessimistic PLD at interval 1e-5 is below `auto` at each T
-  checked (10², 10³, 10⁴, 10⁵: 0.0146300, 0.0499890, 0.173313, 0.603791 against `auto`'s 0.0146439, 0.0500516,
-  0.173444, 0.604133). At (0.1, 10⁶, 0.6) dp-accounting's PLD at 1e-4 and both PRVs run out of 4 GB; `auto` reports
-  dp-accounting's pessimistic PLD at interval 1e-3 (refining to 5e-4 would exceed its 8 s budget), 0.89 × opacus
-  RDP, the only sound peer that answered there.
-* **Time goal (≤ the tightest peer's time): missed at the points listed in the summary.** All but one are q = 0.001 with
-  z ≥ 1 (every T) or (0.01, 10², 2), (0.01, 10⁴, 2): the privacy-loss distribution is narrow and dp-accounting's one
-  PLD at 1e-4 takes 0.05–1.2 s (`auto` 0.3–2.1 s). `auto` first computes RDP, basic and advanced (~0.1 s), then refines its PLD from
-  RDP ε / 500 (clipped to [1e-5, 1e-3]) by halving until one step changes ε by ≤ 0.5 %: 2–4 PLD compositions, e.g.
-  1e-3 → 5e-4 → 2.45e-4 → 1.22e-4 at (0.001, 10⁶, 1), whose first step alone gives 6.383 (+5.9 % over the peer's
-  6.0296). The refinement is what makes `auto` meet the ε goal without a fixed fine interval, and it costs more than
-  the single PLD the peer computes when that PLD is cheap. At (0.1, 10⁶, 0.6) the only answering peer is RDP
-  (0.3 s); `auto`'s PLD at 1e-3 takes ~11 s for an ε 10.7 % below it. All times were taken under load (1-minute
-  load average 4–19): the same `auto` call took 11.2 s in the grid and 37.6 s in a rerun ten minutes later.
-* **Pairs of times.** The columns `dpcl auto` and dp-accounting PLD 1e-4 at T ≤ 10⁵ were measured again one
-  after the other (within about 5 minutes, under the same load), so their time ratio compares like with like; the
-  other columns at T ≤ 10⁵ come from runs up to 2.5 hours apart under other loads (`measured` in GRID.json).
+  is below dp-accounting's PLD at 1e-4 it is still an upper bound: at q = 0.001, z = 2 its refinement ends finer
+  than 1e-4, and dp-accounting's own pessimistic PLD at interval 1e-5 is below `auto` at each T checked (10², 10³,
+  10⁴, 10⁵: 0.0146300, 0.0499890, 0.173313, 0.603791 against `auto`'s 0.0146386, 0.0500228, 0.173435, 0.604225).
+  At (0.1, 10⁶, 0.6) dp-accounting's PLD at 1e-4 and both PRVs run out of 4 GB; `auto` reports dpcl's pessimistic
+  PLD at interval 1e-3, 0.89 × opacus RDP, the only sound peer that answered there.
+* **Time goal (≤ the tightest peer's time): missed at 3 points.**
+  (0.001, 10², 2) and (0.001, 10⁶, 2): the peer is dp-accounting's single PLD at 1e-4, cheap here (0.05 s, 0.19 s:
+  a tiny sampling rate with much noise has a narrow privacy-loss distribution). `auto` computes two things the peer
+  does not: the RDP candidate (0.03 s and 0.08 s alone, column `dpcl rdp`) and a second PLD, because one PLD's
+  discretisation error is only bounded once halving its interval changes ε by at most 0.5 % (here 7.94e-5 →
+  3.97e-5, finer than the peer's interval, and 0.2–0.25 % below its ε). dpcl's PLD at 1e-4 alone (`dpcl pld`: 0.045
+  s and 0.051 s) takes no longer than the peer; matching the peer's time would mean reporting that PLD with its
+  error unchecked and without the RDP candidate.
+  (0.1, 10⁶, 0.6): the only peer that answers is RDP (opacus, 0.32 s). `auto`'s RDP candidate alone (`dpcl rdp`:
+  dp-accounting's RDP and prv-accountant's RDP at the orders dp-accounting drops, 0.74 s) takes longer, so no
+  answer that includes it meets the goal. Its PLD at 1e-3 (a composition of ~7e6 grid points) gives 33662.1, 10.7 %
+  below RDP, in 4.9 s in all; the next halving would exceed the 8 s budget, so the note says the refinement stopped
+  there and `prv` is consulted (it refuses: its domain would be ±9.2e4). A coarser PLD would be faster (dpcl's PLD
+  at interval 1e-2 gives 33670.4 in about 0.3 s), but `auto` does not start coarser than 1e-3, so that it is no
+  looser anywhere than before.
+* **Pairs of times.** The `dpcl auto` column was measured in one pass (1-minute load average 2–6); the peers'
+  columns come from the earlier runs (load 4–19, `measured` in GRID.json), so a time ratio carries that noise.
 * **Calibration goal (z_auto ≤ 1.002 × the smallest z meeting the target under fine PLD): met wherever it was
-  measured.** It was not measured at (0.1, 10⁶, 0.6), where dp-accounting's PLD at 1e-4 (the target) did not answer.
-  Below 1 (q = 0.001, z = 2): the target is the PLD-1e-4 ε, looser than the finer PLD `auto` uses there.
+  measured.** At the commit before these changes it was missed at (0.001, 10⁶, 1) and (0.001, 10⁶, 2) (1.00573
+  and 1.02330, in 44 s and 25 s): the search started from the root of a coarse PLD at interval 1e-3 to 1e-2,
+  which at q = 0.001 is 30 % or more too high (root z = 28 instead of 2); it now starts from a coarse PLD at the
+  interval predicted for that error where that is finer (1.00029 and 0.99829, in 1.7 s and 1.3 s). It was not
+  measured at (0.1, 10⁶, 0.6), where dp-accounting's PLD at 1e-4 (the target) did not answer. Below 1 (q = 0.001,
+  z = 2): the target is the PLD-1e-4 ε, looser than the finer PLD `auto` uses there.
+* **dpcl `prv`.** In the earlier run `prv` gave ε = 0 at q = 0.1, T = 10⁶, z = 2 (prv-accountant's float64 `exp`
+  overflowed over its ±2592 domain; its "upper bound" −844 was clamped to 0). `prv` now refuses domains past ±700
+  and compositions whose mass or mean is inconsistent (tests/accounting/test_prv_soundness.py); the column shows
+  those refusals (the domain at (0.1, 10⁴, 0.6), (0.1, 10⁵, 0.6), (0.1, 10⁵, 1), (0.01, 10⁶, 0.6) and every
+  (0.1, 10⁶, z); the composition at (0.001, 10⁶, 0.6)), and `auto` answers there with its PLD.
 * **Peers that cannot answer.** prv-accountant and opacus' PRV run out of 4 GB at most large-ε points (q = 0.1
   from T = 10⁴ or 10⁵, (0.01, 10⁵, 0.6), every T = 10⁶ point but q = 0.001, z ∈ {1, 2}), and prv-accountant raises "Discrete mean differs from continuous mean
   significantly" at (0.1, 10², 0.6) and (0.1, 10³, 0.6). dp-accounting RDP is looser than opacus RDP at large ε (e.g.

@@ -6,8 +6,10 @@ a CUDA device (and the ``fortunes`` texts for the PeCL configs). For every
 :func:`dpcl.runner.run_training` with ``stop_after_task=0``, the noise from OS
 entropy as in any real run), then checks the release with ``dpcl verify --json``
 as a user would: exit 0, a valid certificate, and ``private`` true, except for
-a config whose checkpoint is declared not private (``pecl_paper.toml``), whose
-valid certificate must say ``private: false``. Then it runs
+a config whose checkpoint is declared not private (``pecl_paper.toml``): its
+private run must be refused before training (``dpcl run`` exits 3), and its run
+with ``[run] private = false`` (a copy of the config) must give valid
+certificates that say ``private: false``. Then it runs
 ``scripts/check_tdp_triton.py`` (kernel correctness and timing) and
 ``benchmarks/pecl_tdp.py --device cuda``.
 
@@ -52,9 +54,33 @@ def _cuda_device(requested: str) -> str | None:
         return None
 
 
+def _not_private_copy(config: Path, out: Path, device: str) -> tuple[Path, str | None]:
+    """A config whose checkpoint is declared not private: check that its private run is refused before training
+    (exit 3 of ``dpcl run``), then return a copy with ``[run] private = false``, the run a researcher makes."""
+    from dpcl.errors import PrivacyViolationError
+    from dpcl.runner import run_training
+
+    try:
+        run_training(config, out / "refused", device=device, quiet=True, stop_after_task=0)
+    except PrivacyViolationError:
+        refused = None
+    except Exception as exc:  # noqa: BLE001 - reported with the config
+        refused = f"the private run failed with {type(exc).__name__} instead of a privacy violation: {exc}"
+    else:
+        refused = "the private run of a config whose checkpoint is not private was trained, not refused"
+    out.mkdir(parents=True, exist_ok=True)
+    copy = out / f"{config.stem}_not_private.toml"
+    copy.write_text(config.read_text(encoding="utf-8") + "\n[run]\nprivate = false\n", encoding="utf-8")
+    return copy, refused
+
+
 def _run_config(config: Path, out: Path, device: str) -> dict:
     from dpcl.runner import run_training
 
+    refused, declared_not_private = None, config.name in NOT_PRIVATE_CONFIGS
+    if declared_not_private:
+        config, refused = _not_private_copy(config, out, device)
+        out = out / "not_private"
     start = time.perf_counter()
     try:
         result = run_training(config, out, device=device, quiet=True, stop_after_task=0)
@@ -69,9 +95,12 @@ def _run_config(config: Path, out: Path, device: str) -> dict:
         verified = json.loads(verify.stdout)
     except ValueError:
         verified = {}
-    private_expected = config.name not in NOT_PRIVATE_CONFIGS and result.private
+    private_expected = not declared_not_private
     return {
-        "ok": verify.returncode == 0 and verified.get("valid") is True and verified.get("private") is private_expected,
+        "ok": refused is None and verify.returncode == 0 and verified.get("valid") is True
+        and result.private is private_expected and verified.get("private") is private_expected,
+        "private_run_refused": refused is None if declared_not_private else None,
+        "refusal_error": refused,
         "seconds": round(seconds, 2),
         "device": result.metrics.get("device"),
         "epsilon": result.releases[0].cumulative_epsilon,

@@ -136,13 +136,26 @@ def main() -> int:
     g1 = torch.Generator(device=dev).manual_seed(7)
     g2 = torch.Generator(device=dev).manual_seed(7)
     same_seed = torch.equal(tdp.perturb_with_sigmas(emb, sigmas, g1), tdp.perturb_with_sigmas(emb, sigmas, g2))
+    # a generator's noise stream: re-seeding it restarts the stream (the same noise again), drawing from it in
+    # between starts a new one (other noise), and calls on the untouched generator never repeat a noise
+    g3 = torch.Generator(device=dev).manual_seed(11)
+    first = [tdp.perturb_with_sigmas(emb, sigmas, g3) for _ in range(3)]
+    g3.manual_seed(11)
+    again = [tdp.perturb_with_sigmas(emb, sigmas, g3) for _ in range(3)]
+    torch.randint(0, 2, (1,), generator=g3, device=dev)
+    after_draw = tdp.perturb_with_sigmas(emb, sigmas, g3)
+    stream_ok = {
+        "reseed_repeats_the_calls": all(torch.equal(a, b) for a, b in zip(first, again)),
+        "calls_differ": not any(torch.equal(first[i], first[j]) for i in range(3) for j in range(i + 1, 3)),
+        "other_draw_gives_new_noise": not any(torch.equal(after_draw, a) for a in first + again),
+    }
     report["noise"] = {
         "samples": n, "mean": mean, "mean_z_score": mean * math.sqrt(n), "variance": sumsq / n,
         "chi2_total_z_score": chi_total, "worst_token_chi2_p_bonferroni": worst_token_p,
         "per_token_variance_vs_sigma_slope": slope, "ks_statistic_1e6": float(ks.statistic),
         "ks_p_1e6": float(ks.pvalue), "max_abs_z": max_abs, "bound": tdp_triton.MAX_NOISE_STDS,
         "corr_between_calls": corr_calls, "corr_between_box_muller_branches": corr_branches,
-        "same_seed_same_noise": same_seed, "sigma_range": [float(sig_flat.min()), float(sig_flat.max())],
+        "same_seed_same_noise": same_seed, "noise_stream": stream_ok, "sigma_range": [float(sig_flat.min()), float(sig_flat.max())],
     }
     five_se = 5 / math.sqrt(n)
     if abs(mean * math.sqrt(n)) > 5:
@@ -159,6 +172,7 @@ def main() -> int:
         failures.append(f"|z| = {max_abs} beyond the sampler bound")
     if abs(corr_calls) > five_se or abs(corr_branches) > 5 / math.sqrt(za.numel()):
         failures.append(f"noise correlated: calls {corr_calls}, branches {corr_branches}")
+    failures += [f"noise stream: {k} is false" for k, v in stream_ok.items() if not v]
     if not same_seed:
         failures.append("same generator seed gave different noise")
     if torch.equal(out, out2):

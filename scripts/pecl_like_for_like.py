@@ -10,6 +10,8 @@ loop does; ``--epochs``, ``--lr``, ``--head-lr`` and ``--batch-size`` change the
 * ``runs.json``: every (row, seed) result of :func:`dpcl.methods.pecl.experiment.run_method` (accuracy
   matrices, privacy); a rerun with the same ``--out`` skips the pairs already there, so an interrupted run
   continues where it stopped;
+* ``certified/ROW-seedS/``: the ledger, released checkpoints and certificates of every DP-SGD baseline run
+  (:class:`dpcl.Certifier`); its checkpoint epsilon is the last certificate's;
 * ``table.md``: per row the mean +- standard deviation over the seeds (sample sd, n - 1) of the mean
   TI accuracy of each task right after it was trained (the diagonal of the accuracy matrix: what a row
   learns, before forgetting) and of the task-incremental (TI: argmax over the task's own label set, the paper's per-task evaluation) and
@@ -26,6 +28,8 @@ import argparse
 import json
 import logging
 import math
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -154,9 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             start = time.perf_counter()
             torch.manual_seed(seed)
+            run_dir = out / "certified" / f"{_slug(row)}-seed{seed}"
+            if run_dir.exists():  # an interrupted attempt: its releases were never reported; train again from scratch
+                shutil.rmtree(run_dir)
             result = run_method(row, METHODS[row], tasks, public, len(class_names), seed=seed,
                                 base={**training, **MODEL}, reproducible_noise=args.reproducible_noise,
-                                public_labels=public_labels)
+                                public_labels=public_labels, run_dir=run_dir)
             result["seed"] = seed
             runs.append(json.loads(json.dumps(result, default=str).replace("Infinity", '"inf"')))
             write_json_atomic(runs_file, {"settings": settings, "runs": runs})
@@ -166,6 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_text_atomic(out / "table.md", table(_finite(runs), args.rows))
     print(table(_finite(runs), args.rows))
     return 0
+
+
+def _slug(row: str) -> str:
+    """A directory name for a row label ("ER+DPSGD (eps=8)" -> "er-dpsgd-eps-8")."""
+    return re.sub(r"[^a-z0-9]+", "-", row.lower()).strip("-")
 
 
 def _finite(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -37,7 +37,8 @@ assumptions/settings behind the number. Accountants:
     apply, and prv where the PLD is refused or did not converge; the winner is
     named and all candidates listed. Inside auto the PLD starts at interval
     RDP epsilon / 500 clipped to [1e-5, 1e-3] (coarser if it would not fit in
-    memory) and is refined (halved, or more where the change says the error is
+    memory; finer where the discretisation error predicted from the events,
+    ``_auto_pld_start``, says one halving would not converge) and is refined (halved, or more where the change says the error is
     still large) until one refinement changes epsilon by at most 0.5 %
     (:data:`AUTO_PLD_TOLERANCE`) or 8 s are spent; each step is pessimistic,
     so each is an upper bound, and the smallest is reported; a note gives the
@@ -104,7 +105,8 @@ ACCOUNTANT_NAMES = ("exact", "basic", "advanced", "rdp", "pld", "prv", "auto")
 #: dp-accounting's default discretisation of the privacy loss, used by ``pld``.
 PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 #: Inside ``auto`` the PLD refinement starts at the RDP epsilon of the same events divided by
-#: this (clipped to [1e-5, 1e-3]; coarser where the grid would not fit in memory).
+#: this (clipped to [1e-5, 1e-3]; coarser where the grid would not fit in memory), or finer where
+#: the discretisation error predicted from the events asks for it (``_auto_pld_start``).
 AUTO_PLD_RESOLUTION = 500.0
 AUTO_PLD_INTERVAL_RANGE = (1e-5, 1e-3)
 #: PRV ``eps_error`` as a fraction of the RDP epsilon of the same events.
@@ -324,7 +326,7 @@ def _composed_points(pld: Any, count: int) -> float:
     """Grid points of ``pld`` self-composed ``count`` times, by dp-accounting's own Chernoff bound.
 
     ``common.compute_self_convolve_bounds`` is what ``DensePLDPmf.self_compose`` uses to size its
-    FFT; it is evaluated here on the single-step PMFs (cheap) before anything is composed.
+    FFT; it is evaluated here (as :func:`_self_convolve_bounds`) on the single-step PMFs (cheap) before anything is composed.
     Memoised per PLD object and count (:data:`PLD_MEMO`).
     """
     key = ("composed_points", id(pld), int(count), _composed_points_uncached)
@@ -351,9 +353,36 @@ def _composed_points_uncached(pld: Any, count: int) -> float:
         if count == 1:
             points = max(points, float(probs.size))
             continue
-        lower, upper = common.compute_self_convolve_bounds(probs, count, _PLD_TAIL_MASS_TRUNCATION)
+        lower, upper = _self_convolve_bounds(probs, count, _PLD_TAIL_MASS_TRUNCATION)
         points = max(points, float(upper - lower + 1), float(probs.size))
     return points
+
+
+def _self_convolve_bounds(probs: np.ndarray, count: int, tail_mass_truncation: float) -> tuple[int, int]:
+    """dp-accounting's ``common.compute_self_convolve_bounds`` (its Chernoff bound at its 40 orders), each
+    order's log moment generating function summed by numpy instead of one ``scipy.special.logsumexp`` call
+    (whose per-call overhead made the sizing of a small PLD cost more than composing it). Used for sizing only."""
+    n = probs.size
+    lower, upper = 0, (n - 1) * count
+    orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n
+    index = np.arange(n)
+    log_slack = math.log(2.0 / tail_mass_truncation)
+    for order in orders:
+        exponents = index * order
+        top = float(np.max(exponents))
+        # logsumexp(exponents, b=probs) as scipy sums it (np.sum; np.dot goes to BLAS, ~100x slower here under load)
+        total = float(np.sum(probs * np.exp(exponents - top)))
+        if not total > 0:
+            continue
+        log_mgf = math.log(total) + top
+        bound = (count * log_mgf + log_slack) / order
+        if not math.isfinite(bound):
+            continue
+        if order > 0:
+            upper = min(upper, math.ceil(bound))
+        else:
+            lower = max(lower, math.floor(bound))
+    return lower, upper
 
 
 def _pld_too_large(points: float, interval: float, what: str) -> _PldTooLarge:
@@ -616,7 +645,7 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
     try:
         with np.errstate(all="ignore"):
             total = _composed_pieces(singles, piece_keys, interval)
-            eps = float(total.get_epsilon_for_delta(delta))
+            eps = _epsilon_for_delta(total, delta)
     except UnsupportedEventError:
         raise
     except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
@@ -627,6 +656,65 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
             "(counted as infinite loss) exceeds delta. Use a larger delta or accountant 'rdp' or 'exact'."
         )
     return eps, tuple(notes)
+
+
+def _epsilon_for_delta(pld: Any, delta: float) -> float:
+    """``pld.get_epsilon_for_delta(delta)``, with dense PMFs scanned by :func:`_dense_epsilon_for_delta`."""
+    from dp_accounting.pld import pld_pmf
+
+    pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]  # noqa: SLF001 (read only)
+    if not all(isinstance(p, pld_pmf.DensePLDPmf) for p in pmfs):
+        return float(pld.get_epsilon_for_delta(delta))
+    return max(_dense_epsilon_for_delta(p, delta) for p in pmfs)
+
+
+#: Losses scanned per numpy chunk by :func:`_dense_epsilon_for_delta` (bounds its temporary arrays).
+_EPSILON_SCAN_CHUNK = 1 << 18
+
+
+def _dense_epsilon_for_delta(pmf: Any, delta: float) -> float:
+    """dp-accounting's ``DensePLDPmf.get_epsilon_for_delta`` (``pld_pmf._get_epsilon_for_delta``) in numpy.
+
+    dp-accounting scans the losses from the largest down in a Python loop (``math.exp`` per grid point: 3.8 s of
+    a 9 s ``auto`` call at q = 0.1, T = 1e6, z = 0.6). The same scan in chunks: the losses as its
+    ``itertools.count`` makes them (repeated subtraction of the interval: ``np.cumsum``, also sequential), the
+    two running masses as sequential sums in its order, and its two stopping tests evaluated on every prefix;
+    the first test that holds, in the loop's order, ends the scan (numpy's exp and log agree with math's to a
+    few ulps, so the epsilon agrees to ~1e-15 relative). Where the loop would overflow ``math.exp``
+    (a loss below about -709 reached), this raises OverflowError as it does. Cross-checked against
+    dp-accounting's own in tests/accounting/test_fast_pld.py.
+    """
+    infinity_mass = float(pmf._infinity_mass)  # noqa: SLF001 (read only)
+    if infinity_mass > delta:
+        return math.inf
+    probs = np.flip(np.asarray(pmf._probs, dtype=np.float64))  # noqa: SLF001
+    step = -float(pmf._discretization)  # noqa: SLF001
+    loss = (pmf._lower_loss + probs.size - 1) * float(pmf._discretization)  # noqa: SLF001
+    upper, lower = infinity_mass, 0.0
+    for start in range(0, probs.size, _EPSILON_SCAN_CHUNK):
+        p = probs[start : start + _EPSILON_SCAN_CHUNK]
+        losses = np.cumsum(np.concatenate(([loss], np.full(p.size - 1, step))))
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            weights = np.exp(-losses)
+            ups = np.cumsum(np.concatenate(([upper], p)))  # ups[k]: the upper mass before loss k is added
+            lows = np.cumsum(np.concatenate(([lower], weights * p)))
+            stop = (ups[:-1] > delta) & (lows[:-1] > 0) & (np.log((ups[:-1] - delta) / lows[:-1]) >= losses)
+        tiny = (ups[1:] >= delta) & (lows[1:] == 0)  # after adding loss k: exp(-loss) * prob underflowed to 0
+        k_stop = int(np.argmax(stop)) if stop.any() else p.size
+        k_tiny = int(np.argmax(tiny)) if tiny.any() else p.size
+        used = min(k_stop, k_tiny + 1)
+        if not np.all(np.isfinite(weights[:used])):
+            raise OverflowError("math range error (exp of a privacy loss below -709)")
+        if k_tiny < k_stop:
+            return max(0.0, float(losses[k_tiny]))
+        if k_stop < p.size:
+            upper, lower = float(ups[k_stop]), float(lows[k_stop])
+            break
+        upper, lower = float(ups[-1]), float(lows[-1])
+        loss = float(losses[-1]) + step
+    if upper <= lower + delta:
+        return 0.0
+    return math.log((upper - delta) / lower)
 
 
 def _composed_pieces(singles: list[tuple[Any, int]], piece_keys: list[tuple[Any, ...]], interval: float) -> Any:
@@ -664,6 +752,7 @@ def _sized_single_steps(
             single = width / interval + 1.0
         if not single <= PLD_MAX_GRID_POINTS:
             raise _pld_too_large(single, interval, what)
+        estimate = math.inf
         if single > _PLD_PROXY_POINTS:
             proxy = interval * single / _PLD_PROXY_POINTS
             estimate = _composed_points(build(proxy), count) * proxy / interval
@@ -671,9 +760,16 @@ def _sized_single_steps(
                 raise _pld_too_large(points + estimate, interval, what)
         pld = build(interval)
         # the whole convolution's support, count (n - 1) + 1 points, bounds the composed grid from above:
-        # where it is small, dp-accounting's (costlier) Chernoff bound is not needed to see that it fits
+        # where it is small, dp-accounting's (costlier) Chernoff bound is not needed to see that it fits;
+        # nor where twice the proxy's estimate fits (the bound's orders scale with the grid, so in loss units
+        # the proxy's truncated range is the fine grid's up to rounding; its cost grows with the grid: ~1 s at 2e5 points)
         full = max(count * (span - 1) + 1.0 for span in _grid_spans(pld))
-        points += full if points + full <= PLD_MAX_GRID_POINTS / 4 else _composed_points(pld, count)
+        if points + full <= PLD_MAX_GRID_POINTS / 4:
+            points += full
+        elif points + 2.0 * estimate <= PLD_MAX_GRID_POINTS:
+            points += 2.0 * estimate
+        else:
+            points += _composed_points(pld, count)
         if not points <= PLD_MAX_GRID_POINTS:
             raise _pld_too_large(points, interval, what)
         singles.append((pld, count))
@@ -708,21 +804,50 @@ def _self_compose_uncached(pld: Any, count: int) -> Any:
     Works around a cost in dp-accounting (0.6.0): a sparse PMF (at most 1000 loss
     values, e.g. DP-SGD at a tiny sampling rate) evaluates ``size ** count`` as a
     Python integer before it switches to the dense FFT path, which takes about a
-    minute at count = 1e7 and never ends at 1e9. Composing a block of 1024 copies
-    first (that power is small) gives a dense PMF whenever the PMF has two or
-    more loss values; the rest is the dense FFT self-composition. Every step is
-    dp-accounting's own pessimistic composition, so the result stays an upper
-    bound (each extra step may move at most its 1e-15 truncated tail mass to
-    infinity). Dense PMFs take the direct path unchanged.
+    minute at count = 1e7 and never ends at 1e9. That switch is taken whenever
+    ``size ** count`` exceeds dp-accounting's sparse limit (1000 points), i.e. for
+    every PMF of two or more loss values once count > 1000 (``count > 9`` already
+    for two values); dpcl takes the same path without the power: the PMF is
+    converted to dense (``to_dense_pmf``) and self-composed by dp-accounting's dense
+    FFT. The result is exactly dp-accounting's own (same calls, same arrays).
+    Dense PMFs, and counts of at most :data:`_SPARSE_SELF_COMPOSE_BLOCK`, take the
+    direct path unchanged; a PMF of one loss value (which dp-accounting keeps sparse and
+    composes one copy at a time) is composed in blocks of that many copies.
     """
     from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-    sparse = isinstance(getattr(pld, "_pmf_remove", None), pld_pmf.SparsePLDPmf)
-    if not sparse or count <= _SPARSE_SELF_COMPOSE_BLOCK:
+    remove = getattr(pld, "_pmf_remove", None)
+    pmfs = [remove] if pld._symmetric else [remove, pld._pmf_add]  # noqa: SLF001 (the PMFs are not modified)
+    sparse = any(isinstance(p, pld_pmf.SparsePLDPmf) for p in pmfs)
+    if count == 1 or (sparse and count <= _SPARSE_SELF_COMPOSE_BLOCK):
         return pld.self_compose(count)
-    blocks, rest = divmod(count, _SPARSE_SELF_COMPOSE_BLOCK)
-    out = pld.self_compose(_SPARSE_SELF_COMPOSE_BLOCK).self_compose(blocks)
-    return out.compose(pld.self_compose(rest)) if rest else out
+    if any(isinstance(p, pld_pmf.SparsePLDPmf) and p.size < 2 for p in pmfs):
+        # one loss value stays sparse in dp-accounting (1 ** count <= 1000), composed one copy at a time: in blocks
+        blocks, rest = divmod(count, _SPARSE_SELF_COMPOSE_BLOCK)
+        out = pld.self_compose(_SPARSE_SELF_COMPOSE_BLOCK).self_compose(blocks)
+        return out.compose(pld.self_compose(rest)) if rest else out
+    return pld_lib.PrivacyLossDistribution(*(_dense_self_compose(p.to_dense_pmf(), count) for p in pmfs))
+
+
+def _dense_self_compose(pmf: Any, count: int) -> Any:
+    """dp-accounting's ``DensePLDPmf.self_compose(count)`` (tail mass truncation 1e-15), its statements in its
+    order, with the truncation bounds of :func:`_self_convolve_bounds` (equal to ``compute_self_convolve_bounds``,
+    whose 40 ``scipy.special.logsumexp`` calls cost more than the FFT for grids under ~1e5 points). Checked to
+    give dp-accounting's arrays in tests/accounting/test_fast_pld.py."""
+    from dp_accounting.pld import pld_pmf
+    from scipy import fft
+
+    probs = pmf._probs  # noqa: SLF001 (read only)
+    lower, upper = _self_convolve_bounds(probs, count, _PLD_TAIL_MASS_TRUNCATION)
+    output_len = upper - lower + 1
+    fast_len = fft.next_fast_len(max(output_len, len(probs)))
+    composed = np.real(fft.ifft(fft.fft(probs, fast_len) ** count))
+    composed = np.array(np.roll(composed, -lower)[:output_len])
+    infinity = _PLD_TAIL_MASS_TRUNCATION - math.expm1(count * math.log1p(-pmf._infinity_mass))  # noqa: SLF001
+    return pld_pmf.DensePLDPmf(
+        pmf._discretization, pmf._lower_loss * count + lower, composed, infinity, pmf._pessimistic_estimate,  # noqa: SLF001
+    )
 
 
 #: ``auto`` refines its PLD until one refinement changes epsilon by at most this (relative) ...
@@ -733,6 +858,57 @@ AUTO_PLD_TIME_BUDGET_S = 8.0
 _AUTO_PLD_COARSEN_TARGET = 0.25
 #: Coarsest interval auto starts from; a PLD that does not fit in memory is coarsened beyond it.
 AUTO_PLD_MAX_INTERVAL = 1.0
+
+
+#: Relative epsilon error of a pessimistic PLD at interval h predicted as ``kappa * N h^2 / V`` (see
+#: :func:`_auto_pld_start`); kappa measured on the DP-SGD grid of ``benchmarks/GRID.md``: 0.1 at q = 0.001,
+#: up to 0.4 at q = 0.1. Only the starting interval depends on it, never the stopping rule.
+_AUTO_PLD_ERROR_CONSTANT = 0.1
+
+
+def _auto_pld_start(
+    mech: _Mechanisms, epsilon_scale: float | None, tolerance: float = AUTO_PLD_TOLERANCE, interval: float | None = None,
+) -> float:
+    """The interval auto's PLD refinement starts from: ``epsilon_scale`` (the RDP epsilon) / :data:`AUTO_PLD_RESOLUTION`
+    clipped to :data:`AUTO_PLD_INTERVAL_RANGE`, or finer where the events predict a larger discretisation error.
+
+    Connect-the-dots splits the mass at each privacy loss between the two grid points around it, which adds
+    about t (1 - t) h^2 (t the position inside the cell; h^2 / 6 on average) to the variance of each step's
+    loss, so the composed loss of N steps gains ~N h^2 / 6 of variance against its own V = sum of the steps'
+    variances. V of a Poisson-subsampled Gaussian step is its chi^2 divergence q^2 (e^(1/z^2) - 1) (the
+    mu^2 / T of the CLT's Gaussian DP, Bu, Dong, Long & Su 2020), of a Gaussian mu^2, of a Laplace about
+    eps0^2. The relative epsilon error at h is then about kappa N h^2 / V (:data:`_AUTO_PLD_ERROR_CONSTANT`).
+    The start is 2 h with h chosen so that the predicted change of the first refinement (2 h -> h,
+    3 kappa N h^2 / V) is half the tolerance: where the prediction holds, the refinement converges in two
+    steps (at q = 0.001 the RDP rule starts at 1e-3, whose error is 6-30 %, and needed four). The start is
+    never coarser than the RDP rule, and the prediction only saves steps: the stopping rule is unchanged.
+    ``interval`` replaces the RDP rule (calibration's coarse search passes its own).
+    """
+    lo, hi = AUTO_PLD_INTERVAL_RANGE
+    if interval is not None:
+        start = interval
+    elif epsilon_scale is not None:
+        start = min(max(epsilon_scale / AUTO_PLD_RESOLUTION, lo), hi)
+    else:
+        start = PLD_VALUE_DISCRETIZATION_INTERVAL
+    variance, steps = 0.0, 0
+    if mech.gauss_mus:
+        variance += mech.gaussian_mu_total() ** 2
+        steps += 1
+    for eps0, count in mech.laplace:
+        variance += count * eps0 * eps0
+        steps += count
+    for z, q, count in mech.sampled:
+        z_size = z / 2.0 if mech.adjacency is Adjacency.REPLACE_ONE else z
+        try:
+            variance += count * q * q * math.expm1(1.0 / (z_size * z_size))
+        except OverflowError:
+            variance = math.inf
+        steps += count
+    if steps > 0 and 0.0 < variance < math.inf:
+        h = math.sqrt(tolerance / 6.0 * variance / (_AUTO_PLD_ERROR_CONSTANT * steps))
+        start = min(start, max(2.0 * h, lo))
+    return start
 
 
 @dataclass
@@ -1245,12 +1421,13 @@ _MEMO_INLINE_BYTES = 4096
 #: Module-level names whose values (numbers) or objects (functions) change what an accountant computes:
 #: every one is part of each memo key, so changing (or monkeypatching) any of them misses the memo.
 _MEMO_SETTING_NAMES = (
-    "PLD_VALUE_DISCRETIZATION_INTERVAL", "AUTO_PLD_RESOLUTION", "AUTO_PLD_INTERVAL_RANGE", "AUTO_PLD_TOLERANCE",
+    "PLD_VALUE_DISCRETIZATION_INTERVAL", "AUTO_PLD_RESOLUTION", "AUTO_PLD_INTERVAL_RANGE", "_AUTO_PLD_ERROR_CONSTANT", "AUTO_PLD_TOLERANCE",
     "AUTO_PLD_TIME_BUDGET_S", "AUTO_PLD_MAX_INTERVAL", "_AUTO_PLD_COARSEN_TARGET", "PLD_MAX_GRID_POINTS",
     "_PLD_TAIL_MASS_TRUNCATION", "_PLD_GAUSSIAN_TAIL_SIGMAS", "_PLD_PROXY_POINTS", "_SPARSE_SELF_COMPOSE_BLOCK",
     "PRV_RELATIVE_EPS_ERROR", "PRV_MIN_EPS_ERROR", "PRV_MAX_GRID_POINTS", "PRV_RELATIVE_DELTA_ERROR",
     "_exact", "_basic", "_advanced", "_rdp", "_rdp_epsilon", "_prv_rdp_epsilon", "_pld", "_pld_refined",
-    "_sized_single_steps", "_composed_pieces", "_self_compose", "_self_compose_uncached", "_composed_points_uncached", "_gaussian_pld",
+    "_sized_single_steps", "_auto_pld_start", "_epsilon_for_delta", "_dense_epsilon_for_delta",
+    "_self_convolve_bounds", "_dense_self_compose", "_EPSILON_SCAN_CHUNK", "_composed_pieces", "_self_compose", "_self_compose_uncached", "_composed_points_uncached", "_gaussian_pld",
     "_single_gaussian_pld", "_sampled_step_rdp", "_rdp_accountant", "_prv", "_prv_safe_domain", "_auto", "gdp_epsilon",
 )
 
@@ -1426,9 +1603,7 @@ def _auto(
             if used is not None:
                 used["pld_interval"] = pld_interval
             return eps, notes
-        lo, hi = AUTO_PLD_INTERVAL_RANGE
-        rdp_eps = candidates.get("rdp")
-        start = min(max(rdp_eps / AUTO_PLD_RESOLUTION, lo), hi) if rdp_eps is not None else PLD_VALUE_DISCRETIZATION_INTERVAL
+        start = _auto_pld_start(mech, candidates.get("rdp"), tolerance)
         eps, notes, info = _pld_refined(mech, delta, start, tolerance=tolerance)
         pld_converged = info.stopped.startswith("converged")
         if used is not None:

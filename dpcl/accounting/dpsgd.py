@@ -10,8 +10,8 @@ prv-accountant); the tests cross-check them with opacus' own accountants.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
 
 from dpcl.accounting import accountants as _accountants
 from dpcl.accounting.accountants import (
@@ -27,13 +27,22 @@ from dpcl.accounting.events import (
     MAX_SAMPLED_STEPS,
     STEPS_HINT,
     Adjacency,
+    ComposedEvent,
     PoissonSampledGaussianEvent,
     RepeatedEvent,
 )
 from dpcl.accounting.validation import check_count, check_delta_scalar, check_positive_scalar, check_sample_rate
 from dpcl.errors import InvalidParameterError, UnsupportedEventError
 
-__all__ = ["NoiseCalibration", "dpsgd_epsilon", "dpsgd_events", "dpsgd_noise_multiplier"]
+__all__ = [
+    "NoiseCalibration",
+    "StreamNoiseCalibration",
+    "dpsgd_epsilon",
+    "dpsgd_events",
+    "dpsgd_noise_multiplier",
+    "dpsgd_stream_events",
+    "dpsgd_stream_noise_multiplier",
+]
 
 #: Noise multipliers searched by :func:`dpsgd_noise_multiplier`.
 MIN_NOISE_MULTIPLIER = 1e-3
@@ -154,11 +163,97 @@ def dpsgd_noise_multiplier(
     return calibration
 
 
+@dataclass(frozen=True)
+class StreamNoiseCalibration:
+    """Result of :func:`dpsgd_stream_noise_multiplier`: one noise multiplier for several composed DP-SGD runs."""
+
+    noise_multiplier: float
+    epsilon: float
+    accountant: str
+    delta: float
+    #: the (sample_rate, steps) of every run composed, in order
+    runs: tuple[tuple[float, int], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "runs": [{"sample_rate": q, "steps": t} for q, t in self.runs]}
+
+
+def dpsgd_stream_events(
+    noise_multiplier: float,
+    runs: Sequence[tuple[float, int]],
+    adjacency: Adjacency | str = "add_remove",
+    unit: str = "example",
+) -> ComposedEvent:
+    """The events of several DP-SGD runs at one noise multiplier, composed: ``runs`` holds (sample_rate, steps)."""
+    return ComposedEvent([dpsgd_events(noise_multiplier, q, t, adjacency, unit) for q, t in runs])
+
+
+def dpsgd_stream_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    runs: Sequence[tuple[float, int]],
+    accountant: str = "auto",
+    adjacency: Adjacency | str = "add_remove",
+    rtol: float = 1e-3,
+) -> StreamNoiseCalibration:
+    """Smallest noise multiplier (to ``rtol`` relative) at which the DP-SGD ``runs``, composed, are (target, delta)-DP.
+
+    ``runs`` lists the (sample_rate, steps) of every DP-SGD run that reads one privacy unit, e.g. an
+    example kept in a replay buffer or an episodic memory, which its own task's run and every later
+    task's run read (each with that task's sampling rate and steps). Every run uses the returned
+    multiplier; the epsilon returned is ``compute_epsilon(dpsgd_stream_events(z, runs), delta,
+    accountant)`` -- what a ledger charging those runs to that unit computes -- and is <= the target. A
+    multiplier at most ``rtol`` smaller was evaluated and misses it. One run is
+    :func:`dpsgd_noise_multiplier`'s question (same search, :func:`_search`, here on the composed
+    events); the search starts from that answer for the run with the largest single-run epsilon (a lower
+    bound: composing more runs never lowers epsilon). Memoised in :data:`CALIBRATION_MEMO`.
+    """
+    target = check_positive_scalar("target_epsilon", target_epsilon)
+    delta = check_delta_scalar("delta", delta)
+    if isinstance(runs, (str, bytes)) or not isinstance(runs, Sequence) or not runs:
+        raise InvalidParameterError(
+            f"runs must be a non-empty list of (sample_rate, steps) pairs, one per DP-SGD run, got {runs!r}."
+        )
+    checked = []
+    for i, run in enumerate(runs):
+        if not isinstance(run, Sequence) or isinstance(run, (str, bytes)) or len(run) != 2:
+            raise InvalidParameterError(f"runs[{i}] must be a (sample_rate, steps) pair, got {run!r}.")
+        checked.append((check_sample_rate(f"runs[{i}] sample_rate", run[0]), _check_steps(run[1])))
+    name = _check_accountant(accountant)
+    rtol = check_positive_scalar("rtol", rtol)
+    if rtol >= 0.5:
+        raise InvalidParameterError(f"rtol must be < 0.5, got {rtol!r}.")
+    relation = Adjacency.parse(adjacency)
+    plan = tuple(checked)
+    key = ("stream", target, delta, plan, name, relation.value, rtol, _calibration_settings())
+    cached = CALIBRATION_MEMO.get(key)
+    if cached is not None:
+        return cached
+    # the heaviest single run's multiplier: the composition needs at least that much noise
+    single = max(
+        (dpsgd_noise_multiplier(target, delta, q, t, name, relation, rtol) for q, t in dict.fromkeys(plan)),
+        key=lambda c: c.noise_multiplier,
+    )
+
+    def evaluate(z: float) -> AccountingResult:
+        return compute_epsilon(dpsgd_stream_events(z, plan, relation), delta, name)
+
+    q_max, total_steps = max(q for q, _ in plan), sum(t for _, t in plan)
+    z, result, _ = _search(evaluate, target, delta, q_max, total_steps, rtol, start=single.noise_multiplier)
+    calibration = StreamNoiseCalibration(
+        noise_multiplier=z, epsilon=result.epsilon, accountant=result.accountant, delta=result.delta, runs=plan
+    )
+    CALIBRATION_MEMO.put(key, calibration)
+    return calibration
+
+
 #: ``auto`` calibration refines its PLD until one refinement changes epsilon by at most this.
 CALIBRATION_PLD_TOLERANCE = 0.002
 #: The coarse PLD that gives the search its start: interval target / this, clipped to the range below.
 COARSE_PLD_RESOLUTION = 100.0
 COARSE_PLD_INTERVAL_RANGE = (1e-3, 1e-2)
+#: ... or finer, where the discretisation error predicted from the events (``_auto_pld_start``) exceeds about this.
+COARSE_PLD_TOLERANCE = 0.02
 #: Memo of :func:`dpsgd_noise_multiplier` (in this process only; values are frozen ``NoiseCalibration``).
 CALIBRATION_MEMO = _Memo(1024)
 
@@ -167,7 +262,7 @@ def _calibration_settings() -> tuple[Any, ...]:
     """Every module setting (and search function) a calibration depends on, for its memo key."""
     return (
         MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER, CALIBRATION_PLD_TOLERANCE, COARSE_PLD_RESOLUTION,
-        COARSE_PLD_INTERVAL_RANGE, _search, _coarse_guess, _calibrate_auto, _calibrate_auto_full, settings_key(),
+        COARSE_PLD_INTERVAL_RANGE, COARSE_PLD_TOLERANCE, _search, _coarse_guess, _calibrate_auto, _calibrate_auto_full, settings_key(),
     )
 
 
@@ -196,7 +291,10 @@ def _coarse_guess(target: float, delta: float, q: float, steps: int, relation: A
     interval = _coarse_interval(target)
 
     def coarse(z: float) -> _Epsilon:
-        return _Epsilon(_accountants._pld(_mechanisms(z, q, steps, relation), delta, interval)[0])
+        mech = _mechanisms(z, q, steps, relation)
+        # at small sampling rates the coarse interval is far too coarse (q = 0.001: ~30 % at 1e-3, where the
+        # root came out at z = 28 instead of 2): finer where the error predicted from the events asks for it
+        return _Epsilon(_accountants._pld(mech, delta, _accountants._auto_pld_start(mech, None, COARSE_PLD_TOLERANCE, interval))[0])
 
     try:
         z, _, slope = _search(coarse, target, delta, q, steps, 0.02)
@@ -209,12 +307,10 @@ def _calibrate_auto(
     target: float, delta: float, q: float, steps: int, relation: Adjacency, rtol: float, start: float, slope: float,
 ) -> tuple[float, AccountingResult]:
     """``auto`` calibration on PLD evaluations only, finished on plain ``auto`` (see :func:`dpsgd_noise_multiplier`)."""
-    lo_h, hi_h = _accountants.AUTO_PLD_INTERVAL_RANGE
+    mech = _mechanisms(start, q, steps, relation)
     try:
         _, _, info = _accountants._pld_refined(
-            _mechanisms(start, q, steps, relation), delta,
-            min(max(target / _accountants.AUTO_PLD_RESOLUTION, lo_h), hi_h),
-            tolerance=CALIBRATION_PLD_TOLERANCE,
+            mech, delta, _accountants._auto_pld_start(mech, target, CALIBRATION_PLD_TOLERANCE), tolerance=CALIBRATION_PLD_TOLERANCE,
         )
     except UnsupportedEventError:
         return _calibrate_auto_full(target, delta, q, steps, relation, rtol, start, slope)

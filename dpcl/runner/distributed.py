@@ -193,11 +193,12 @@ def _resume_point(out: Path) -> int:
     return int(releases[-1]["task_index"]) + 1 if releases else 0
 
 
-def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproducible_noise: bool) -> None:
+def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproducible_noise: bool) -> bool:
     """A rank > 0: train the same tasks as rank 0 (its shards of them), write nothing, stop when rank 0 ends.
 
     It builds the stream, tasks, method and plans with the same public stages as rank 0
-    (:mod:`dpcl.runner.tasks`), so that its training calls match rank 0's.
+    (:mod:`dpcl.runner.tasks`), so that its training calls match rank 0's. Returns True when rank 0 finished
+    the run without an error (then every rank meets at :func:`_meet_at_end`).
     """
     from dpcl.data import STREAM_KEYS
     from dpcl.guarantees.audit_config import resolve_across_tasks
@@ -233,9 +234,28 @@ def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproduci
             # plan, a non-private one the noise-free plan (dpcl.runner.tasks.trains_plan with covered = True)
             plan = task_plan(config, t, len(data), trains_plan=bool(options["private"]))
             method.fit_task(t, data, outputs, plan)  # the model is rank 0's (broadcast) at every call
-        wait_for_end_of_run(device)
-    except DataParallelStop:
-        return
+        return wait_for_end_of_run(device)
+    except DataParallelStop as stop:
+        return not stop.failed
+
+
+def _meet_at_end() -> None:
+    """Every rank of a finished run waits here for the others before any of them leaves the process group.
+
+    Without it the first rank to finish could tear its connections down while another still reads its
+    last collective from them; the garbage collection then drops the data-parallel wrappers' references to
+    the group, so that its threads are joined when the group is destroyed rather than during interpreter
+    exit, where a gloo rank can abort ("terminate called without an active exception").
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+    except (RuntimeError, dist.DistError):  # a rank gone after the run finished: nothing is left to wait for
+        pass
+    gc.collect()
 
 
 def _spawned_rank(index: int, port: int, world: int, backend: str, base: str, config_path: str, out_dir: str,
@@ -249,7 +269,8 @@ def _spawned_rank(index: int, port: int, world: int, backend: str, base: str, co
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=COLLECTIVE_TIMEOUT)
     try:
-        _follow(config_path, out_dir, device=device, seed=seed, reproducible_noise=reproducible_noise)
+        if _follow(config_path, out_dir, device=device, seed=seed, reproducible_noise=reproducible_noise):
+            _meet_at_end()
     finally:
         dist.destroy_process_group()
 
@@ -307,6 +328,7 @@ def run_data_parallel(
         _stop(workers)
         raise
     else:
+        _meet_at_end()
         _join(workers)  # before the process group goes: this process hosts its store, which the ranks use to exit
         return result
     finally:
@@ -365,11 +387,14 @@ def run_under_torchrun(
     rank_device = _rank_device(base, local_rank)
     dist.init_process_group(backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
     try:
+        result = None
         if rank == 0:
             options = run_training_options(seed=seed, quiet=quiet, stop_after_task=stop_after_task,
                                            reproducible_noise=reproducible_noise, sign_key=sign_key)
-            return _lead(config_path, out_dir, device=rank_device, run_options=options)
-        _follow(config_path, out_dir, device=rank_device, seed=seed, reproducible_noise=reproducible_noise)
-        return None
+            result = _lead(config_path, out_dir, device=rank_device, run_options=options)
+            _meet_at_end()
+        elif _follow(config_path, out_dir, device=rank_device, seed=seed, reproducible_noise=reproducible_noise):
+            _meet_at_end()
+        return result
     finally:
         dist.destroy_process_group()

@@ -136,8 +136,14 @@ def test_quality_bar_small_sample_rate_many_steps() -> None:
 @pytest.mark.thorough
 def test_quality_bar_large_epsilon_default_not_above_prv() -> None:
     default = cli_epsilon(1.0, 0.1, "1e5")
-    prv = cli_epsilon(1.0, 0.1, "1e5", "--accountant", "prv")
-    assert default["epsilon"] <= prv["epsilon"]
+    # dpcl's prv refuses here: prv-accountant's domain (+-1561) is past where its float64 exp is reliable (+-700)
+    # (tests/accounting/test_prv_soundness.py); where it answers, the default is not above it
+    try:
+        prv = compute_epsilon(dpsgd_events(1.0, 0.1, 100_000), DELTA, "prv").epsilon
+    except UnsupportedEventError as exc:
+        assert "domain" in str(exc)
+    else:
+        assert default["epsilon"] <= prv
     assert default["epsilon"] <= prv_upper(1.0, 0.1, 100_000, eps_error=1.0)
     assert default["epsilon"] <= dpa_pld(1.0, 0.1, 100_000, interval=1e-3)
 

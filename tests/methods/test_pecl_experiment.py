@@ -13,28 +13,11 @@ pytest.importorskip("torch")
 from dpcl.accounting.accountants import compute_epsilon  # noqa: E402
 from dpcl.accounting.dpsgd import dpsgd_events  # noqa: E402
 from dpcl.accounting.events import ComposedEvent  # noqa: E402
-from dpcl.methods.pecl.experiment import _dpsgd_epsilon, fortunes_text_stream, markdown_table  # noqa: E402
+from dpcl.methods.pecl.experiment import fortunes_text_stream, markdown_table  # noqa: E402
 
 pytestmark = pytest.mark.torch
 CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl.toml"
 PAPER_CONFIG = CONFIG.with_name("pecl_paper.toml")
-
-
-def _records():
-    return [{"dpsgd": {"noise_multiplier": 2.0, "sample_rate": 0.1, "steps": 50}},
-            {"dpsgd": {"noise_multiplier": 2.0, "sample_rate": 0.08, "steps": 60}}]
-
-
-def test_replayed_examples_compose_over_tasks_and_disjoint_tasks_do_not():
-    records = _records()
-    events = [dpsgd_events(r["dpsgd"]["noise_multiplier"], r["dpsgd"]["sample_rate"], r["dpsgd"]["steps"])
-              for r in records]
-    er = _dpsgd_epsilon(records, "er", 1e-6)
-    seq = _dpsgd_epsilon(records, "seqft", 1e-6)
-    assert er["epsilon"] == pytest.approx(compute_epsilon(ComposedEvent(events), 1e-6).epsilon)
-    assert seq["epsilon"] == pytest.approx(max(compute_epsilon(e, 1e-6).epsilon for e in events))
-    assert er["epsilon"] > seq["epsilon"]
-    assert _dpsgd_epsilon([{}], "seqft", 1e-6)["epsilon"] == math.inf
 
 
 def test_markdown_table_states_unit_and_infinity():

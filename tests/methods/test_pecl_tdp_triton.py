@@ -178,3 +178,74 @@ def test_gpu_grad_mode_falls_back_to_torch():
     assert not tdp_triton.supports(weight)
     with torch.no_grad():
         assert tdp_triton.supports(weight)
+
+
+class _FakeCudaGenerator:
+    """What _noise_call reads of a CUDA generator: its device, seed and Philox offset (a CPU machine has none)."""
+
+    device = torch.device("cuda")
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.offset = seed, 0
+
+    def initial_seed(self) -> int:
+        return self.seed
+
+    def get_offset(self) -> int:
+        return self.offset
+
+
+def test_a_cuda_generator_keeps_one_noise_stream_until_it_is_reseeded_or_drawn_from(monkeypatch):
+    """Calls on an untouched generator share one key and get the call numbers 0, 1, 2, ... (fresh Philox inputs
+    without a device RNG launch per call); a re-seed or any other draw from the generator starts a new stream."""
+    keys = []
+
+    def draw(generator, device):  # the key draw advances the generator, as torch.randint does
+        generator.offset += 4
+        keys.append(torch.tensor([generator.seed, generator.offset], dtype=torch.int64))
+        return keys[-1]
+
+    monkeypatch.setattr(tdp_triton, "_noise_key", draw)
+    gen = _FakeCudaGenerator(5)
+    calls = [tdp_triton._noise_call(gen, torch.device("cuda")) for _ in range(3)]
+    assert len(keys) == 1 and all(c[0] is keys[0] for c in calls)
+    assert [(lo, hi) for _, lo, hi in calls] == [(0, 0), (1, 0), (2, 0)]
+    gen.offset += 8  # something else drew from the generator: a new key, numbered from 0
+    key, lo, hi = tdp_triton._noise_call(gen, torch.device("cuda"))
+    assert len(keys) == 2 and key is keys[1] and (lo, hi) == (0, 0)
+    gen.seed, gen.offset = 5, 0  # re-seeded: the first stream's key again (the noise is the generator's state's)
+    key, lo, hi = tdp_triton._noise_call(gen, torch.device("cuda"))
+    assert torch.equal(key, keys[0]) and (lo, hi) == (0, 0)
+    tdp_triton._STREAMS[id(gen)][1].calls = 2**40 + 2**31 + 3  # a long stream: the call number in two 31-bit words
+    _, lo, hi = tdp_triton._noise_call(gen, torch.device("cuda"))
+    assert (hi << 31) | lo == 2**40 + 2**31 + 3 and 0 <= lo < 2**31 and 0 <= hi < 2**31
+    tdp_triton._STREAMS[id(gen)][1].calls = tdp_triton._MAX_STREAM_CALLS  # exhausted: a new key rather than a repeat
+    _, lo, hi = tdp_triton._noise_call(gen, torch.device("cuda"))
+    assert len(keys) == 4 and (lo, hi) == (0, 0)
+
+
+def test_cpu_generators_and_the_default_one_draw_a_key_per_call(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(tdp_triton, "_noise_key", lambda g, d: drawn.append(g) or torch.zeros(2, dtype=torch.int64))
+    cpu = torch.Generator().manual_seed(1)
+    for generator in (cpu, cpu, None):
+        assert tdp_triton._noise_call(generator, torch.device("cpu"))[1:] == (0, 0)
+    assert drawn == [cpu, cpu, None]
+
+
+def test_noise_streams_are_bounded_and_an_evicted_generator_draws_a_new_key(monkeypatch):
+    monkeypatch.setattr(tdp_triton, "_STREAMS", {})
+    drawn = []
+
+    def draw(generator, device):
+        generator.offset += 4
+        drawn.append(generator)
+        return torch.zeros(2, dtype=torch.int64)
+
+    monkeypatch.setattr(tdp_triton, "_noise_key", draw)
+    gens = [_FakeCudaGenerator(i) for i in range(tdp_triton._MAX_STREAMS + 5)]
+    for gen in gens:
+        tdp_triton._noise_call(gen, torch.device("cuda"))
+    assert len(tdp_triton._STREAMS) == tdp_triton._MAX_STREAMS and len(drawn) == len(gens)
+    assert tdp_triton._noise_call(gens[0], torch.device("cuda"))[1:] == (0, 0) and drawn[-1] is gens[0]  # evicted
+    assert tdp_triton._noise_call(gens[-1], torch.device("cuda"))[1:] == (1, 0)  # kept: its second call

@@ -14,11 +14,14 @@ checkpoint) and reports its per-token epsilon of the input release at the true
 sensitivity (worst token) and the sequence-level epsilon of the worst sequence
 (:mod:`dpcl.guarantees.per_token`); the DP PeCL (``training = "dp_sgd"``) the
 example-level epsilon of its checkpoint (its DP-SGD plan, the one ``dpcl run``
-certifies) next to the scoped per-token statement; DP-SGD baselines the
-example-level epsilon of their worst example over the stream (ER replays past
-examples and GEM queries its memories of past examples, so their examples are
-charged in several tasks); non-private runs
-epsilon = inf. Accuracies are measured on the test split, which nothing here
+certifies) next to the scoped per-token statement; DP-SGD baselines are planned
+before training (:func:`baseline_dpsgd_plan`), certified by a
+:class:`dpcl.Certifier` (each task's run charged to every task whose examples it
+reads) and report the last certificate's example-level epsilon, that of their
+worst example over the stream: ER replays past examples and GEM queries its
+memories of past examples, so those examples are charged in several tasks, and
+their noise is calibrated so that this composition meets ``dpsgd_epsilon``;
+non-private runs epsilon = inf. Accuracies are measured on the test split, which nothing here
 tunes on: class-incremental (argmax over every label seen so far) and
 task-incremental (argmax over the evaluated task's own label set, the paper's
 per-task evaluation).
@@ -134,29 +137,80 @@ def dp_pecl_plan(config: LearnerConfig, n_examples: int, task_index: int):
     return PECL_SPEC.plan_task(method, privacy, int(n_examples), int(task_index))
 
 
-def _dpsgd_epsilon(records: Sequence[dict[str, Any]], strategy: str, delta: float) -> dict[str, Any]:
-    """Example-level epsilon of the worst example: ER's buffered examples train in every later task, and GEM's
-    memory examples are read by a DP-SGD query with the later task's noise and sampling rate at each of its
-    steps (the same mechanism as that task's run), so both compose over the stream."""
-    from dpcl.accounting.accountants import compute_epsilon
-    from dpcl.accounting.dpsgd import dpsgd_events
-    from dpcl.accounting.events import ComposedEvent
+def baseline_dpsgd_plan(config: LearnerConfig, task_sizes: Sequence[int]) -> list[dict[str, Any]]:
+    """The DP-SGD schedule of every task of a DP-SGD baseline, planned before training, with the tasks it reads.
 
-    events = [
-        dpsgd_events(r["dpsgd"]["noise_multiplier"], r["dpsgd"]["sample_rate"], r["dpsgd"]["steps"])
-        for r in records
-        if "dpsgd" in r
+    ``dpsgd_epsilon`` is the budget of the worst example over the whole stream. Where a task reads only its
+    own examples (SeqFT, EWC, O-LoRA; tasks hold disjoint fortunes) each task is calibrated to it alone.
+    ER's buffered examples are trained on again in every later task and GEM's memory examples are queried,
+    at the later task's sampling rate and steps, in every later task (:func:`.learner.baseline_task_reads`):
+    such an example is charged in each of those runs, so one noise multiplier for the stream is calibrated
+    on the composition of every run that reads one example
+    (:func:`dpcl.accounting.dpsgd.dpsgd_stream_noise_multiplier`), the largest of them over the sets of runs
+    that read one task's examples (nested here: the first task's kept examples are read by every run).
+    """
+    from dpcl.accounting.dpsgd import dpsgd_noise_multiplier, dpsgd_stream_noise_multiplier
+    from dpcl.methods.pecl.learner import baseline_dpsgd_schedule, baseline_task_reads
+
+    reads = baseline_task_reads(config, task_sizes)
+    plan = [{"tasks": tasks, "n_trained": n, "max_grad_norm": config.max_grad_norm, "target_epsilon": config.dpsgd_epsilon}
+            for tasks, n in reads]
+    for task, (_, n) in zip(plan, reads):
+        if n > 0:
+            task["sample_rate"], task["steps"] = baseline_dpsgd_schedule(config, n)
+    readers = [tuple(k for k, (tasks, n) in enumerate(reads) if j in tasks and n > 0) for j in range(len(reads))]
+    shared = [r for r in dict.fromkeys(readers) if r and not any(set(r) < set(o) for o in readers)]
+    if any(len(r) > 1 for r in shared):
+        z = max(
+            dpsgd_stream_noise_multiplier(
+                config.dpsgd_epsilon, config.delta, [(plan[k]["sample_rate"], plan[k]["steps"]) for k in r]
+            ).noise_multiplier
+            for r in shared
+        )
+        for task in plan:
+            task.update(noise_multiplier=z, calibration="stream: the worst example's runs composed")
+    else:
+        for task in plan:
+            if "steps" in task:
+                z = dpsgd_noise_multiplier(config.dpsgd_epsilon, config.delta, task["sample_rate"], task["steps"])
+                task.update(noise_multiplier=z.noise_multiplier, calibration="task: its own run")
+    return plan
+
+
+def _checkpoint_bytes(learner: ContinualLM) -> bytes:
+    """The released parameters (LoRA adapters and head; everything else is the public pre-trained model)."""
+    import io
+
+    buffer = io.BytesIO()
+    state = {k: v.detach().cpu() for k, v in learner.model.state_dict().items() if "lora_" in k or k.startswith("head")}
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _dpsgd_certifier(label: str, run_dir: Path, tasks: Sequence[TextTask], config: LearnerConfig):
+    from dpcl import Certifier
+
+    return Certifier(
+        run_dir, delta=config.delta, label_space="prior", prior_labels=[list(t.label_set) for t in tasks],
+        adjacency="add_remove", unit="example", across_tasks="parallel", disjoint_units=True, accountant="auto",
+        task_sizes=[len(t.train_texts) for t in tasks], method=label,
+    )
+
+
+def _release_assumptions(config: LearnerConfig, reproducible_noise: bool) -> list[str]:
+    from dpcl.methods.noise_source import noise_assumptions
+
+    kept = {"er": "The replay buffer", "gem": "The episodic memories"}.get(config.strategy)
+    sentences = [
+        "The pre-trained model, tokenizer and label sets are public (disjoint fortune categories, the public prior).",
+        *noise_assumptions(reproducible_noise),
     ]
-    if not events:
-        return {"epsilon": math.inf}
-    per_task = [compute_epsilon(e, delta).epsilon for e in events]
-    if strategy in ("er", "gem") and len(events) > 1:
-        worst = compute_epsilon(ComposedEvent(events), delta)
-        kept = "the replay buffer" if strategy == "er" else "the episodic memory"
-        return {"epsilon": worst.epsilon, "accountant": worst.accountant, "per_task": per_task,
-                "note": f"an example kept in {kept} is read in its task and every later one"}
-    return {"epsilon": max(per_task), "per_task": per_task,
-            "note": "tasks hold disjoint examples: parallel composition, the worst task"}
+    if kept is not None:
+        sentences.append(
+            f"{kept} (examples drawn by the public seeded generator) are read only inside charged DP-SGD queries: "
+            "each task's charge names every task whose examples its run reads."
+        )
+    return sentences
 
 
 def run_method(
@@ -174,12 +228,24 @@ def run_method(
     reproducible_noise: bool = False,
     public_labels: Sequence[int] | None = None,
     canary_task: int = 0,
+    run_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train one method over the stream; accuracy matrix, BWT/Last/Avg, canary exposure, privacy.
 
     The privacy noise comes from OS entropy unless ``reproducible_noise`` derives it from ``seed``
-    (:mod:`dpcl.methods.noise_source`); ``seed`` drives everything else.
+    (:mod:`dpcl.methods.noise_source`); ``seed`` drives everything else. A DP-SGD baseline
+    (``privacy = "dpsgd"``) is planned before training (:func:`baseline_dpsgd_plan`), each task's run is
+    charged to the tasks it reads and every release certified by a :class:`dpcl.Certifier` in ``run_dir``
+    (a new directory; a temporary one when None); its epsilon is the last certificate's.
     """
+    if run_dir is None and learner_config(**{**(base or {}), **options}).privacy == "dpsgd":
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="dpcl-baseline-") as tmp:
+            return run_method(label, options, tasks, public, n_labels, seed=seed, canaries=canaries,
+                              canary_repeats=canary_repeats, n_candidates=n_candidates, base=base,
+                              reproducible_noise=reproducible_noise, public_labels=public_labels,
+                              canary_task=canary_task, run_dir=Path(tmp) / "run")
     from dpcl.metrics import summarize
 
     config: LearnerConfig = learner_config(**{**(base or {}), **options})
@@ -200,8 +266,34 @@ def run_method(
         texts, labels = train_sets[canary_task]
         train_sets[canary_task] = insert_canaries(texts, labels, canaries, canary_repeats, int(labels[0]))
     dp_pecl = config.strategy == "pecl" and config.training == "dp_sgd"
+    dp_baseline = config.privacy == "dpsgd"
     plans = []
     records = []
+    releases = []
+    if dp_baseline:
+        from dpcl.accounting.dpsgd import dpsgd_events
+        from dpcl.guarantees.method_schema import ReleaseCoverage
+
+        run_path = Path(run_dir)
+        if run_path.exists() and any(run_path.iterdir()):
+            raise InvalidParameterError(
+                f"run_dir {str(run_path)!r} is not empty: a certified baseline run starts a ledger of its own; "
+                "give a new directory."
+            )
+        if config.strategy == "mtl" or any(not t.label_set for t in tasks):
+            raise InvalidParameterError(
+                "a DP-SGD baseline is certified per task: it needs a sequential strategy (not mtl) and the public "
+                "label set of every task (TextTask.label_set)."
+            )
+        plans = baseline_dpsgd_plan(config, [len(tx) for tx, _ in train_sets])
+        if any("steps" not in p for p in plans):
+            raise InvalidParameterError("a certified DP-SGD baseline needs a non-empty training set in every task.")
+        certifier = _dpsgd_certifier(label, run_path, tasks, config)
+        coverage = ReleaseCoverage.post_processing(
+            "adapters and head updated only by the charged DP-SGD steps (per-example clipping, Gaussian noise, "
+            "Poisson sampling); penalties, Fisher terms and GEM projections use released gradients or parameters"
+        )
+        assumptions = _release_assumptions(config, reproducible_noise)
     if config.strategy == "mtl":
         texts = [x for tx, _ in train_sets for x in tx]
         labels = np.concatenate([lb for _, lb in train_sets])
@@ -220,6 +312,13 @@ def run_method(
                 plans.append(plan)
                 schedule = {key: plan.noise[key] for key in ("noise_multiplier", "sample_rate", "steps", "max_grad_norm")}
                 records.append(learner.fit_task(k, tx, lb, output_labels=tasks[k].label_set, dpsgd=schedule))
+            elif dp_baseline:
+                plan = plans[k]
+                certifier.charge(list(plan["tasks"]), dpsgd_events(plan["noise_multiplier"], plan["sample_rate"],
+                                                                   plan["steps"]))
+                records.append(learner.fit_task(k, tx, lb, output_labels=tasks[k].label_set, dpsgd=plan))
+                releases.append(certifier.release(k, _checkpoint_bytes(learner), coverage=coverage,
+                                                  assumptions=assumptions))
             else:
                 records.append(learner.fit_task(k, tx, lb))
             matrix[k, : k + 1] = [learner.accuracy(t.test_texts, t.test_labels) for t in tasks[: k + 1]]
@@ -278,9 +377,24 @@ def run_method(
             "assumption": "scores computed from private text: conditional on the data-dependence assumption",
             "checkpoint": "not DP: trained on the clean private targets and labels (training = 'paper')",
         }
-    elif config.privacy == "dpsgd":
-        result["privacy"] = {"unit": "example (add/remove)", "delta": config.delta,
-                             **_dpsgd_epsilon(records, config.strategy, config.delta)}
+    elif dp_baseline:
+        from dpcl.accounting.accountants import compute_epsilon
+
+        last = releases[-1].guarantee
+        result["privacy"] = {
+            "unit": "example (add/remove)",
+            "delta": config.delta,
+            "epsilon": last.epsilon,
+            "accountant": last.accountant,
+            "target_epsilon": config.dpsgd_epsilon,
+            "calibration": plans[0]["calibration"],
+            "per_task": [compute_epsilon(dpsgd_events(p["noise_multiplier"], p["sample_rate"], p["steps"]),
+                                         config.delta).epsilon for p in plans],
+            "release_epsilons": [r.epsilon for r in releases],
+            "certificates": [str(r.certificate) for r in releases],
+            "note": "the last certificate's guarantee: each task's run is charged to every task whose examples it "
+                    "reads (ER's buffer, GEM's memories), composed over the stream by the ledger",
+        }
     else:
         result["privacy"] = {"unit": "none", "epsilon": math.inf}
     result["tasks"] = [{k: v for k, v in r.items() if k != "guarantee"} for r in records]

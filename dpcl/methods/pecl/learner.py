@@ -62,7 +62,11 @@ Poisson-sampled at the task's sampling rate, its examples' gradients clipped to
 projection uses these noisy memory gradients and the noisy task gradient
 (post-processing). A memory example therefore takes part, in every later task,
 in a mechanism identical to that task's DP-SGD run: its example-level epsilon is
-the composition over its own task and every later one, as for ER's buffer.
+the composition over its own task and every later one, as for ER's buffer. A
+planned schedule (``fit_task(..., dpsgd=...)``; :func:`baseline_task_reads` says
+which tasks each run reads and on how many examples) replaces the per-task
+calibration: the PeCL table calibrates ER and GEM on the whole stream
+(:func:`dpcl.methods.pecl.experiment.baseline_dpsgd_plan`).
 
 Every strategy starts from the same language model pre-trained on a public
 corpus (fortune categories outside the task stream), whose token embeddings and
@@ -94,7 +98,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpcl.errors import InvalidParameterError
+from dpcl.errors import InvalidParameterError, PrivacyViolationError
 from dpcl.methods.gem import gem_project
 from dpcl.methods.noise_source import noise_torch_generator
 from dpcl.methods.olora import orthogonality_loss
@@ -272,6 +276,31 @@ def _noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: i
     from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 
     return float(dpsgd_noise_multiplier(epsilon, delta, sample_rate, steps).noise_multiplier)
+
+
+def baseline_dpsgd_schedule(config: LearnerConfig, n_trained: int) -> tuple[float, int]:
+    """(sample_rate, steps) of a DP-SGD baseline task training on ``n_trained`` examples: Poisson sampling at
+    ``batch_size / n_trained``, ``epochs`` expected passes."""
+    sample_rate = min(1.0, config.batch_size / n_trained)
+    return sample_rate, max(1, config.epochs * math.ceil(1.0 / sample_rate))
+
+
+def baseline_task_reads(config: LearnerConfig, task_sizes: Sequence[int]) -> list[tuple[tuple[int, ...], int]]:
+    """Per task of a stream of ``task_sizes`` examples: the tasks whose data its training reads, and how many
+    examples its DP-SGD run samples from (what :meth:`ContinualLM.fit_task` will do, known before training).
+
+    ER trains task k on its own examples and the buffer, ``min(replay_per_task, n_j)`` examples of every
+    earlier task j; GEM queries the memory of every earlier task (the same number kept) at task k's sampling
+    rate and steps, its own run sampling from task k alone. The other strategies read their own task.
+    """
+    sizes = [int(n) for n in task_sizes]
+    kept = [min(config.replay_per_task, n) if config.strategy in ("er", "gem") else 0 for n in sizes]
+    out = []
+    for k, n in enumerate(sizes):
+        earlier = tuple(j for j in range(k) if kept[j] > 0)
+        n_trained = n + sum(kept[j] for j in earlier) if config.strategy == "er" else n
+        out.append((earlier + (k,), n_trained))
+    return out
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -567,7 +596,8 @@ class ContinualLM:
         ``training = "dp_sgd"``) the labels present in ``labels`` are used.
         ``dpsgd`` is the planned DP-SGD schedule of a DP PeCL task
         (``noise_multiplier``, ``sample_rate``, ``steps``, ``max_grad_norm``:
-        the plan's noise, :meth:`dpcl.guarantees.per_token.PeCLSpec.plan_task`).
+        the plan's noise, :meth:`dpcl.guarantees.per_token.PeCLSpec.plan_task`), or the planned
+        schedule of a DP-SGD baseline (``privacy = "dpsgd"``; without one the task is calibrated alone).
         """
         cfg = self.config
         labels_np = np.asarray(labels, dtype=np.int64)
@@ -581,6 +611,11 @@ class ContinualLM:
                     "(noise_multiplier, sample_rate, steps, max_grad_norm from the plan)."
                 )
             return self._fit_task_dp(task_index, texts, labels_np, output_labels, dpsgd)
+        if dpsgd is not None and cfg.privacy != "dpsgd":
+            raise InvalidParameterError(
+                f"a planned dpsgd schedule is for privacy='dpsgd' baselines or training='dp_sgd' PeCL, not "
+                f"strategy={cfg.strategy!r} with privacy={cfg.privacy!r}."
+            )
         if output_labels is not None:
             self.seen[np.asarray(output_labels, dtype=np.int64)] = True
         else:
@@ -630,7 +665,7 @@ class ContinualLM:
             )
 
         if cfg.privacy == "dpsgd":
-            record.update(self._fit_dpsgd(ids, mask, y))
+            record.update(self._fit_dpsgd(ids, mask, y, dpsgd))
         else:
             record.update(self._fit_plain(ids, mask, y, scores, tdp, previous, lam, omega_bar))
 
@@ -972,13 +1007,30 @@ class ContinualLM:
             self.ewc_terms.append((fisher, [p.detach().clone() for p in params]))
         return {"last_losses": last}
 
-    def _fit_dpsgd(self, ids, mask, y) -> dict[str, Any]:
-        """DP-SGD (opacus, Poisson sampling) on the adapter + head of a baseline; noise from dpcl.accounting."""
+    def _fit_dpsgd(self, ids, mask, y, planned: dict[str, Any] | None = None) -> dict[str, Any]:
+        """DP-SGD (opacus, Poisson sampling) on the adapter + head of a baseline; noise from dpcl.accounting.
+
+        Without ``planned`` the noise multiplier meets ``dpsgd_epsilon`` for this task's run alone. A
+        ``planned`` schedule (``noise_multiplier``, ``sample_rate``, ``steps``, ``max_grad_norm``: e.g. one
+        calibrated over the whole stream, :func:`dpcl.methods.pecl.experiment.baseline_dpsgd_plan`) is run as
+        given, after checking that its sampling rate, steps and clipping are the ones this task trains with.
+        """
         cfg = self.config
         n = ids.shape[0]
-        sample_rate = min(1.0, cfg.batch_size / n)
-        steps = max(1, cfg.epochs * math.ceil(1.0 / sample_rate))
-        noise_multiplier = _noise_multiplier(cfg.dpsgd_epsilon, cfg.delta, sample_rate, steps)
+        sample_rate, steps = baseline_dpsgd_schedule(cfg, n)
+        if planned is None:
+            noise_multiplier = _noise_multiplier(cfg.dpsgd_epsilon, cfg.delta, sample_rate, steps)
+            target = cfg.dpsgd_epsilon
+        else:
+            trained = {"sample_rate": sample_rate, "steps": steps, "max_grad_norm": cfg.max_grad_norm}
+            for key, value in trained.items():
+                if planned.get(key) != value:
+                    raise PrivacyViolationError(
+                        f"the planned DP-SGD {key} = {planned.get(key)!r} differs from the trained {key} = {value!r} "
+                        f"({n} examples): what is trained must be what is charged."
+                    )
+            noise_multiplier = float(planned["noise_multiplier"])
+            target = planned.get("target_epsilon", cfg.dpsgd_epsilon)
         params = self._trainable()
         fisher = [torch.zeros_like(p) for p in params] if cfg.strategy == "ewc" else None
         penalty = None
@@ -998,7 +1050,7 @@ class ContinualLM:
                 "noise_multiplier": noise_multiplier,
                 "sample_rate": sample_rate,
                 "steps": steps,
-                "target_epsilon": cfg.dpsgd_epsilon,
+                "target_epsilon": target,
                 "delta": cfg.delta,
                 "max_grad_norm": cfg.max_grad_norm,
                 **run,

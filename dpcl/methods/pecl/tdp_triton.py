@@ -15,12 +15,19 @@ No library ships a fused clip-and-noise kernel that takes the step's generator.
 
 Noise (the privacy-relevant part):
 
-* Fresh and secret: every call draws a 62-bit Philox key and a 62-bit counter
-  offset from the ``torch.Generator`` the step receives (seeded per task from
-  OS entropy, or from the configured seed under ``reproducible_noise``); the
-  counter words inside a call are (column pair, row), so no two elements of a
-  call, and no two calls, share a Philox input unless the generator repeats
-  124 random bits.
+* Fresh and secret: a noise stream draws a 62-bit Philox key and a 62-bit
+  counter offset from the ``torch.Generator`` the step receives (seeded per task
+  from OS entropy, or from the configured seed under ``reproducible_noise``),
+  and numbers its calls 0, 1, 2, ...; call ``n`` uses the counter offset
+  ``offset + n`` and, inside the call, the counter words (column pair, row), so
+  no two elements of a call, and no two calls of a stream, share a Philox input,
+  and two streams share one only if the generator repeats 124 random bits. A
+  CUDA generator keeps its stream while nothing else draws from it or re-seeds
+  it (its seed and Philox offset are where the key draw left them); otherwise
+  the next call draws a new key, so the noise stays a function of the
+  generator's state (same seed, same calls: same noise). Drawing the key once
+  per stream rather than once per call saves a device RNG launch per call (see
+  :func:`_noise_call`); the other generators (CPU ones, ``None``) draw per call.
 * Gaussian: Box-Muller on Philox-4x32-10 outputs, both branches used (one
   Philox call gives the normals of columns ``j`` and ``j + ceil(d/2)``). It
   does not use ``tl.randn``: that clamps its uniform at 1e-7, so its noise is
@@ -85,9 +92,9 @@ def supports(embeddings: torch.Tensor) -> bool:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["call_lo", "call_hi"])
     def _tdp_kernel(
-        src_ptr, ids_ptr, sigma_ptr, out_ptr, key_ptr,
+        src_ptr, ids_ptr, sigma_ptr, out_ptr, key_ptr, call_lo, call_hi,
         n_rows, n_src_rows, dim, half, src_stride, out_stride, clip_norm, poison,
         GATHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
     ):
@@ -123,7 +130,8 @@ if triton is not None:
             bad = row_ok & ~row_ok_src  # unreachable after validation; poison rather than emit a wrong row
 
         key = tl.load(key_ptr)
-        call = tl.load(key_ptr + 1)
+        # the stream's counter offset (< 2^62) plus the call's number (< 2^62, two 31-bit words): < 2^63
+        call = tl.load(key_ptr + 1) + ((call_hi.to(tl.int64) << 31) | call_lo.to(tl.int64))
         zeros = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.uint32)
         c1 = zeros + rows.to(tl.uint32)[:, None]
         c2 = zeros + (call & 0xFFFFFFFF).to(tl.uint32)
@@ -161,6 +169,52 @@ def _noise_key(generator: torch.Generator | None, device: torch.device) -> torch
     return words.to(device, non_blocking=True)
 
 
+class _NoiseStream:
+    """A Philox key and counter offset drawn once from a CUDA generator, and the number of calls made on it."""
+
+    __slots__ = ("key", "device", "calls", "state")
+
+    def __init__(self, key: torch.Tensor, device: torch.device, state: tuple[int, int]) -> None:
+        self.key, self.device, self.calls, self.state = key, device, 0, state
+
+
+#: The noise streams of the CUDA generators last used, by ``id`` (each entry holds its generator, so the id is
+#: not reused while the entry exists; torch.Generator takes no weak references before torch 2.13). At most
+#: :data:`_MAX_STREAMS`, the oldest dropped first (its generator then draws a new key at its next call).
+_STREAMS: "dict[int, tuple[torch.Generator, _NoiseStream]]" = {}
+_MAX_STREAMS = 64
+#: Calls a stream takes before it draws a new key (the call number must fit in 62 bits).
+_MAX_STREAM_CALLS = 2**62
+
+
+def _generator_state(generator: torch.Generator) -> tuple[int, int]:
+    return int(generator.initial_seed()), int(generator.get_offset())
+
+
+def _noise_call(generator: torch.Generator | None, device: torch.device) -> tuple[torch.Tensor, int, int]:
+    """The key words (on ``device``) and the call number (two 31-bit words) of the next fused TDP call.
+
+    A CUDA generator's key is drawn once and reused with a fresh call number while the
+    generator is left as the key draw left it (same seed, same Philox offset): no
+    device RNG launch per call. Anything else draws a new key (call number 0).
+    """
+    if generator is None or generator.device.type != "cuda":
+        return _noise_key(generator, device), 0, 0
+    held = _STREAMS.get(id(generator))
+    stream = held[1] if held is not None and held[0] is generator else None
+    if stream is None or stream.state != _generator_state(generator) or stream.calls >= _MAX_STREAM_CALLS \
+            or stream.device != device:
+        stream = _NoiseStream(_noise_key(generator, device), device, (0, 0))
+        stream.state = _generator_state(generator)  # after the draw: what an untouched generator still reads
+        _STREAMS.pop(id(generator), None)
+        while len(_STREAMS) >= _MAX_STREAMS:
+            _STREAMS.pop(next(iter(_STREAMS)))
+        _STREAMS[id(generator)] = (generator, stream)
+    number = stream.calls
+    stream.calls += 1
+    return stream.key, number & 0x7FFFFFFF, number >> 31
+
+
 def _check_clip(clip_norm: float) -> float:
     clip = float(clip_norm)
     if not (math.isfinite(clip) and clip > 0):
@@ -178,10 +232,10 @@ def _launch(src: torch.Tensor, ids: torch.Tensor | None, sigmas: torch.Tensor, n
     if n_rows == 0 or dim == 0:
         return out
     half = (dim + 1) // 2
-    key = _noise_key(generator, device)
+    key, call_lo, call_hi = _noise_call(generator, device)
     grid = (triton.cdiv(n_rows, _BLOCK_M),)
     _tdp_kernel[grid](
-        src, ids if ids is not None else sigma_rows, sigma_rows, out, key,
+        src, ids if ids is not None else sigma_rows, sigma_rows, out, key, call_lo, call_hi,
         n_rows, src.shape[0], dim, half, src.stride(0), out.stride(0), clip, math.nan,
         GATHER=ids is not None, BLOCK_M=_BLOCK_M, BLOCK_P=min(_BLOCK_P, triton.next_power_of_2(half)),
         num_warps=_NUM_WARPS,
