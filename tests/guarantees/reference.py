@@ -17,7 +17,8 @@ from scipy.stats import norm
 
 
 def gaussian_profile_delta(eps: float, mu: float) -> float:
-    return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2))
+    # e^eps Phi(b) as exp(eps + log Phi(b)): the same value, without overflowing e^eps at large eps (mu ~ 30)
+    return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps + norm.logcdf(-eps / mu - mu / 2)))
 
 
 def gaussian_profile_epsilon(mu: float, delta: float) -> float:
