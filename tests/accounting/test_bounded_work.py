@@ -36,8 +36,8 @@ MEMORY_LIMIT = 2 * 1024**3
 CPU_LIMIT = 60
 #: Wall-clock seconds after which a call is killed as hung (generous: the machine is shared).
 WALL_LIMIT = 900.0
-#: Probe examples per group in thorough mode.
-EXAMPLES = {"dpsgd": 150, "calibration": 80, "events": 80, "closed_forms": 60}
+#: Probe examples per group in thorough mode (compositions of events are the cheapest to run and the most varied).
+EXAMPLES = {"dpsgd": 150, "calibration": 80, "events": 1000, "closed_forms": 60}
 PROBE_EXAMPLES = sum(EXAMPLES.values())
 
 
@@ -171,12 +171,12 @@ EVENT = st.builds(
 )
 
 
-@pytest.mark.thorough
-@probe_settings("events")
 def _distinct_steps(n: int) -> list[dict]:
     return [_event("sampled", 1.0, 10**4, 1.0 + i / 1000, 1e-3, "add_remove") for i in range(n)]
 
 
+@pytest.mark.thorough
+@probe_settings("events")
 @given(events=st.lists(EVENT, min_size=1, max_size=4), delta=DELTA, accountant=ACCOUNTANT)
 @example(events=_distinct_steps(32), delta=1e-5, accountant="auto")  # was 63 s cpu (300 of them: minutes)
 @example(events=_distinct_steps(300), delta=1e-5, accountant="pld")
