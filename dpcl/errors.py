@@ -1,7 +1,7 @@
 """Typed errors raised by dpcl.
 
 Every error carries a message that says what to change. The CLI maps them to
-exit codes: :class:`InvalidParameterError` (and its subclasses) -> 2,
+exit codes: :class:`InvalidParameterError` (and its subclasses) and :class:`WorkLimitError` -> 2,
 :class:`PrivacyViolationError` (and its subclasses) -> 3.
 """
 
@@ -25,6 +25,14 @@ class InvalidParameterError(DpclError, ValueError):
 
 class UnsupportedEventError(InvalidParameterError):
     """An accountant cannot soundly handle this event (e.g. PRV on a Laplace event)."""
+
+
+class WorkLimitError(DpclError):
+    """An input would need more processor time or memory than dpcl spends on one question (issue 18: an answer
+    within 60 s and 2 GB, or this refusal); the message names the parameter and says what to change. Not a
+    ``ValueError``: no accountant's fallback for a floating-point failure may take it for one."""
+
+    exit_code = 2
 
 
 class ConfigError(InvalidParameterError):

@@ -83,6 +83,7 @@ from dpcl.accounting.events import (
 )
 from dpcl.accounting.gaussian import gdp_epsilon
 from dpcl.accounting.laplace import laplace_epsilon_for_delta
+from dpcl.accounting import work as _work
 from dpcl.accounting.validation import check_delta_scalar
 from dpcl.errors import InvalidParameterError, UnsupportedEventError
 
@@ -112,8 +113,9 @@ AUTO_PLD_INTERVAL_RANGE = (1e-5, 1e-3)
 #: PRV ``eps_error`` as a fraction of the RDP epsilon of the same events.
 PRV_RELATIVE_EPS_ERROR = 0.01
 PRV_MIN_EPS_ERROR = 1e-3
-#: Largest PRV grid dpcl allocates (prv-accountant uses ~110 bytes per point: ~1.3 GB).
-PRV_MAX_GRID_POINTS = 1.2e7
+#: Largest PRV grid dpcl allocates: prv-accountant peaks at ~340 bytes per point (measured: 3.0e6 points 1.0 GB,
+#: 9.7e6 points 3.3 GB and 52 s), so this keeps one PRV computation under ~1.1 GB and a process under 2 GB.
+PRV_MAX_GRID_POINTS = 3e6
 #: PRV ``delta_error`` as a fraction of delta.
 PRV_RELATIVE_DELTA_ERROR = 1e-3
 # prv-accountant evaluates exp(t) over its privacy-loss domain [-L, L]; past log(float64 max) ~ 709.78 that
@@ -733,6 +735,7 @@ def _composed_pieces(singles: list[tuple[Any, int]], piece_keys: list[tuple[Any,
             total, start = hit, j + 1
             break
     for j in range(start, len(singles)):
+        _work.checkpoint()  # the caller's processor-time budget (dpcl.accounting.work)
         pld, count = singles[j]
         composed = _self_compose(pld, count)
         total = composed if total is None else total.compose(composed)
@@ -748,6 +751,7 @@ def _sized_single_steps(
     points = 0.0
     singles: list[tuple[Any, int]] = []
     for build, count, width, what in pieces:
+        _work.checkpoint()  # the caller's processor-time budget (dpcl.accounting.work)
         with np.errstate(over="ignore"):
             single = width / interval + 1.0
         if not single <= PLD_MAX_GRID_POINTS:
@@ -1050,6 +1054,7 @@ def _rdp_accountant(mech: _Mechanisms) -> Any:
         # the round trip 1 / fl(1 / eps0) can never come out below eps0 (rounding on the safe side)
         acc.compose(dp_event.LaplaceDpEvent(math.nextafter(1.0 / eps0, 0.0)), count)
     for (z, q), count in _grouped_pairs(mech.sampled):
+        _work.checkpoint()  # the caller's processor-time budget (dpcl.accounting.work)
         # acc.compose(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count) adds count x the step's RDP at
         # each order; the step's RDP vector is memoised, so that a ledger composing the same steps again
         # (every release, every filter check) does not re-sum dp-accounting's series
@@ -1182,8 +1187,14 @@ def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
             if not points <= PRV_MAX_GRID_POINTS:
                 raise UnsupportedEventError(
                     f"prv-accountant would need ~{points:.2g} grid points for these events (domain +-{domain:.3g}, "
-                    f"mesh {mesh:.2g}; dpcl allocates at most {PRV_MAX_GRID_POINTS:.2g}, about 1.3 GB); use accountant "
+                    f"mesh {mesh:.2g}; dpcl allocates at most {PRV_MAX_GRID_POINTS:.2g}, about 1 GB); use accountant "
                     "'auto', 'pld' or 'rdp'."
+                )
+            if not points * len(prvs) <= _work.PRV_MAX_POINT_MECHANISMS:
+                raise UnsupportedEventError(
+                    f"prv-accountant would discretise and compose {len(prvs)} distinct mechanisms on ~{points:.2g} grid "
+                    f"points each; dpcl does at most {_work.PRV_MAX_POINT_MECHANISMS:.2g} points x mechanisms (about 20 s); "
+                    "use accountant 'auto', 'pld' or 'rdp', or give equal mechanisms equal parameters."
                 )
             if not domain <= PRV_MAX_DOMAIN:
                 raise UnsupportedEventError(
@@ -1536,6 +1547,10 @@ def compute_epsilon(
     Results are memoised in this process (:data:`EPSILON_MEMO`), keyed on the canonical form of the
     events, delta, the accountant and every module setting: an audit, the run's plan, its ledger and
     its certificates' self-verification that ask for the same epsilon compute it once.
+
+    A computation that has spent :data:`~dpcl.accounting.work.EPSILON_TIME_BUDGET_S` seconds of processor time
+    (many distinct mechanisms, each its own PLD or RDP series) is refused with
+    :class:`~dpcl.errors.WorkLimitError` (see :mod:`dpcl.accounting.work`).
     """
     name = _check_accountant(accountant)
     delta = check_delta_scalar("delta", delta)
@@ -1545,12 +1560,13 @@ def compute_epsilon(
     if cached is not None:
         return dataclasses.replace(cached)
     base = dict(delta=delta, adjacency=mech.adjacency.value, unit=mech.unit)
-    if name != "auto":
-        eps, notes = _ACCOUNTANTS[name](mech, delta)
-        _check_result(eps, name)
-        result = AccountingResult(epsilon=eps, accountant=name, candidates={name: eps}, notes=(*notes, _RELATION_NOTE), **base)
-    else:
-        result = _auto(mech, delta, base)
+    with _work.epsilon_budget(mech.describe(), name, delta):  # issue 18: an answer within 60 s, or a refusal
+        if name != "auto":
+            eps, notes = _ACCOUNTANTS[name](mech, delta)
+            _check_result(eps, name)
+            result = AccountingResult(epsilon=eps, accountant=name, candidates={name: eps}, notes=(*notes, _RELATION_NOTE), **base)
+        else:
+            result = _auto(mech, delta, base)
     EPSILON_MEMO.put(key, result)
     return dataclasses.replace(result)
 

@@ -32,6 +32,7 @@ from dpcl.accounting.events import (
     RepeatedEvent,
 )
 from dpcl.accounting.validation import check_count, check_delta_scalar, check_positive_scalar, check_sample_rate
+from dpcl.accounting import work as _work
 from dpcl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = [
@@ -132,6 +133,10 @@ def dpsgd_noise_multiplier(
 
     Calibrations are memoised in this process (:data:`CALIBRATION_MEMO`), keyed on every argument and
     every module setting: tasks of equal size are calibrated once, whichever accountant.
+
+    A search that has spent :data:`~dpcl.accounting.work.CALIBRATION_TIME_BUDGET_S` seconds of processor time is
+    refused with :class:`~dpcl.errors.WorkLimitError` (exit code 2 in the CLI) naming the inputs and suggesting
+    ``accountant='rdp'`` (see :mod:`dpcl.accounting.work`).
     """
     target = check_positive_scalar("target_epsilon", target_epsilon)
     delta = check_delta_scalar("delta", delta)
@@ -147,17 +152,26 @@ def dpsgd_noise_multiplier(
     cached = CALIBRATION_MEMO.get(key)
     if cached is not None:
         return cached
-    # the coarse start pays off where each evaluation builds a PLD or PRV grid; the closed forms and RDP
-    # (and auto at q = 1, where exact accounting applies) start at z = 1
-    costly = name in ("auto", "pld", "prv") and not (name == "auto" and q == 1.0)
-    start, slope = _coarse_guess(target, delta, q, steps, relation) if costly else (1.0, -1.0)
-    if name == "auto":
-        z, result = _calibrate_auto(target, delta, q, steps, relation, rtol, start, slope)
-    else:
-        def evaluate(z: float) -> AccountingResult:
-            return compute_epsilon(dpsgd_events(z, q, steps, relation), delta, name)
+    question = (
+        f"calibrating accountant {name!r} to target_epsilon={target!r} (delta={delta!r}, sample_rate={q!r}, "
+        f"steps={steps})"
+    )
+    hint = (
+        "use accountant='rdp' (a calibration of about a second, a little more noise), or a larger target_epsilon"
+        if name != "rdp" else "use a larger target_epsilon or fewer steps"
+    )
+    with _work.time_budget(_work.CALIBRATION_TIME_BUDGET_S, question, hint):  # issue 18: an answer within 60 s, or a refusal
+        # the coarse start pays off where each evaluation builds a PLD or PRV grid; the closed forms and RDP
+        # (and auto at q = 1, where exact accounting applies) start at z = 1
+        costly = name in ("auto", "pld", "prv") and not (name == "auto" and q == 1.0)
+        start, slope = _coarse_guess(target, delta, q, steps, relation) if costly else (1.0, -1.0)
+        if name == "auto":
+            z, result = _calibrate_auto(target, delta, q, steps, relation, rtol, start, slope)
+        else:
+            def evaluate(z: float) -> AccountingResult:
+                return compute_epsilon(dpsgd_events(z, q, steps, relation), delta, name)
 
-        z, result, _ = _search(evaluate, target, delta, q, steps, rtol, start=start, slope=slope)
+            z, result, _ = _search(evaluate, target, delta, q, steps, rtol, start=start, slope=slope)
     calibration = _calibration(z, result, q, steps)
     CALIBRATION_MEMO.put(key, calibration)
     return calibration
@@ -402,6 +416,7 @@ def _search(
 
     def f(z: float) -> float:
         if z not in cache:
+            _work.checkpoint()  # the calibration's processor-time budget (dpcl.accounting.work)
             cache[z] = evaluate(z)
         e = cache[z].epsilon
         return math.log(e / target) if e > 0 else -math.inf

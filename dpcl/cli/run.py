@@ -106,36 +106,13 @@ def quiet_accounting_logs() -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def parse_nproc(text: str) -> int:
-    """``--nproc``: at most one rank per usable CPU core, or per CUDA device where there are more of those.
-
-    Each rank is a process holding its own copy of the model and data; more of them than the machine can run at
-    once only slow the run down, and a huge count would start processes until memory runs out.
-    """
+    """``--nproc``: an integer, within what :func:`~dpcl.runner.distributed.check_nproc` allows (one rank per usable
+    CPU core, or per CUDA device where there are more of those)."""
     from dpcl.cli.numbers import parse_count
+    from dpcl.runner.distributed import check_nproc
 
-    cores = usable_cores()
-    nproc = parse_count("--nproc", text, minimum=1)
-    if nproc > cores:
-        import torch
-
-        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if nproc > max(cores, devices):
-            largest = max(cores, devices)
-            parse_count("--nproc", text, minimum=1, maximum=largest,
-                        hint=f"this machine has {cores} usable CPU cores and {devices} CUDA devices, one rank each; "
-                        "use more machines under torchrun for more ranks")
-    return nproc
+    return check_nproc(parse_count("--nproc", text, minimum=1), "--nproc")
 
 
 def run_command(args: argparse.Namespace) -> int:

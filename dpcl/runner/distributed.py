@@ -91,9 +91,32 @@ def run_training_options(*, seed: int, quiet: bool, stop_after_task: int | None,
             "reproducible_noise": reproducible_noise, "sign_key": sign_key}
 
 
-def _check_nproc(nproc: Any) -> int:
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_nproc(nproc: Any, name: str = "nproc") -> int:
+    """The number of local ranks: an integer from 1 to one rank per usable CPU core, or per CUDA device where there
+    are more of those (each rank is a process holding its own copy of the model and data: more of them than the
+    machine runs at once only slow the run down, and a huge count would start processes until memory runs out).
+    Anything else is refused before a process starts; ``name`` is how the caller spells the parameter."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise InvalidParameterError(f"--nproc must be an integer >= 1, got {nproc!r}.")
+        raise InvalidParameterError(f"{name} must be an integer >= 1, got {nproc!r:.40}.")
+    cores = usable_cores()
+    if nproc > cores:
+        import torch
+
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        largest = max(cores, devices)
+        if nproc > largest:
+            raise InvalidParameterError(
+                f"{name} must be at most {largest}, got {min(nproc, 10**300):.3g}; this machine has {cores} usable CPU cores and "
+                f"{devices} CUDA devices, one rank each; use more machines under torchrun for more ranks."
+            )
     return nproc
 
 
@@ -296,7 +319,7 @@ def run_data_parallel(
     """
     from dpcl.runner.run import run_training
 
-    world = _check_nproc(nproc)
+    world = check_nproc(nproc)
     options = run_training_options(seed=seed, quiet=quiet, stop_after_task=stop_after_task,
                                    reproducible_noise=reproducible_noise, sign_key=sign_key)
     if world == 1:

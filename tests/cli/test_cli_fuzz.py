@@ -38,13 +38,13 @@ import json
 import os
 import re
 import resource
-import select
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import fuzz_worker
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -77,7 +77,6 @@ FRESH_EXAMPLES = EXAMPLES["fresh"]
 FAST_EXAMPLES = sum(fast for fast, _ in EXAMPLES.values())
 THOROUGH_EXAMPLES = sum(thorough for _, thorough in EXAMPLES.values())
 
-WORKER = Path(__file__).with_name("fuzz_worker.py")
 #: The children's environment: one thread per library, warnings shown, and dpcl's own time limit at its default
 #: (``dpcl.cli.time_limit``), whatever the caller's environment says.
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1",
@@ -97,51 +96,10 @@ def fuzz_settings(group: str) -> settings:
     )
 
 
-class ForkServer:
-    """``fuzz_worker.py`` in a fresh interpreter; restarted if it ever dies (its children may, it should not)."""
-
-    def __init__(self, scratch: Path, *, torch: bool = False) -> None:
-        self.scratch = scratch
-        self.env = {**os.environ, **CHILD_ENV, "DPCL_FUZZ_PRELOAD_TORCH": "1" if torch else "0"}
-        self.process: subprocess.Popen | None = None
-
-    def _start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, bufsize=1, env=self.env,
-        )
-        line = self._read_line(180.0)
-        assert line and json.loads(line).get("ready"), self._stop()
-
-    def _read_line(self, timeout: float) -> str | None:
-        assert self.process is not None and self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        return self.process.stdout.readline() if ready else None
-
-    def _stop(self) -> str:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
-        tail = self.process.stderr.read()[-3000:] if self.process.stderr else ""
-        self.process = None
-        return tail
-
-    def run(self, argv: list[str], cwd: Path | None = None) -> dict:
-        if self.process is None or self.process.poll() is not None:
-            self._start()
-        assert self.process is not None and self.process.stdin is not None
-        request = {"argv": argv, "cwd": str(cwd or self.scratch), "memory": MEMORY_LIMIT, "timeout": WALL_LIMIT}
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        line = self._read_line(WALL_LIMIT + 120.0)  # the server kills a child at WALL_LIMIT; this is its own guard
-        if not line:
-            raise AssertionError(f"the fork server stopped answering at dpcl {' '.join(argv)}: {self._stop()}")
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.stdin.close()
-            self.process.wait(timeout=60)
+def ForkServer(scratch: Path, *, torch: bool = False) -> fuzz_worker.ForkServer:
+    """``fuzz_worker.py`` in a fresh interpreter under this module's limits (torch preloaded for ``dpcl run``)."""
+    env = {**os.environ, **CHILD_ENV, "DPCL_FUZZ_PRELOAD_TORCH": "1" if torch else "0"}
+    return fuzz_worker.ForkServer(scratch, env=env, memory=MEMORY_LIMIT, wall_limit=WALL_LIMIT)
 
 
 @pytest.fixture(scope="module")
