@@ -105,7 +105,7 @@ def test_nproc_refuses_methods_that_do_not_train_by_dp_sgd_and_bad_counts(tmp_pa
     for config in (write_config(tmp_path, "cosine"), write_l2dpml_config(tmp_path)):
         with pytest.raises(ConfigError, match=r"DP-SGD methods only \(peft_ensemble, naive, non_cl\)"):
             run_data_parallel(config, tmp_path / "out", nproc=2, quiet=True)
-    with pytest.raises(InvalidParameterError, match="--nproc must be an integer >= 1, got 0"):
+    with pytest.raises(InvalidParameterError, match="nproc must be an integer >= 1, got 0"):
         run_data_parallel(_config(tmp_path, "naive"), tmp_path / "out", nproc=0, quiet=True)
     assert not (tmp_path / "out").exists()
 
