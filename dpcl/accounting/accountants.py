@@ -88,6 +88,7 @@ from dpcl.accounting.validation import check_delta_scalar
 from dpcl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = [
+    "check_pld_fits",
     "ACCOUNTANT_NAMES",
     "AccountingResult",
     "PLD_VALUE_DISCRETIZATION_INTERVAL",
@@ -387,10 +388,10 @@ def _self_convolve_bounds(probs: np.ndarray, count: int, tail_mass_truncation: f
     return lower, upper
 
 
-def _pld_too_large(points: float, interval: float, what: str) -> _PldTooLarge:
+def _pld_too_large(points: float, interval: float, what: str, limit: float = PLD_MAX_GRID_POINTS) -> _PldTooLarge:
     return _PldTooLarge(
         f"a PLD for these events would need ~{points:.2g} grid points at discretisation interval {interval:g} "
-        f"({what}; dpcl allocates at most {PLD_MAX_GRID_POINTS:.2g}, about 1.3 GB); use accountant 'auto' "
+        f"({what}; dpcl allocates at most {limit:.2g}, about {limit * 1.1e-7:.2g} GB); use accountant 'auto' "
         "(it coarsens the interval until the PLD fits and refines it within time and memory) or 'prv', "
         "or add noise.",
         points,
@@ -606,13 +607,60 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
     on a proxy grid with at most ~5e4 points and scaled by proxy interval / interval (the loss
     range it spans does not depend on the interval), so that a PLD which will be refused is never built.
     """
+    _refuse_eps_delta(mech, "pld")
+    pieces, piece_keys, notes = _pld_pieces(mech)
+    notes.insert(0, f"pld: dp-accounting PLD, pessimistic estimate, value discretisation interval {interval:g}.")
+    try:
+        with np.errstate(all="ignore"):
+            singles = _sized_single_steps(pieces, interval)
+    except UnsupportedEventError:
+        raise
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+        raise _pld_library_error(exc) from exc
+    try:
+        with np.errstate(all="ignore"):
+            total = _composed_pieces(singles, piece_keys, interval)
+            eps = _epsilon_for_delta(total, delta)
+    except UnsupportedEventError:
+        raise
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+        raise _pld_library_error(exc) from exc
+    if not math.isfinite(eps):
+        raise UnsupportedEventError(
+            f"dp-accounting's PLD gives no finite epsilon at delta={delta!r}: the tail mass it truncates "
+            "(counted as infinite loss) exceeds delta. Use a larger delta or accountant 'rdp' or 'exact'."
+        )
+    return eps, tuple(notes)
+
+
+def check_pld_fits(events: "PrivacyEvent | Sequence[PrivacyEvent]", interval: float, max_points: float) -> None:
+    """Refuse (:class:`~dpcl.errors.UnsupportedEventError`) events whose PLD at ``interval`` would need more than
+    ``max_points`` grid points, before anything large is allocated: the sizing the ``pld`` accountant does
+    (the same pieces and dp-accounting's own Chernoff bound on each composed grid). For callers that compose
+    the events with dp-accounting themselves, such as ``dpcl verify --cross-check``
+    (:mod:`dpcl.guarantees.cross_check`), whose memory it bounds."""
+    mech = _collect(events)
+    pieces, _, _ = _pld_pieces(mech)
+    try:
+        with np.errstate(all="ignore"):
+            _sized_single_steps(pieces, interval, limit=max_points)
+    except UnsupportedEventError:
+        raise
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+        raise _pld_library_error(exc) from exc
+
+
+def _pld_pieces(
+    mech: _Mechanisms,
+) -> tuple[list[tuple[Callable[[float], Any], int, float, str]], list[tuple[Any, ...]], list[str]]:
+    """The pieces of ``mech``'s PLD: (builder(interval) -> single-step PLD, repetitions, single-step size
+    estimate at interval 1, description), what each piece is by value (for the memo of partial
+    compositions), and notes."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-    _refuse_eps_delta(mech, "pld")
-    # (builder(interval) -> single-step PLD, repetitions, single-step size estimate at 1.0, description)
     pieces: list[tuple[Callable[[float], Any], int, float, str]] = []
-    piece_keys: list[tuple[Any, ...]] = []  # what each piece is, by value (for the memo of partial compositions)
-    notes = [f"pld: dp-accounting PLD, pessimistic estimate, value discretisation interval {interval:g}."]
+    piece_keys: list[tuple[Any, ...]] = []
+    notes: list[str] = []
     if mech.gauss_mus:
         mu = mech.gaussian_mu_total()
         pieces.append((
@@ -637,27 +685,7 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
             count, _single_step_points(z_size, 1.0), f"subsampled-Gaussian steps with noise multiplier {z:.3g}",
         ))
         piece_keys.append(("sampled", float(z), float(q), mech.adjacency.value, int(count)))
-    try:
-        with np.errstate(all="ignore"):
-            singles = _sized_single_steps(pieces, interval)
-    except UnsupportedEventError:
-        raise
-    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
-        raise _pld_library_error(exc) from exc
-    try:
-        with np.errstate(all="ignore"):
-            total = _composed_pieces(singles, piece_keys, interval)
-            eps = _epsilon_for_delta(total, delta)
-    except UnsupportedEventError:
-        raise
-    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
-        raise _pld_library_error(exc) from exc
-    if not math.isfinite(eps):
-        raise UnsupportedEventError(
-            f"dp-accounting's PLD gives no finite epsilon at delta={delta!r}: the tail mass it truncates "
-            "(counted as infinite loss) exceeds delta. Use a larger delta or accountant 'rdp' or 'exact'."
-        )
-    return eps, tuple(notes)
+    return pieces, piece_keys, notes
 
 
 def _epsilon_for_delta(pld: Any, delta: float) -> float:
@@ -746,36 +774,38 @@ def _composed_pieces(singles: list[tuple[Any, int]], piece_keys: list[tuple[Any,
 
 def _sized_single_steps(
     pieces: list[tuple[Callable[[float], Any], int, float, str]], interval: float,
+    limit: float = PLD_MAX_GRID_POINTS,
 ) -> list[tuple[Any, int]]:
-    """Build each piece's single-step PLD at ``interval`` after checking that its composition fits (see :func:`_pld`)."""
+    """Build each piece's single-step PLD at ``interval`` after checking that its composition fits in ``limit``
+    grid points (see :func:`_pld`)."""
     points = 0.0
     singles: list[tuple[Any, int]] = []
     for build, count, width, what in pieces:
         _work.checkpoint()  # the caller's processor-time budget (dpcl.accounting.work)
         with np.errstate(over="ignore"):
             single = width / interval + 1.0
-        if not single <= PLD_MAX_GRID_POINTS:
-            raise _pld_too_large(single, interval, what)
+        if not single <= limit:
+            raise _pld_too_large(single, interval, what, limit)
         estimate = math.inf
         if single > _PLD_PROXY_POINTS:
             proxy = interval * single / _PLD_PROXY_POINTS
             estimate = _composed_points(build(proxy), count) * proxy / interval
-            if not points + estimate <= PLD_MAX_GRID_POINTS:
-                raise _pld_too_large(points + estimate, interval, what)
+            if not points + estimate <= limit:
+                raise _pld_too_large(points + estimate, interval, what, limit)
         pld = build(interval)
         # the whole convolution's support, count (n - 1) + 1 points, bounds the composed grid from above:
         # where it is small, dp-accounting's (costlier) Chernoff bound is not needed to see that it fits;
         # nor where twice the proxy's estimate fits (the bound's orders scale with the grid, so in loss units
         # the proxy's truncated range is the fine grid's up to rounding; its cost grows with the grid: ~1 s at 2e5 points)
         full = max(count * (span - 1) + 1.0 for span in _grid_spans(pld))
-        if points + full <= PLD_MAX_GRID_POINTS / 4:
+        if points + full <= limit / 4:
             points += full
-        elif points + 2.0 * estimate <= PLD_MAX_GRID_POINTS:
+        elif points + 2.0 * estimate <= limit:
             points += 2.0 * estimate
         else:
             points += _composed_points(pld, count)
-        if not points <= PLD_MAX_GRID_POINTS:
-            raise _pld_too_large(points, interval, what)
+        if not points <= limit:
+            raise _pld_too_large(points, interval, what, limit)
         singles.append((pld, count))
     return singles
 

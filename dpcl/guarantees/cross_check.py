@@ -33,7 +33,10 @@ and every entry of ``scoped_guarantees`` (version 2). A certificate without
 either (a non-private checkpoint without scoped statements) is skipped with a
 message. A group whose events have no dp-accounting counterpart (an
 ``epsilon_delta`` event) or that dp-accounting's PLD does not analyse is
-reported as not cross-checked, with the reason; it neither passes nor fails.
+reported as not cross-checked, with the reason; it neither passes nor fails. So is a
+group whose PLD would need more than :data:`CROSS_CHECK_MAX_POINTS` grid points (sized
+before anything is allocated), one that dp-accounting cannot evaluate in floating point,
+and one for which it gives no finite epsilon (a delta below what its discretisation resolves).
 
 Repetition stays compressed: a ``RepeatedEvent`` (and a run of equal charges stored once with
 ``"repeat": n``, certificate version 3) becomes one dp-accounting ``SelfComposedDpEvent``, which the PLD
@@ -52,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from dpcl.accounting.accountants import check_pld_fits
 from dpcl.accounting.events import Adjacency, ComposedEvent, PrivacyEvent
 from dpcl.accounting.interop import has_subsampling, neighboring_relation, to_dp_event
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, UnsupportedEventError
@@ -75,6 +79,12 @@ __all__ = [
 
 #: Value discretisation interval of both PLDs (dp-accounting's default; dpcl's ``pld`` accountant uses the same).
 CROSS_CHECK_INTERVAL = 1e-4
+
+#: Most grid points a cross-checked group's PLD may need (sized before anything is allocated, by the ``pld``
+#: accountant's sizing, :func:`dpcl.accounting.accountants.check_pld_fits`): half of what dpcl's own PLD
+#: allocates, since the pessimistic and the optimistic PLD are held together; a larger group is not
+#: cross-checked (with the reason), so that ``dpcl verify --cross-check`` stays within 2 GB.
+CROSS_CHECK_MAX_POINTS = 6e6
 
 
 @dataclass(frozen=True)
@@ -182,10 +192,21 @@ def _independent_epsilon(root: PrivacyEvent, delta: float, interval: float) -> I
             raise UnsupportedEventError(
                 f"dp-accounting's PLD accountant does not analyse these events under {relation.value!r}."
             )
-    accountant.compose(dp_event)
-    upper = float(accountant.get_epsilon(delta))
-    optimistic = _optimistic_pld(dp_event, neighboring_relation(relation), interval)
-    lower = float(optimistic.get_epsilon_for_delta(delta)) if optimistic is not None else 0.0
+    check_pld_fits(root, interval, CROSS_CHECK_MAX_POINTS)  # refused before dp-accounting allocates anything
+    try:
+        accountant.compose(dp_event)
+        upper = float(accountant.get_epsilon(delta))
+        optimistic = _optimistic_pld(dp_event, neighboring_relation(relation), interval)
+        lower = float(optimistic.get_epsilon_for_delta(delta)) if optimistic is not None else 0.0
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError, MemoryError) as exc:
+        raise UnsupportedEventError(
+            f"dp-accounting's PLD cannot evaluate these events ({type(exc).__name__}: {str(exc)[:120]})."
+        ) from None
+    if not (math.isfinite(upper) and math.isfinite(lower)):
+        raise UnsupportedEventError(
+            f"dp-accounting's PLD gives no finite epsilon at delta={delta!r} (its discretisation does not resolve "
+            "so small a delta): nothing to compare with."
+        )
     return IndependentEpsilon(upper=upper, lower=min(lower, upper), relation=relation.value,
                               interval=interval, notes=tuple(notes))
 
@@ -344,7 +365,7 @@ def _statement(
         events = _group_events(charges, idx)  # a run of equal charges: one SelfComposedDpEvent
         try:
             bounds = independent_epsilon(events, delta, interval)
-        except UnsupportedEventError as exc:
+        except (UnsupportedEventError, InvalidParameterError) as exc:  # events dp-accounting cannot bound here
             groups.append(GroupCrossCheck(tasks, idx, stated_groups.get(tasks), None, None, skipped=str(exc)))
             continue
         notes.extend(n for n in bounds.notes if n not in notes)

@@ -47,7 +47,7 @@ from pathlib import Path
 import fuzz_worker
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 THOROUGH = os.environ.get("DPCL_THOROUGH") == "1"
@@ -601,6 +601,15 @@ def _rehash(data: dict) -> dict:
 
 
 @fuzz_settings("certificates")
+# found by the thorough run of 2026-11-27 (verify --cross-check): a delta below what dp-accounting's PLD resolves
+# (its bounds came out inf and NaN), a count that overflowed dp-accounting's FFT size (a traceback), and a count
+# whose PLD needed more than 2 GiB; each group is now sized first and otherwise reported as not cross-checked
+@example(where=("guarantee", "delta"), new=2.6761198581319977e-288, hostile=None, link=True, cross_check=True,
+         public_key=None, checkpoint="missing", as_json=True)
+@example(where=("events", 1, "events", 0, "count"), new=5.804149723630076e239, hostile=None, link=True,
+         cross_check=True, public_key="key.pub", checkpoint="missing", as_json=True)
+@example(where=("events", 1, "events", 0, "count"), new=22686937.0, hostile=None, link=False, cross_check=True,
+         public_key=None, checkpoint=None, as_json=False)
 @given(where=st.sampled_from(CERTIFICATE_FIELDS), new=JSON_VALUES, hostile=st.one_of(st.none(), HOSTILE_FILES),
        link=st.booleans(), cross_check=st.booleans(), public_key=st.sampled_from([None, "key.pub", "other.pub", "key"]),
        checkpoint=st.sampled_from([None, None, "missing", "other", "directory", "huge"]), as_json=st.booleans())

@@ -144,3 +144,15 @@ def test_malformed_input_is_a_typed_error(tmp_path):
     cert["events"] = [{"kind": "nothing"}]
     with pytest.raises(MalformedCertificateError, match="malformed"):
         cross_check_certificate(cert, interval=1e-3)
+
+
+def test_groups_dp_accounting_cannot_bound_here_are_refused_before_anything_large_is_allocated():
+    """Found by the CLI fuzz test (thorough, 2026-11-27): a count whose PLD needs more than 2 GiB, and a delta
+    below what dp-accounting's discretisation resolves (its bounds came out inf and NaN), are not cross-checked."""
+    from dpcl.errors import UnsupportedEventError
+
+    step = PoissonSampledGaussianEvent(noise_multiplier=1.0, sample_rate=0.01)
+    with pytest.raises(UnsupportedEventError, match="grid points"):  # sized, not built (a build needed > 2 GiB)
+        independent_epsilon(RepeatedEvent(step, 22_686_937), 1e-5)
+    with pytest.raises(UnsupportedEventError, match="no finite epsilon"):
+        independent_epsilon(RepeatedEvent(GaussianEvent(sigma=2.0, sensitivity=1.0), 2), 2.6761198581319977e-288)
