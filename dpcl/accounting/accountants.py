@@ -388,7 +388,8 @@ def _self_convolve_bounds(probs: np.ndarray, count: int, tail_mass_truncation: f
     return lower, upper
 
 
-def _pld_too_large(points: float, interval: float, what: str, limit: float = PLD_MAX_GRID_POINTS) -> _PldTooLarge:
+def _pld_too_large(points: float, interval: float, what: str, limit: float | None = None) -> _PldTooLarge:
+    limit = PLD_MAX_GRID_POINTS if limit is None else limit  # read at call time (tests scale the module's limit)
     return _PldTooLarge(
         f"a PLD for these events would need ~{points:.2g} grid points at discretisation interval {interval:g} "
         f"({what}; dpcl allocates at most {limit:.2g}, about {limit * 1.1e-7:.2g} GB); use accountant 'auto' "
@@ -774,10 +775,11 @@ def _composed_pieces(singles: list[tuple[Any, int]], piece_keys: list[tuple[Any,
 
 def _sized_single_steps(
     pieces: list[tuple[Callable[[float], Any], int, float, str]], interval: float,
-    limit: float = PLD_MAX_GRID_POINTS,
+    limit: float | None = None,
 ) -> list[tuple[Any, int]]:
     """Build each piece's single-step PLD at ``interval`` after checking that its composition fits in ``limit``
-    grid points (see :func:`_pld`)."""
+    grid points (default :data:`PLD_MAX_GRID_POINTS`; see :func:`_pld`)."""
+    limit = PLD_MAX_GRID_POINTS if limit is None else limit  # read at call time (tests scale the module's limit)
     points = 0.0
     singles: list[tuple[Any, int]] = []
     for build, count, width, what in pieces:
