@@ -611,13 +611,7 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
     _refuse_eps_delta(mech, "pld")
     pieces, piece_keys, notes = _pld_pieces(mech)
     notes.insert(0, f"pld: dp-accounting PLD, pessimistic estimate, value discretisation interval {interval:g}.")
-    try:
-        with np.errstate(all="ignore"):
-            singles = _sized_single_steps(pieces, interval)
-    except UnsupportedEventError:
-        raise
-    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
-        raise _pld_library_error(exc) from exc
+    singles = _sized_single_steps_or_refuse(pieces, interval)
     try:
         with np.errstate(all="ignore"):
             total = _composed_pieces(singles, piece_keys, interval)
@@ -640,11 +634,18 @@ def check_pld_fits(events: "PrivacyEvent | Sequence[PrivacyEvent]", interval: fl
     (the same pieces and dp-accounting's own Chernoff bound on each composed grid). For callers that compose
     the events with dp-accounting themselves, such as ``dpcl verify --cross-check``
     (:mod:`dpcl.guarantees.cross_check`), whose memory it bounds."""
-    mech = _collect(events)
-    pieces, _, _ = _pld_pieces(mech)
+    pieces, _, _ = _pld_pieces(_collect(events))
+    _sized_single_steps_or_refuse(pieces, interval, max_points)
+
+
+def _sized_single_steps_or_refuse(
+    pieces: list[tuple[Callable[[float], Any], int, float, str]], interval: float, limit: float | None = None,
+) -> list[tuple[Any, int]]:
+    """:func:`_sized_single_steps`, a floating-point failure of dp-accounting's constructors refused as
+    :func:`_pld_library_error` says."""
     try:
         with np.errstate(all="ignore"):
-            _sized_single_steps(pieces, interval, limit=max_points)
+            return _sized_single_steps(pieces, interval, limit)
     except UnsupportedEventError:
         raise
     except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:

@@ -365,7 +365,7 @@ def _statement(
         events = _group_events(charges, idx)  # a run of equal charges: one SelfComposedDpEvent
         try:
             bounds = independent_epsilon(events, delta, interval)
-        except (UnsupportedEventError, InvalidParameterError) as exc:  # events dp-accounting cannot bound here
+        except InvalidParameterError as exc:  # UnsupportedEventError, or events dpcl refuses: not bounded here
             groups.append(GroupCrossCheck(tasks, idx, stated_groups.get(tasks), None, None, skipped=str(exc)))
             continue
         notes.extend(n for n in bounds.notes if n not in notes)

@@ -693,13 +693,6 @@ def _shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     return next(i for i in range(n) if a[i] != b[i])
 
 
-def _remove_file(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-
-
 def _same_json(a: Any, b: Any) -> bool:
     """``a`` and ``b`` are the same JSON value (``1``, ``1.0`` and ``true`` differ, unlike in Python)."""
     if type(a) is not type(b):
@@ -1149,13 +1142,13 @@ class TaskLedger:
         body = self.to_dict()
         state = self._persisted
         # a journal naming the new content cannot be this ledger's (it would be replayed onto it): removed first
-        _remove_file(journal_path(self.path, body["sha256"]))
+        journal_path(self.path, body["sha256"]).unlink(missing_ok=True)
         # indented for reading while small; compact for long streams (a third of the size, far from the
         # 16 MiB that dpcl reads at most)
         long_stream = len(self.charges) + len(self.releases) > COMPACT_LEDGER_ENTRIES
         write_json_atomic(self.path, body, indent=None if long_stream else 2)
         if state is not None and state["path"] == self.path:
-            _remove_file(journal_path(self.path, state["sha256"]))
+            journal_path(self.path, state["sha256"]).unlink(missing_ok=True)
         self._persisted = {"path": self.path, "sha256": body["sha256"], "ledger_bytes": self.path.stat().st_size}
         self._mark_persisted(self._persisted, last=body["sha256"], journal_bytes=0)
 

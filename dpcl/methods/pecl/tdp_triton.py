@@ -204,8 +204,8 @@ def _noise_call(generator: torch.Generator | None, device: torch.device) -> tupl
     stream = held[1] if held is not None and held[0] is generator else None
     if stream is None or stream.state != _generator_state(generator) or stream.calls >= _MAX_STREAM_CALLS \
             or stream.device != device:
-        stream = _NoiseStream(_noise_key(generator, device), device, (0, 0))
-        stream.state = _generator_state(generator)  # after the draw: what an untouched generator still reads
+        key = _noise_key(generator, device)
+        stream = _NoiseStream(key, device, _generator_state(generator))  # read after the draw: what it stays at
         _STREAMS.pop(id(generator), None)
         while len(_STREAMS) >= _MAX_STREAMS:
             _STREAMS.pop(next(iter(_STREAMS)))
