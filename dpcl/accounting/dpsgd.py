@@ -152,15 +152,7 @@ def dpsgd_noise_multiplier(
     cached = CALIBRATION_MEMO.get(key)
     if cached is not None:
         return cached
-    question = (
-        f"calibrating accountant {name!r} to target_epsilon={target!r} (delta={delta!r}, sample_rate={q!r}, "
-        f"steps={steps})"
-    )
-    hint = (
-        "use accountant='rdp' (a calibration of about a second, a little more noise), or a larger target_epsilon"
-        if name != "rdp" else "use a larger target_epsilon or fewer steps"
-    )
-    with _work.time_budget(_work.CALIBRATION_TIME_BUDGET_S, question, hint):  # issue 18: an answer within 60 s, or a refusal
+    with _calibration_budget(name, target, delta, f"sample_rate={q!r}, steps={steps}"):
         # the coarse start pays off where each evaluation builds a PLD or PRV grid; the closed forms and RDP
         # (and auto at q = 1, where exact accounting applies) start at z = 1
         costly = name in ("auto", "pld", "prv") and not (name == "auto" and q == 1.0)
@@ -175,6 +167,17 @@ def dpsgd_noise_multiplier(
     calibration = _calibration(z, result, q, steps)
     CALIBRATION_MEMO.put(key, calibration)
     return calibration
+
+
+def _calibration_budget(name: str, target: float, delta: float, inputs: str) -> Any:
+    """The processor-time budget of a calibration's search (issue 18: an answer within 60 s, or a refusal with
+    :class:`~dpcl.errors.WorkLimitError` naming the inputs; :mod:`dpcl.accounting.work`)."""
+    question = f"calibrating accountant {name!r} to target_epsilon={target!r} (delta={delta!r}, {inputs})"
+    hint = (
+        "use accountant='rdp' (a calibration of about a second, a little more noise), or a larger target_epsilon"
+        if name != "rdp" else "use a larger target_epsilon or fewer steps"
+    )
+    return _work.time_budget(_work.CALIBRATION_TIME_BUDGET_S, question, hint)
 
 
 @dataclass(frozen=True)
@@ -220,7 +223,9 @@ def dpsgd_stream_noise_multiplier(
     multiplier at most ``rtol`` smaller was evaluated and misses it. One run is
     :func:`dpsgd_noise_multiplier`'s question (same search, :func:`_search`, here on the composed
     events); the search starts from that answer for the run with the largest single-run epsilon (a lower
-    bound: composing more runs never lowers epsilon). Memoised in :data:`CALIBRATION_MEMO`.
+    bound: composing more runs never lowers epsilon). Memoised in :data:`CALIBRATION_MEMO`. Like any
+    calibration, it refuses with :class:`~dpcl.errors.WorkLimitError` after
+    :data:`~dpcl.accounting.work.CALIBRATION_TIME_BUDGET_S` seconds of processor time.
     """
     target = check_positive_scalar("target_epsilon", target_epsilon)
     delta = check_delta_scalar("delta", delta)
@@ -243,17 +248,18 @@ def dpsgd_stream_noise_multiplier(
     cached = CALIBRATION_MEMO.get(key)
     if cached is not None:
         return cached
-    # the heaviest single run's multiplier: the composition needs at least that much noise
-    single = max(
-        (dpsgd_noise_multiplier(target, delta, q, t, name, relation, rtol) for q, t in dict.fromkeys(plan)),
-        key=lambda c: c.noise_multiplier,
-    )
+    with _calibration_budget(name, target, delta, f"{len(plan)} composed DP-SGD runs, (sample_rate, steps) {plan!r:.200}"):
+        # the heaviest single run's multiplier: the composition needs at least that much noise
+        single = max(
+            (dpsgd_noise_multiplier(target, delta, q, t, name, relation, rtol) for q, t in dict.fromkeys(plan)),
+            key=lambda c: c.noise_multiplier,
+        )
 
-    def evaluate(z: float) -> AccountingResult:
-        return compute_epsilon(dpsgd_stream_events(z, plan, relation), delta, name)
+        def evaluate(z: float) -> AccountingResult:
+            return compute_epsilon(dpsgd_stream_events(z, plan, relation), delta, name)
 
-    q_max, total_steps = max(q for q, _ in plan), sum(t for _, t in plan)
-    z, result, _ = _search(evaluate, target, delta, q_max, total_steps, rtol, start=single.noise_multiplier)
+        q_max, total_steps = max(q for q, _ in plan), sum(t for _, t in plan)
+        z, result, _ = _search(evaluate, target, delta, q_max, total_steps, rtol, start=single.noise_multiplier)
     calibration = StreamNoiseCalibration(
         noise_multiplier=z, epsilon=result.epsilon, accountant=result.accountant, delta=result.delta, runs=plan
     )

@@ -94,3 +94,13 @@ def test_invalid_settings_are_refused(kwargs: dict, match: str) -> None:
     args.update(kwargs)
     with pytest.raises(InvalidParameterError, match=match):
         dpsgd_stream_noise_multiplier(**args)
+
+
+def test_a_stream_calibration_runs_under_the_calibration_time_budget(monkeypatch):
+    """Issue 18: like a single run's, the stream's search refuses once its processor-time budget is spent."""
+    from dpcl.accounting import work
+    from dpcl.errors import WorkLimitError
+
+    monkeypatch.setattr(work, "CALIBRATION_TIME_BUDGET_S", 0.0)
+    with pytest.raises(WorkLimitError, match=r"calibrating accountant 'rdp'.*2 composed DP-SGD runs.*larger target_epsilon"):
+        dpsgd_stream_noise_multiplier(3.21, 1e-5, [(0.013, 77), (0.021, 55)], accountant="rdp")
