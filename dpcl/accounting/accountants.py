@@ -37,7 +37,8 @@ assumptions/settings behind the number. Accountants:
     apply, and prv where the PLD is refused or did not converge; the winner is
     named and all candidates listed. Inside auto the PLD starts at interval
     RDP epsilon / 500 clipped to [1e-5, 1e-3] (coarser if it would not fit in
-    memory; finer where the discretisation error predicted from the events,
+    memory or would be a grid of more than 1e6 points, ``_auto_pld_fast_start``;
+    finer where the discretisation error predicted from the events,
     ``_auto_pld_start``, says one halving would not converge) and is refined (halved, or more where the change says the error is
     still large) until one refinement changes epsilon by at most 0.5 %
     (:data:`AUTO_PLD_TOLERANCE`) or 8 s are spent; each step is pessimistic,
@@ -901,33 +902,19 @@ AUTO_PLD_MAX_INTERVAL = 1.0
 #: :func:`_auto_pld_start`); kappa measured on the DP-SGD grid of ``benchmarks/GRID.md``: 0.1 at q = 0.001,
 #: up to 0.4 at q = 0.1. Only the starting interval depends on it, never the stopping rule.
 _AUTO_PLD_ERROR_CONSTANT = 0.1
+#: The largest kappa measured on that grid (q = 0.1), used where auto starts coarse (:func:`_auto_pld_fast_start`).
+_AUTO_PLD_ERROR_CONSTANT_MAX = 0.4
+#: A PLD start interval whose grid would exceed this many points (~0.25 s to compose) is replaced by a coarser
+#: one where the events predict it converges (:func:`_auto_pld_fast_start`).
+AUTO_PLD_FAST_POINTS = 1e6
 
 
-def _auto_pld_start(
-    mech: _Mechanisms, epsilon_scale: float | None, tolerance: float = AUTO_PLD_TOLERANCE, interval: float | None = None,
-) -> float:
-    """The interval auto's PLD refinement starts from: ``epsilon_scale`` (the RDP epsilon) / :data:`AUTO_PLD_RESOLUTION`
-    clipped to :data:`AUTO_PLD_INTERVAL_RANGE`, or finer where the events predict a larger discretisation error.
+def _loss_variance(mech: _Mechanisms) -> tuple[float, int]:
+    """V, the summed variance of the steps' privacy losses, and N, the number of steps (see :func:`_auto_pld_start`).
 
-    Connect-the-dots splits the mass at each privacy loss between the two grid points around it, which adds
-    about t (1 - t) h^2 (t the position inside the cell; h^2 / 6 on average) to the variance of each step's
-    loss, so the composed loss of N steps gains ~N h^2 / 6 of variance against its own V = sum of the steps'
-    variances. V of a Poisson-subsampled Gaussian step is its chi^2 divergence q^2 (e^(1/z^2) - 1) (the
-    mu^2 / T of the CLT's Gaussian DP, Bu, Dong, Long & Su 2020), of a Gaussian mu^2, of a Laplace about
-    eps0^2. The relative epsilon error at h is then about kappa N h^2 / V (:data:`_AUTO_PLD_ERROR_CONSTANT`).
-    The start is 2 h with h chosen so that the predicted change of the first refinement (2 h -> h,
-    3 kappa N h^2 / V) is half the tolerance: where the prediction holds, the refinement converges in two
-    steps (at q = 0.001 the RDP rule starts at 1e-3, whose error is 6-30 %, and needed four). The start is
-    never coarser than the RDP rule, and the prediction only saves steps: the stopping rule is unchanged.
-    ``interval`` replaces the RDP rule (calibration's coarse search passes its own).
-    """
-    lo, hi = AUTO_PLD_INTERVAL_RANGE
-    if interval is not None:
-        start = interval
-    elif epsilon_scale is not None:
-        start = min(max(epsilon_scale / AUTO_PLD_RESOLUTION, lo), hi)
-    else:
-        start = PLD_VALUE_DISCRETIZATION_INTERVAL
+    V of a Poisson-subsampled Gaussian step is its chi^2 divergence q^2 (e^(1/z^2) - 1) (the mu^2 / T of the
+    CLT's Gaussian DP, Bu, Dong, Long & Su 2020), of the merged Gaussians mu^2 (one step), of a Laplace about
+    eps0^2; ``inf`` where q^2 (e^(1/z^2) - 1) overflows."""
     variance, steps = 0.0, 0
     if mech.gauss_mus:
         variance += mech.gaussian_mu_total() ** 2
@@ -942,9 +929,75 @@ def _auto_pld_start(
         except OverflowError:
             variance = math.inf
         steps += count
+    return variance, steps
+
+
+def _predicted_interval(mech: _Mechanisms, tolerance: float, kappa: float) -> float | None:
+    """The interval h whose first refinement (2 h -> h) is predicted to change epsilon by half ``tolerance`` when
+    the relative error at h is ``kappa N h^2 / V`` (see :func:`_auto_pld_start`); None where V or N says nothing."""
+    variance, steps = _loss_variance(mech)
     if steps > 0 and 0.0 < variance < math.inf:
-        h = math.sqrt(tolerance / 6.0 * variance / (_AUTO_PLD_ERROR_CONSTANT * steps))
+        return math.sqrt(tolerance / 6.0 * variance / (kappa * steps))
+    return None
+
+
+def _auto_pld_start(
+    mech: _Mechanisms, epsilon_scale: float | None, tolerance: float = AUTO_PLD_TOLERANCE, interval: float | None = None,
+) -> float:
+    """The interval auto's PLD refinement starts from: ``epsilon_scale`` (the RDP epsilon) / :data:`AUTO_PLD_RESOLUTION`
+    clipped to :data:`AUTO_PLD_INTERVAL_RANGE`, or finer where the events predict a larger discretisation error.
+
+    Connect-the-dots splits the mass at each privacy loss between the two grid points around it, which adds
+    about t (1 - t) h^2 (t the position inside the cell; h^2 / 6 on average) to the variance of each step's
+    loss, so the composed loss of N steps gains ~N h^2 / 6 of variance against its own V = sum of the steps'
+    variances (:func:`_loss_variance`). The relative epsilon error at h is then about kappa N h^2 / V
+    (:data:`_AUTO_PLD_ERROR_CONSTANT`).
+    The start is 2 h with h chosen so that the predicted change of the first refinement (2 h -> h,
+    3 kappa N h^2 / V) is half the tolerance: where the prediction holds, the refinement converges in two
+    steps (at q = 0.001 the RDP rule starts at 1e-3, whose error is 6-30 %, and needed four). The start is
+    never coarser than the RDP rule, and the prediction only saves steps: the stopping rule is unchanged.
+    ``interval`` replaces the RDP rule (calibration's coarse search passes its own). Where that start would
+    be a large grid, :func:`_auto_pld_fast_start` starts coarser.
+    """
+    lo, hi = AUTO_PLD_INTERVAL_RANGE
+    if interval is not None:
+        start = interval
+    elif epsilon_scale is not None:
+        start = min(max(epsilon_scale / AUTO_PLD_RESOLUTION, lo), hi)
+    else:
+        start = PLD_VALUE_DISCRETIZATION_INTERVAL
+    h = _predicted_interval(mech, tolerance, _AUTO_PLD_ERROR_CONSTANT)
+    if h is not None:
         start = min(start, max(2.0 * h, lo))
+    return start
+
+
+def _auto_pld_fast_start(
+    mech: _Mechanisms, start: float, epsilon_scale: float | None, tolerance: float = AUTO_PLD_TOLERANCE,
+) -> float:
+    """``start``, or a coarser interval where the PLD at ``start`` would need more than :data:`AUTO_PLD_FAST_POINTS`
+    grid points and the events predict that a coarser one converges.
+
+    :func:`_auto_pld_start` never starts coarser than 1e-3, so that auto is no looser than its earlier
+    versions where that is cheap. Where epsilon is large (q = 0.1, T = 1e6, z = 0.6: epsilon ~3.4e4, a grid
+    of ~7e6 points at 1e-3, 2.2 s, too large to refine) the error at a far coarser interval is already a
+    small fraction of epsilon (2.5e-4 at 1e-2, 0.17 s). There the start is 2 h with h from
+    :func:`_predicted_interval` at the largest error constant measured (:data:`_AUTO_PLD_ERROR_CONSTANT_MAX`),
+    so that the first halving is predicted to converge even where the error is 4x the typical one; never
+    coarser than ``epsilon_scale`` / :data:`AUTO_PLD_RESOLUTION` or :data:`AUTO_PLD_MAX_INTERVAL`, never finer
+    than ``start``. Only the start moves: every step is still a pessimistic PLD and the stopping rule
+    (:func:`_pld_refined`) is unchanged, so the result is an upper bound that converged to the same tolerance.
+    """
+    h = _predicted_interval(mech, tolerance, _AUTO_PLD_ERROR_CONSTANT_MAX)
+    if h is None or epsilon_scale is None or 2.0 * h <= start:
+        return start
+    pieces, _, _ = _pld_pieces(mech)
+    try:
+        _sized_single_steps_or_refuse(pieces, start, AUTO_PLD_FAST_POINTS)
+    except _PldTooLarge:
+        return max(start, min(2.0 * h, epsilon_scale / AUTO_PLD_RESOLUTION, AUTO_PLD_MAX_INTERVAL))
+    except UnsupportedEventError:
+        return start  # the PLD itself will say why
     return start
 
 
@@ -1466,6 +1519,7 @@ _MEMO_INLINE_BYTES = 4096
 #: every one is part of each memo key, so changing (or monkeypatching) any of them misses the memo.
 _MEMO_SETTING_NAMES = (
     "PLD_VALUE_DISCRETIZATION_INTERVAL", "AUTO_PLD_RESOLUTION", "AUTO_PLD_INTERVAL_RANGE", "_AUTO_PLD_ERROR_CONSTANT", "AUTO_PLD_TOLERANCE",
+    "_AUTO_PLD_ERROR_CONSTANT_MAX", "AUTO_PLD_FAST_POINTS", "_auto_pld_fast_start", "_loss_variance", "_predicted_interval",
     "AUTO_PLD_TIME_BUDGET_S", "AUTO_PLD_MAX_INTERVAL", "_AUTO_PLD_COARSEN_TARGET", "PLD_MAX_GRID_POINTS",
     "_PLD_TAIL_MASS_TRUNCATION", "_PLD_GAUSSIAN_TAIL_SIGMAS", "_PLD_PROXY_POINTS", "_SPARSE_SELF_COMPOSE_BLOCK",
     "PRV_RELATIVE_EPS_ERROR", "PRV_MIN_EPS_ERROR", "PRV_MAX_GRID_POINTS", "PRV_RELATIVE_DELTA_ERROR",
@@ -1653,6 +1707,7 @@ def _auto(
                 used["pld_interval"] = pld_interval
             return eps, notes
         start = _auto_pld_start(mech, candidates.get("rdp"), tolerance)
+        start = _auto_pld_fast_start(mech, start, candidates.get("rdp"), tolerance)
         eps, notes, info = _pld_refined(mech, delta, start, tolerance=tolerance)
         pld_converged = info.stopped.startswith("converged")
         if used is not None:

@@ -113,6 +113,40 @@ def test_pld_refusal_names_the_alternative_and_auto_coarsens_until_it_fits(monke
     assert any("PLD intervals" in n for n in auto.notes)
 
 
+def dpa_pld_optimistic(z: float, q: float, steps: int, interval: float, delta: float = DELTA) -> float:
+    """dp-accounting's optimistic PLD (every loss rounded down): a lower bound on the true epsilon."""
+    from dp_accounting.pld import privacy_loss_distribution
+
+    pld = privacy_loss_distribution.from_gaussian_mechanism(
+        z, sampling_prob=q, pessimistic_estimate=False, value_discretization_interval=interval,
+    )
+    return float(pld.self_compose(steps).get_epsilon_for_delta(delta))
+
+
+def test_auto_starts_coarse_where_epsilon_is_large_and_still_converges_to_half_a_percent() -> None:
+    # q = 0.1, T = 1e5, z = 0.6 (epsilon ~3661): the start at 1e-3 would be a grid of ~1.7e6 points
+    # (1.5 s); auto starts where the events predict one halving converges and stops within 0.5 %
+    from dpcl.accounting import accountants
+
+    r = dpsgd_epsilon(0.6, 0.1, 100_000, DELTA)
+    note = next(n for n in r.notes if n.startswith("auto: PLD intervals"))
+    assert "converged" in note
+    first = float(note.split("intervals ", 1)[1].split(" ", 1)[0])
+    assert first > accountants.AUTO_PLD_INTERVAL_RANGE[1]  # started coarser than the RDP rule allows
+    fine = dpa_pld(0.6, 0.1, 100_000, interval=1e-3)
+    assert r.accountant == "pld" and r.epsilon <= fine * 1.005
+    assert r.epsilon >= dpa_pld_optimistic(0.6, 0.1, 100_000, interval=1e-3)  # never below a lower bound on the truth
+    assert r.epsilon <= dpa_rdp(0.6, 0.1, 100_000)
+
+
+def test_auto_start_is_unchanged_where_its_grid_is_small() -> None:
+    from dpcl.accounting import accountants
+
+    mech = accountants._collect(dpsgd_events(1.0, 0.01, 10_000))
+    start = accountants._auto_pld_start(mech, 6.7)
+    assert accountants._auto_pld_fast_start(mech, start, 6.7) == start
+
+
 def test_auto_calibration_is_within_a_fifth_of_a_percent_of_fine_pld() -> None:
     target, q, steps = 2.0, 0.01, 1000
     cal = dpsgd_noise_multiplier(target, DELTA, q, steps)
@@ -156,7 +190,9 @@ def test_issue_point_where_pld_is_refused_auto_answers_within_memory() -> None:
     assert f"{PLD_MAX_GRID_POINTS:.2g}" in str(info.value)
     auto = compute_epsilon(events, DELTA, "auto")
     assert auto.accountant == "pld" and auto.epsilon <= dpa_rdp(0.6, 0.1, 1_000_000)
-    assert auto.epsilon <= dpa_pld(0.6, 0.1, 1_000_000, interval=1e-2)
+    # auto starts coarse here (the grid at 1e-3 is ~7e6 points) and stops once a halving changes epsilon by <= 0.5 %
+    assert auto.epsilon <= dpa_pld(0.6, 0.1, 1_000_000, interval=1e-2) * 1.005
+    assert any("converged" in n for n in auto.notes if n.startswith("auto: PLD intervals"))
 
 
 @pytest.mark.thorough
