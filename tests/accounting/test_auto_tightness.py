@@ -157,6 +157,18 @@ def test_auto_calibration_is_within_a_fifth_of_a_percent_of_fine_pld() -> None:
     assert dpa_pld(z / 1.002, q, steps) > target  # 0.2 % less noise misses the target under fine PLD
 
 
+def test_auto_calibration_where_epsilon_is_large_starts_coarse_and_stays_within_a_fifth_of_a_percent() -> None:
+    # q = 0.1, T = 1e5: the refinement starts coarse there (see above); the reference is dp-accounting's
+    # pessimistic PLD at 1e-3 (its 1e-4 takes ~30 s here; 1e-3 is within 0.03 % of it at z = 0.6)
+    target, q, steps = 3661.0, 0.1, 100_000
+    cal = dpsgd_noise_multiplier(target, DELTA, q, steps)
+    assert cal.epsilon <= target
+    z = cal.noise_multiplier
+    assert dpsgd_epsilon(z, q, steps, DELTA).epsilon <= target
+    assert dpa_pld(z, q, steps, interval=1e-3) <= target * 1.005
+    assert dpa_pld(z / 1.002, q, steps, interval=1e-3) > target
+
+
 # -- the quality bars (thorough: dp-accounting at interval 1e-4 as the reference) ------------
 
 
