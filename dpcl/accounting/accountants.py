@@ -26,7 +26,8 @@ assumptions/settings behind the number. Accountants:
     (an upper bound whatever the discretisation), value discretisation interval
     1e-4 (dp-accounting's default). Sized before anything is allocated by
     dp-accounting's own Chernoff bound on the composed grid; more than
-    :data:`PLD_MAX_GRID_POINTS` (~1.3 GB) is refused, pointing to ``auto``.
+    :data:`PLD_MAX_GRID_POINTS` (~1.3 GB; :data:`PLD_MAX_SELF_COMPOSED_POINTS` for one
+    self-composed piece, which dpcl composes in less memory) is refused, pointing to ``auto``.
 ``prv``
     prv-accountant's ``PRVAccountant``; the *upper* bound is reported, never the
     estimate. ``eps_error`` = 1% of the RDP epsilon of the same events (floor
@@ -309,6 +310,12 @@ class _PldTooLarge(UnsupportedEventError):
 #: self-composition peaks at about 100 bytes per output point (measured: 7e6 points, 0.7 GB), so
 #: this keeps one PLD computation under ~1.3 GB.
 PLD_MAX_GRID_POINTS = 1.2e7
+#: Largest grid of one PMF of a PLD that is one piece self-composed (e.g. a DP-SGD run at one noise multiplier and
+#: sampling rate), which dpcl composes itself above :data:`_LEAN_SELF_COMPOSE_POINTS` in ~24 bytes a point
+#: (:func:`_lean_self_convolve`): a process computing a 2.6e7-point PLD this way peaks at 1.13 GB (q = 0.1, T = 1e6,
+#: z = 1 at 1e-4, measured 2026-11-27), ~1.3 GB at this size; tests/accounting/test_bounded_work.py runs it under
+#: the 2 GiB address-space limit of every public function (issue 18).
+PLD_MAX_SELF_COMPOSED_POINTS = 3e7
 #: dp-accounting's default tail mass truncated per self-composition (``DensePLDPmf.self_compose``).
 _PLD_TAIL_MASS_TRUNCATION = 1e-15
 #: Standard deviations of the Gaussian noise that dp-accounting's single-step discretisation spans
@@ -781,15 +788,18 @@ def _sized_single_steps(
 ) -> list[tuple[Any, int]]:
     """Build each piece's single-step PLD at ``interval`` after checking that its composition fits in ``limit``
     grid points (default :data:`PLD_MAX_GRID_POINTS`; see :func:`_pld`)."""
-    limit = PLD_MAX_GRID_POINTS if limit is None else limit  # read at call time (tests scale the module's limit)
+    if limit is None:  # read at call time (tests scale the module's limits)
+        limit = PLD_MAX_GRID_POINTS
+        if len(pieces) == 1 and pieces[0][1] > 1:  # one self-composition, by dpcl's lean FFT where it is large
+            limit = max(limit, PLD_MAX_SELF_COMPOSED_POINTS)
     points = 0.0
     singles: list[tuple[Any, int]] = []
     for build, count, width, what in pieces:
         _work.checkpoint()  # the caller's processor-time budget (dpcl.accounting.work)
         with np.errstate(over="ignore"):
             single = width / interval + 1.0
-        if not single <= limit:
-            raise _pld_too_large(single, interval, what, limit)
+        if not single <= min(limit, PLD_MAX_GRID_POINTS):  # a single step is built by dp-accounting
+            raise _pld_too_large(single, interval, what, min(limit, PLD_MAX_GRID_POINTS))
         estimate = math.inf
         if single > _PLD_PROXY_POINTS:
             proxy = interval * single / _PLD_PROXY_POINTS
@@ -879,13 +889,46 @@ def _dense_self_compose(pmf: Any, count: int) -> Any:
     probs = pmf._probs  # noqa: SLF001 (read only)
     lower, upper = _self_convolve_bounds(probs, count, _PLD_TAIL_MASS_TRUNCATION)
     output_len = upper - lower + 1
-    fast_len = fft.next_fast_len(max(output_len, len(probs)))
-    composed = np.real(fft.ifft(fft.fft(probs, fast_len) ** count))
-    composed = np.array(np.roll(composed, -lower)[:output_len])
+    if output_len > _LEAN_SELF_COMPOSE_POINTS:
+        composed = _lean_self_convolve(probs, count, lower, output_len)
+    else:
+        fast_len = fft.next_fast_len(max(output_len, len(probs)))
+        composed = np.real(fft.ifft(fft.fft(probs, fast_len) ** count))
+        composed = np.array(np.roll(composed, -lower)[:output_len])
     infinity = _PLD_TAIL_MASS_TRUNCATION - math.expm1(count * math.log1p(-pmf._infinity_mass))  # noqa: SLF001
     return pld_pmf.DensePLDPmf(
         pmf._discretization, pmf._lower_loss * count + lower, composed, infinity, pmf._pessimistic_estimate,  # noqa: SLF001
     )
+
+
+#: Self-compositions with more output points than this take :func:`_lean_self_convolve` (the grids dpcl refused
+#: before it, above :data:`PLD_MAX_GRID_POINTS`); smaller ones are dp-accounting's arrays bit for bit.
+_LEAN_SELF_COMPOSE_POINTS = 1.2e7
+
+
+def _lean_self_convolve(probs: np.ndarray, count: int, lower: int, output_len: int) -> np.ndarray:
+    """``probs`` convolved with itself ``count`` times on ``output_len`` points from index ``lower``, in ~24 bytes a point.
+
+    dp-accounting's ``DensePLDPmf.self_compose`` (and :func:`_dense_self_compose` below this size) takes the complex
+    FFT of the real PMF, raises it to ``count`` into a new array, inverts it, rolls and copies: about 50 bytes a
+    point per PMF, ~100 for a PLD's two, which is why dpcl refuses grids above :data:`PLD_MAX_GRID_POINTS`. The PMF is
+    real, so its real FFT holds the same spectrum in half the memory; the power is taken in place, and the window
+    [lower, lower + output_len) of the cyclic convolution is copied out without a roll. The same convolution in
+    exact arithmetic; in floating point it agrees with the complex FFT to rounding (checked in
+    tests/accounting/test_fast_pld.py). Why hand-written: neither dp-accounting nor scipy offers a self-convolution
+    whose peak memory is that of one real spectrum.
+    """
+    from scipy import fft
+
+    fast_len = fft.next_fast_len(max(output_len, len(probs)), real=True)
+    spectrum = fft.rfft(probs, fast_len)
+    np.power(spectrum, count, out=spectrum)
+    cyclic = fft.irfft(spectrum, fast_len)
+    del spectrum
+    start = lower % fast_len  # the window of np.roll(cyclic, -lower)[:output_len]
+    if start + output_len <= fast_len:
+        return np.array(cyclic[start : start + output_len])
+    return np.concatenate((cyclic[start:], cyclic[: output_len - (fast_len - start)]))
 
 
 #: ``auto`` refines its PLD until one refinement changes epsilon by at most this (relative) ...
@@ -1521,6 +1564,7 @@ _MEMO_SETTING_NAMES = (
     "PLD_VALUE_DISCRETIZATION_INTERVAL", "AUTO_PLD_RESOLUTION", "AUTO_PLD_INTERVAL_RANGE", "_AUTO_PLD_ERROR_CONSTANT", "AUTO_PLD_TOLERANCE",
     "_AUTO_PLD_ERROR_CONSTANT_MAX", "AUTO_PLD_FAST_POINTS", "_auto_pld_fast_start", "_loss_variance", "_predicted_interval",
     "AUTO_PLD_TIME_BUDGET_S", "AUTO_PLD_MAX_INTERVAL", "_AUTO_PLD_COARSEN_TARGET", "PLD_MAX_GRID_POINTS",
+    "PLD_MAX_SELF_COMPOSED_POINTS", "_LEAN_SELF_COMPOSE_POINTS", "_lean_self_convolve",
     "_PLD_TAIL_MASS_TRUNCATION", "_PLD_GAUSSIAN_TAIL_SIGMAS", "_PLD_PROXY_POINTS", "_SPARSE_SELF_COMPOSE_BLOCK",
     "PRV_RELATIVE_EPS_ERROR", "PRV_MIN_EPS_ERROR", "PRV_MAX_GRID_POINTS", "PRV_RELATIVE_DELTA_ERROR",
     "_exact", "_basic", "_advanced", "_rdp", "_rdp_epsilon", "_prv_rdp_epsilon", "_pld", "_pld_refined",

@@ -295,3 +295,20 @@ def test_prv_on_many_distinct_mechanisms_is_refused_before_it_discretises_them_a
         compute_epsilon(events, 1e-5, "prv")
     assert f"at most {work.PRV_MAX_POINT_MECHANISMS:.2g} points x mechanisms" in str(info.value)
     assert "32 distinct mechanisms" in str(info.value) and "'rdp'" in str(info.value)
+
+
+def test_the_largest_self_composed_pld_answers_under_the_memory_limit(server):
+    # q = 0.1, T = 1e6, z = 1 at interval 1e-4: one self-composition of ~2.6e7 points, above the 1.2e7 that
+    # dp-accounting's own FFT fits in ~1.3 GB; dpcl's lean self-convolution answers under the 2 GiB limit
+    from dpcl.accounting import accountants
+
+    result = server.call("dpcl.accounting:dpsgd_epsilon", {
+        "noise_multiplier": 1.0, "sample_rate": 0.1, "steps": 10**6, "delta": 1e-5, "accountant": "pld",
+    }, cpu=CPU_LIMIT)
+    check(result)
+    assert result["code"] == 0, result["stderr"]["text"]
+    assert result.get("peak_rss_bytes", 0) < MEMORY_LIMIT
+    epsilon = json.loads(result["stdout"]["text"])["epsilon"]
+    # dp-accounting's own PLD at 1e-4 (36 s and more than 2 GiB; benchmarks/GRID.json, measured 2026-11-25)
+    assert epsilon == pytest.approx(7807.979199356103, rel=1e-9)
+    assert accountants.PLD_MAX_SELF_COMPOSED_POINTS >= 2.6e7
