@@ -16,7 +16,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpcl.accounting.accountants import PLD_MAX_GRID_POINTS, compute_epsilon
+from dpcl.accounting.accountants import PLD_MAX_SELF_COMPOSED_POINTS, compute_epsilon
 from dpcl.accounting.dpsgd import dpsgd_epsilon, dpsgd_events, dpsgd_noise_multiplier
 from dpcl.cli import main
 from dpcl.errors import UnsupportedEventError
@@ -199,7 +199,7 @@ def test_issue_point_where_pld_is_refused_auto_answers_within_memory() -> None:
     events = dpsgd_events(0.6, 0.1, 1_000_000)
     with pytest.raises(UnsupportedEventError, match=r"grid points.*'auto'.*'prv'") as info:
         compute_epsilon(events, DELTA, "pld")
-    assert f"{PLD_MAX_GRID_POINTS:.2g}" in str(info.value)
+    assert f"{PLD_MAX_SELF_COMPOSED_POINTS:.2g}" in str(info.value)  # one self-composed piece: the larger limit
     auto = compute_epsilon(events, DELTA, "auto")
     assert auto.accountant == "pld" and auto.epsilon <= dpa_rdp(0.6, 0.1, 1_000_000)
     # auto starts coarse here (the grid at 1e-3 is ~7e6 points) and stops once a halving changes epsilon by <= 0.5 %
