@@ -266,61 +266,56 @@ def import_log(log: Path, cache: dict[str, dict[str, Any]], note: dict[str, Any]
 NOTES = """\
 ## Notes (read from the cells; why a goal is missed, and what stands out)
 
-* **`auto` since the earlier run of this grid.** The columns `dpcl auto`, `dpcl pld`, `dpcl auto calibration` were
-  measured again at commit 4cff386, `dpcl prv` and `dpcl rdp` at 6bee134 (every dpcl cell now clears dpcl's
-  in-process memos after its warm-up). `auto` reports the same ε as before at 26 points and a smaller one at 17
-  (by up to 0.084 %); at (0.001, 10⁵, 2) and (0.001, 10⁶, 2) it is 0.015 % and 0.020 % larger (its refinement,
-  converged as before, ends at another interval; still 0.25 % below the peer). Its time goal is met at 42 of 45
-  points (32 in the earlier run; 38 when the commit before these changes is measured as now). What changed:
-  (1) its PLD starts at an interval predicted from the events (connect-the-dots adds ~h²/6 of variance to each
-  step's privacy loss, against the step's own q²(e^(1/z²) − 1)), never coarser than before, so at q = 0.001 it converges after one halving (e.g. 7.94e-5 →
-  3.97e-5 at z = 2) instead of four PLDs from 1e-3, whose first was 6–30 % too high; (2) each PLD is dp-accounting's
-  computation with three steps done in numpy (same results, checked in tests/accounting/test_fast_pld.py): a sparse
-  PMF goes dense without the `size ** count` integer, the truncation bounds of the FFT self-composition are summed
-  without 40 `scipy.special.logsumexp` calls, and ε for δ is read off by a vectorised scan instead of a Python loop
-  over the grid (3.8 s of 9 s at q = 0.1, T = 10⁶, z = 0.6); the `dpcl pld` column (the same ε as dp-accounting
-  at 1e-4, to 2e-8 relative) now takes 1.04 to 8 × less time than dp-accounting's; (3) the memory check takes
-  twice a coarse proxy's estimate instead of a Chernoff bound on the full grid where that fits.
+* **This run.** Every cell of the grid was measured again in one pass on 2026-11-27 (15:30-16:01 UTC) with nothing
+  else running (the earlier report mixed peers' cells from 2026-11-25 at load 4-19 with dpcl's from a lighter load).
+  dpcl's columns are at the commit named above, which changed two things since that report. (1) `auto` starts its
+  PLD coarse where the start interval would be a grid of more than 10⁶ points (`_auto_pld_fast_start`): at four
+  points, all q = 0.1 at T ≥ 10⁵, it converges in 0.18-0.36 s instead of 1.0-2.3 s, ending 0.03-0.08 % higher
+  ((0.1, 10⁵, 0.6) 3663.76 instead of 3660.96; (0.1, 10⁶, 0.6) 33689.2 instead of 33662.1, now converged where it
+  stopped unconverged at the memory limit before); every other point gives the same ε bit for bit. The calibration
+  column starts the same way (2.5-6 × faster at three of them). (2) `pld` allows one self-composed piece 3·10⁷ grid
+  points, self-convolved above 1.2·10⁷ with a real FFT in place, so it now answers at (0.1, 10⁵, 0.6) and
+  (0.1, 10⁶, 1), where it refused before (dp-accounting needs 2.27 GB at the latter).
 * **ε goal (≤ 1.005 × the tightest sound peer): met at every point where `auto` and a peer answered.** Where `auto`
   is below dp-accounting's PLD at 1e-4 it is still an upper bound: at q = 0.001, z = 2 its refinement ends finer
   than 1e-4, and dp-accounting's own pessimistic PLD at interval 1e-5 is below `auto` at each T checked (10², 10³,
   10⁴, 10⁵: 0.0146300, 0.0499890, 0.173313, 0.603791 against `auto`'s 0.0146386, 0.0500228, 0.173435, 0.604225).
   At (0.1, 10⁶, 0.6) dp-accounting's PLD at 1e-4 and both PRVs run out of 4 GB; `auto` reports dpcl's pessimistic
-  PLD at interval 1e-3, 0.89 × opacus RDP, the only sound peer that answered there.
-* **Time goal (≤ the tightest peer's time): missed at 3 points.**
-  (0.001, 10², 2) and (0.001, 10⁶, 2): the peer is dp-accounting's single PLD at 1e-4, cheap here (0.05 s, 0.19 s:
-  a tiny sampling rate with much noise has a narrow privacy-loss distribution). `auto` computes two things the peer
-  does not: the RDP candidate (0.03 s and 0.08 s alone, column `dpcl rdp`) and a second PLD, because one PLD's
-  discretisation error is only bounded once halving its interval changes ε by at most 0.5 % (here 7.94e-5 →
-  3.97e-5, finer than the peer's interval, and 0.2–0.25 % below its ε). dpcl's PLD at 1e-4 alone (`dpcl pld`: 0.045
-  s and 0.051 s) takes no longer than the peer; matching the peer's time would mean reporting that PLD with its
-  error unchecked and without the RDP candidate.
-  (0.1, 10⁶, 0.6): the only peer that answers is RDP (opacus, 0.32 s). `auto`'s RDP candidate alone (`dpcl rdp`:
-  dp-accounting's RDP and prv-accountant's RDP at the orders dp-accounting drops, 0.74 s) takes longer, so no
-  answer that includes it meets the goal. Its PLD at 1e-3 (a composition of ~7e6 grid points) gives 33662.1, 10.7 %
-  below RDP, in 4.9 s in all; the next halving would exceed the 8 s budget, so the note says the refinement stopped
-  there and `prv` is consulted (it refuses: its domain would be ±9.2e4). A coarser PLD would be faster (dpcl's PLD
-  at interval 1e-2 gives 33670.4 in about 0.3 s), but `auto` does not start coarser than 1e-3, so that it is no
-  looser anywhere than before.
-* **Pairs of times.** The `dpcl auto` column was measured in one pass (1-minute load average 2–6); the peers'
-  columns come from the earlier runs (load 4–19, `measured` in GRID.json), so a time ratio carries that noise.
+  PLD, refined to a 0.23 % change (intervals 0.0355 → 0.0177), 0.894 × opacus RDP, the only sound peer there.
+* **Time goal (≤ the tightest peer's time): missed at 6 points, and why no method that checks its own
+  discretisation reaches it there.**
+  (0.001, 10² … 10⁶, 2): the peer is dp-accounting's single PLD at 1e-4, 0.018-0.060 s here (a tiny sampling rate
+  with much noise has a narrow privacy-loss distribution); `auto` takes 0.040-0.143 s and is 0.20-0.25 % tighter.
+  That difference is the peer's own discretisation error, which one PLD cannot show: `auto` refines until halving
+  the interval changes ε by at most 0.5 % (issue 17, item 1). The error predicted from the events (κ N h² / V, the
+  same N / V at every T here) makes the halving 2e-4 → 1e-4 change ε by ~1 % and 1e-4 → 5e-5 by ~0.26 %, so the
+  cheapest checked answer is a PLD near the peer's interval and one at half of it, twice the peer's grid (here
+  9.73e-5 → 4.87e-5), plus `auto`'s RDP candidate (0.017 s alone).
+  dpcl's PLD at the peer's interval (`dpcl pld`, the peer's ε to 2e-8) takes 0.008-0.042 s, less than the peer.
+  (0.1, 10⁶, 0.6): the only peer that answers is opacus' RDP, 0.08 s; `auto` takes 0.32 s and is 10.6 % tighter.
+  A PLD there checks its discretisation only with a halving that changes ε by at most 0.5 %: 0.08 → 0.04 changes
+  it by 1.0 % and those two PLDs alone take 0.095 s (0.036 s + 0.059 s), already more than the peer; the coarsest
+  pair that converges, 0.04 → 0.02 (0.35 %), takes 0.15 s; `auto` uses 0.0355 → 0.0177 (0.23 %). Its RDP candidate (dp-accounting's orders and prv-accountant's series
+  at the six orders dp-accounting drops, which opacus sums itself) takes 0.125 s. An answer within the peer's time
+  would be the RDP bound itself, 12 % above `auto`'s.
 * **Calibration goal (z_auto ≤ 1.002 × the smallest z meeting the target under fine PLD): met wherever it was
-  measured.** At the commit before these changes it was missed at (0.001, 10⁶, 1) and (0.001, 10⁶, 2) (1.00573
-  and 1.02330, in 44 s and 25 s): the search started from the root of a coarse PLD at interval 1e-3 to 1e-2,
-  which at q = 0.001 is 30 % or more too high (root z = 28 instead of 2); it now starts from a coarse PLD at the
-  interval predicted for that error where that is finer (1.00029 and 0.99829, in 1.7 s and 1.3 s). It was not
-  measured at (0.1, 10⁶, 0.6), where dp-accounting's PLD at 1e-4 (the target) did not answer. Below 1 (q = 0.001,
-  z = 2): the target is the PLD-1e-4 ε, looser than the finer PLD `auto` uses there.
-* **dpcl `prv`.** In the earlier run `prv` gave ε = 0 at q = 0.1, T = 10⁶, z = 2 (prv-accountant's float64 `exp`
-  overflowed over its ±2592 domain; its "upper bound" −844 was clamped to 0). `prv` now refuses domains past ±700
-  and compositions whose mass or mean is inconsistent (tests/accounting/test_prv_soundness.py); the column shows
-  those refusals (the domain at (0.1, 10⁴, 0.6), (0.1, 10⁵, 0.6), (0.1, 10⁵, 1), (0.01, 10⁶, 0.6) and every
-  (0.1, 10⁶, z); the composition at (0.001, 10⁶, 0.6)), and `auto` answers there with its PLD.
-* **Peers that cannot answer.** prv-accountant and opacus' PRV run out of 4 GB at most large-ε points (q = 0.1
-  from T = 10⁴ or 10⁵, (0.01, 10⁵, 0.6), every T = 10⁶ point but q = 0.001, z ∈ {1, 2}), and prv-accountant raises "Discrete mean differs from continuous mean
-  significantly" at (0.1, 10², 0.6) and (0.1, 10³, 0.6). dp-accounting RDP is looser than opacus RDP at large ε (e.g.
-  91894.6 vs 37676.2 at (0.1, 10⁶, 0.6)): dp-accounting drops fractional orders whose series does not converge in
-  1000 terms; dpcl `rdp` then also evaluates prv-accountant's RDP at those orders (see `dpcl/accounting/accountants.py`).
+  measured** (at most 1.00084, at most 4.4 s). It was not measured at (0.1, 10⁶, 0.6), where dp-accounting's PLD at
+  1e-4 (the target) did not answer. Below 1 (q = 0.001, z = 2): the target is the PLD-1e-4 ε, looser than the finer
+  PLD `auto` uses there.
+* **`pld` against dp-accounting.** Where dp-accounting's PLD at 1e-4 answers (44 of 45 points), `dpcl pld` gives
+  its ε to 2e-8 relative in 1.2 to 4.2 × less time; at (0.1, 10⁶, 0.6) both refuse or fail (dpcl: 7.5·10⁷ points,
+  past its 3·10⁷; dp-accounting: out of 4 GB), and `auto` answers.
+* **dpcl `prv`.** `prv` refuses domains past ±700 (prv-accountant's float64 `exp` overflows there: it once gave
+  ε = 0 at (0.1, 10⁶, 2)) and compositions whose mass or mean is inconsistent (tests/accounting/test_prv_soundness.py):
+  the domain at (0.1, 10⁴, 0.6), (0.1, 10⁵, 0.6), (0.1, 10⁵, 1), (0.01, 10⁶, 0.6) and every (0.1, 10⁶, z); the
+  composition at (0.001, 10⁶, 0.6). `auto` answers there with its PLD.
+* **Peers that cannot answer.** prv-accountant runs out of 4 GB at (0.1, 10⁴, 0.6), (0.01, 10⁵, 0.6), every
+  (0.1, 10⁵, z), (0.001, 10⁶, 0.6) and every (0.01 or 0.1, 10⁶, z), and raises "Discrete mean differs from continuous
+  mean significantly" at (0.1, 10², 0.6) and (0.1, 10³, 0.6); opacus' PRV runs out of 4 GB at (0.01, 10⁵, 0.6),
+  (0.1, 10⁵, 0.6), (0.1, 10⁵, 1), (0.001, 10⁶, 0.6) and every (0.01 or 0.1, 10⁶, z). dp-accounting RDP is looser
+  than opacus RDP at large ε (e.g. 91894.6 vs 37676.2 at (0.1, 10⁶, 0.6)): dp-accounting drops fractional orders
+  whose series does not converge in 1000 terms; dpcl `rdp` then also evaluates prv-accountant's RDP at those orders
+  (see `dpcl/accounting/accountants.py`).
 """
 
 
@@ -463,6 +458,44 @@ def _span(rows: list[dict[str, Any]], field: str) -> list[str]:
     return [f"{v:g}" if isinstance(v, float) else str(v) for v in sorted(values, key=str)]
 
 
+#: A cell measured at a 1-minute load average above this (on the 2 cores) is called loaded in the report.
+LOADED = 2.5
+
+
+def _load_of(cell: dict[str, Any]) -> float | None:
+    try:
+        return float(str(cell.get("load", "")).split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def _conditions(measured: list[str], cells: list[tuple[str, dict[str, Any]]], earlier: list[Any],
+                earlier_columns: list[str], fresh: list[dict[str, Any]], commits: list[str]) -> list[str]:
+    """The report's paragraphs on when, under what load and with which caps the cells were measured."""
+    loads = [x for _, c in cells if (x := _load_of(c)) is not None]
+    when = f"Measured between {measured[0] if measured else '?'} and {measured[-1] if measured else '?'} on a 2-core machine"
+    if loads and max(loads) <= LOADED:
+        timing = (f"{when}, idle but for this benchmark (1-minute load average {min(loads):.1f} to {max(loads):.1f} "
+                  "per cell, in GRID.json): every time ratio compares calls made minutes apart under the same "
+                  "conditions; single runs still carry a few per cent of noise.")
+    else:
+        loaded = sum(x > LOADED for x in loads)
+        timing = (f"**Timings are distorted.** {when} shared with other jobs ({loaded} of {len(loads)} cells at a "
+                  f"1-minute load average above {LOADED:g}; per cell in GRID.json): those times are slower and noisier "
+                  "than on an idle machine, and a ratio of two times taken minutes apart carries that noise; the "
+                  "epsilons are unaffected.")
+    caps = (f"Every cell runs in a fresh process (dpcl's columns at commit {', '.join(commits)}), the timed call capped at "
+            f"{', '.join(_span([{'x': c} for c in fresh], 'cap_s'))} s wall clock (the process is killed then).")
+    if earlier:
+        caps = (f"Caps: {len(earlier)} cells (of the columns {', '.join(earlier_columns)}) were measured by the earlier "
+                "version of this script (the calls of one point in one process, each capped at 90 s by SIGALRM; dpcl "
+                f"at a commit between a1f8c9a and a772aaa); the other {len(fresh)} one cell per fresh process (dpcl at "
+                f"commit {', '.join(commits)}), the timed call capped at "
+                f"{', '.join(_span([{'x': c} for c in fresh], 'cap_s'))} s wall clock (the process is killed then).")
+    caps += (" Every call is limited to 4 GB of address space (“out of memory (4 GB …)”: the library needed more).")
+    return [timing, "", caps]
+
+
 def report(rows: list[dict[str, Any]], info: dict[str, str], notes: str = "") -> str:
     s = summarise(rows)
     measured = _span(rows, "measured")
@@ -470,7 +503,8 @@ def report(rows: list[dict[str, Any]], info: dict[str, str], notes: str = "") ->
     earlier = [(m, c) for m, c in cells if str(c.get("dpcl_commit", "")).startswith("not recorded")]  # imported from the earlier run
     fresh = [c for m, c in cells if (m, c) not in earlier and "cap_s" in c]
     earlier_columns = [m for m in (*DPCL_METHODS, *PEER_METHODS, CALIBRATION) if any(m == e for e, _ in earlier)]
-    commits = sorted({str(c["dpcl_commit"]) for c in fresh if "dpcl_commit" in c})
+    dpcl_columns = (*DPCL_METHODS, CALIBRATION)
+    commits = sorted({str(c["dpcl_commit"]) for m, c in cells if m in dpcl_columns and "cap_s" in c and "dpcl_commit" in c})
     lines = ["# DP-SGD accounting over a grid (`benchmarks/bench_accounting_grid.py`)", ""]
     lines += [
         f"delta = {DELTA:g}; q in {list(GRID_Q)}, T in {list(GRID_T)}, z in {list(GRID_Z)}. Each cell: epsilon "
@@ -478,18 +512,7 @@ def report(rows: list[dict[str, Any]], info: dict[str, str], notes: str = "") ->
         "`benchmarks/GRID.json` with the date, cap, load average and dpcl commit each was measured at; this "
         "report is written from it.",
         "",
-        f"**Timings are distorted.** Measured between {measured[0] if measured else '?'} and {measured[-1] if measured else '?'} "
-        "on a 2-core machine shared by 7 engineers' jobs (the 1-minute load average per cell is in GRID.json, "
-        "mostly 4 to 19): times are slower and noisier than on an idle machine, and a ratio of two times taken "
-        "minutes apart carries that noise; the epsilons are unaffected.",
-        "",
-        f"Caps: {len(earlier)} cells (at T ≤ 10⁵, of the columns {', '.join(earlier_columns)}) were measured by the "
-        "earlier version of this script (the calls of one point in one process, each capped at 90 s by SIGALRM; dpcl "
-        "at a commit between a1f8c9a and a772aaa); the other "
-        f"{len(fresh)} one cell per fresh process (dpcl at commit {', '.join(commits)}), "
-        f"the timed call capped at {', '.join(_span([{'x': c} for c in fresh], 'cap_s'))} s wall clock (the process is "
-        "killed then). Every call is limited to 4 GB of address space (“out of memory (4 GB …)”: the library needed "
-        "more; the machine's memory is shared).",
+        *_conditions(measured, cells, earlier, earlier_columns, fresh, commits),
         "",
         "| machine | |",
         "| --- | --- |",
