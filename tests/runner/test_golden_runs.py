@@ -64,6 +64,12 @@ def test_bundled_config_matches_the_golden_run(name, tmp_path):
     golden = _golden("full")[name]
     problems = compare(golden, run_config(name, "full", tmp_path))
     assert not problems, "\n".join(problems)
+    # issue 15's quality bar: every bundled config's certificates, as shipped, pass dpcl verify --cross-check
+    from dpcl.cli import main
+
+    certificates = sorted(str(p) for p in (tmp_path / f"run_{name}" / "certificates").glob("*.cert.json"))
+    assert certificates
+    assert main(["verify", "--cross-check", *certificates]) == 0
 
 
 def test_compare_reads_repeated_events_as_their_count():
