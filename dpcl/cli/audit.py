@@ -20,9 +20,12 @@ from typing import Any
 
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.errors import ConfigError, InvalidParameterError
-from dpcl.guarantees.audit_config import NOT_COVERED_PREFIX, AuditReport, audit_config
-from dpcl.guarantees.config import TrainingConfig, load_config
-from dpcl.guarantees.label_space import FilterReport, filter_task, output_label_sets
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: every command's module is imported to build the parser (start-up time)
+    from dpcl.guarantees.audit_config import AuditReport
+    from dpcl.guarantees.config import TrainingConfig
+    from dpcl.guarantees.label_space import FilterReport
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,6 +60,8 @@ def stream_task_sizes(config: TrainingConfig) -> tuple[list[int], list[FilterRep
     each task are filtered to the task's public label set (Eq. 6). Under
     ``label_space = "data"`` (refused by the audit anyway) nothing is filtered.
     """
+    from dpcl.guarantees.label_space import FilterReport, filter_task, output_label_sets
+
     stream = config.stream
     if stream.get("task_sizes") is not None:
         return list(stream["task_sizes"]), [], ["task sizes taken from [stream] task_sizes (after label filtering)."]
@@ -153,6 +158,8 @@ def non_private_report(report: AuditReport) -> AuditReport:
     For a plan that is not covered (PeCL as in the paper), the run trains the plan as it is: the per-task
     noise and the scoped statements stay in the report, the checkpoint has no guarantee.
     """
+    from dpcl.guarantees.audit_config import AuditReport
+
     if report.release is not None and not report.release["covered"]:
         reasons = " ".join(report.release["reasons"])
         return AuditReport(
@@ -187,6 +194,8 @@ def non_private_report(report: AuditReport) -> AuditReport:
 
 
 def _table_payload(report: AuditReport) -> dict[str, Any]:
+    from dpcl.guarantees.audit_config import NOT_COVERED_PREFIX
+
     if not report.private and report.sound:
         verdict, no_epsilon = "NOT PRIVATE", "none: not private (epsilon is infinite)"
     elif not report.private:
@@ -247,6 +256,9 @@ def _table_payload(report: AuditReport) -> dict[str, Any]:
 
 
 def run_audit(args: argparse.Namespace) -> int:
+    from dpcl.guarantees.audit_config import NOT_COVERED_PREFIX, AuditReport, audit_config
+    from dpcl.guarantees.config import load_config
+
     config = load_config(args.config, data_stream_keys=_data_stream_keys())
     sizes, reports, size_notes = stream_task_sizes(config)
     report = audit_config(config, sizes, filter_reports=reports, unit_ids=stream_unit_ids(config))

@@ -30,16 +30,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.cli.verify_cross_check import add_cross_check_flag, run_cross_checks
-from dpcl.guarantees.certificates import (
-    VerificationReport,
-    certified_checkpoint_path,
-    read_certificate,
-    verify_certificate,
-)
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, VerificationError
+
+if TYPE_CHECKING:  # imported where used: every command's module is imported to build the parser (start-up time)
+    from dpcl.guarantees.certificates import VerificationReport
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -94,6 +92,8 @@ def check_input_files(certificate: str, checkpoint: str | None) -> None:
             what = "is a directory" if Path(checkpoint).is_dir() else "does not exist"
             raise InvalidParameterError(f"--checkpoint {checkpoint!r} {what}; give the checkpoint file to check.")
         return
+    from dpcl.guarantees.certificates import certified_checkpoint_path, read_certificate
+
     named = read_certificate(path).get("checkpoint")
     if isinstance(named, dict) and isinstance(named.get("path"), str) and named["path"]:
         resolved = certified_checkpoint_path(path, named["path"])  # stays inside the run directory, no symlink
@@ -147,6 +147,8 @@ def run_verify(args: argparse.Namespace) -> int:
         from dpcl.guarantees.signing import load_public_key
 
         public_key = load_public_key(args.public_key)
+    from dpcl.guarantees.certificates import verify_certificate
+
     reports = [verify_certificate(path, checkpoint=args.checkpoint, public_key=public_key) for path in paths]
     dicts = [r.to_dict() for r in reports]
     if getattr(args, "json", False):
