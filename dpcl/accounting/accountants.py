@@ -787,10 +787,13 @@ def _sized_single_steps(
     limit: float | None = None,
 ) -> list[tuple[Any, int]]:
     """Build each piece's single-step PLD at ``interval`` after checking that its composition fits in ``limit``
-    grid points (default :data:`PLD_MAX_GRID_POINTS`; see :func:`_pld`)."""
+    grid points (see :func:`_pld`). The default is :data:`PLD_MAX_GRID_POINTS`, or :data:`PLD_MAX_SELF_COMPOSED_POINTS`
+    for one piece of more than :data:`_SPARSE_SELF_COMPOSE_BLOCK` steps, which :func:`_dense_self_compose` composes
+    (fewer steps of a sparse PMF go to dp-accounting's own FFT, ~100 bytes a point); a single step, which
+    dp-accounting builds, never has more than :data:`PLD_MAX_GRID_POINTS`."""
     if limit is None:  # read at call time (tests scale the module's limits)
         limit = PLD_MAX_GRID_POINTS
-        if len(pieces) == 1 and pieces[0][1] > 1:  # one self-composition, by dpcl's lean FFT where it is large
+        if len(pieces) == 1 and pieces[0][1] > _SPARSE_SELF_COMPOSE_BLOCK:
             limit = max(limit, PLD_MAX_SELF_COMPOSED_POINTS)
     points = 0.0
     singles: list[tuple[Any, int]] = []

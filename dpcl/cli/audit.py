@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.errors import ConfigError, InvalidParameterError
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: every command's module is imported to build the parser (start-up time)
     from dpcl.guarantees.audit_config import AuditReport
