@@ -904,9 +904,11 @@ def _dense_self_compose(pmf: Any, count: int) -> Any:
     )
 
 
-#: Self-compositions with more output points than this take :func:`_lean_self_convolve` (the grids dpcl refused
-#: before it, above :data:`PLD_MAX_GRID_POINTS`); smaller ones are dp-accounting's arrays bit for bit.
-_LEAN_SELF_COMPOSE_POINTS = 1.2e7
+#: Self-compositions with more output points than this take :func:`_lean_self_convolve`; smaller ones are
+#: dp-accounting's arrays bit for bit. dp-accounting's complex FFT peaked a calibration at 1.57 GB of resident memory
+#: on an 8.5e6-point grid (q = 1e-6, T = 1e4, target 1e-3; the probe of tests/accounting/test_bounded_work.py then
+#: ran out of its 2 GiB address space), so every large grid is composed the lean way.
+_LEAN_SELF_COMPOSE_POINTS = 1e6
 
 
 def _lean_self_convolve(probs: np.ndarray, count: int, lower: int, output_len: int) -> np.ndarray:
