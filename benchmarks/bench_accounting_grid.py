@@ -266,16 +266,19 @@ def import_log(log: Path, cache: dict[str, dict[str, Any]], note: dict[str, Any]
 NOTES = """\
 ## Notes (read from the cells; why a goal is missed, and what stands out)
 
-* **This run.** Every cell of the grid was measured again in one pass on 2026-11-27 (15:30-16:01 UTC) with nothing
-  else running (the earlier report mixed peers' cells from 2026-11-25 at load 4-19 with dpcl's from a lighter load).
-  dpcl's columns are at the commit named above, which changed two things since that report. (1) `auto` starts its
+* **This run.** Every cell of the grid was measured again on 2026-11-27 with nothing else running (the earlier report
+  mixed peers' cells from 2026-11-25 at load 4-19 with dpcl's from a lighter load): the peers' columns in one pass
+  (15:30-16:01 UTC), dpcl's columns again after the last change to dpcl's accounting (16:18-16:23 UTC, at the commit
+  named above). Since the earlier report dpcl changed three things. (1) `auto` starts its
   PLD coarse where the start interval would be a grid of more than 10⁶ points (`_auto_pld_fast_start`): at four
   points, all q = 0.1 at T ≥ 10⁵, it converges in 0.18-0.36 s instead of 1.0-2.3 s, ending 0.03-0.08 % higher
   ((0.1, 10⁵, 0.6) 3663.76 instead of 3660.96; (0.1, 10⁶, 0.6) 33689.2 instead of 33662.1, now converged where it
-  stopped unconverged at the memory limit before); every other point gives the same ε bit for bit. The calibration
-  column starts the same way (2.5-6 × faster at three of them). (2) `pld` allows one self-composed piece 3·10⁷ grid
-  points, self-convolved above 1.2·10⁷ with a real FFT in place, so it now answers at (0.1, 10⁵, 0.6) and
-  (0.1, 10⁶, 1), where it refused before (dp-accounting needs 2.27 GB at the latter).
+  stopped unconverged at the memory limit before). The calibration column starts the same way (2.5-6 × faster at
+  three of them). (2) `pld` allows one self-composed piece of more than 1024 steps 3·10⁷ grid points, so it now
+  answers at (0.1, 10⁵, 0.6) and (0.1, 10⁶, 1), where it refused before (dp-accounting needs 2.27 GB at the latter).
+  (3) Every self-composition above 10⁶ points takes a real FFT raised to its power in place (~24 bytes a point
+  against ~50 for dp-accounting's complex FFT), equal to rounding: every other ε of the dpcl columns is the earlier
+  one to 1e-9 relative.
 * **ε goal (≤ 1.005 × the tightest sound peer): met at every point where `auto` and a peer answered.** Where `auto`
   is below dp-accounting's PLD at 1e-4 it is still an upper bound: at q = 0.001, z = 2 its refinement ends finer
   than 1e-4, and dp-accounting's own pessimistic PLD at interval 1e-5 is below `auto` at each T checked (10², 10³,
@@ -285,25 +288,25 @@ NOTES = """\
 * **Time goal (≤ the tightest peer's time): missed at 6 points, and why no method that checks its own
   discretisation reaches it there.**
   (0.001, 10² … 10⁶, 2): the peer is dp-accounting's single PLD at 1e-4, 0.018-0.060 s here (a tiny sampling rate
-  with much noise has a narrow privacy-loss distribution); `auto` takes 0.040-0.143 s and is 0.20-0.25 % tighter.
+  with much noise has a narrow privacy-loss distribution); `auto` takes 0.039-0.141 s and is 0.20-0.25 % tighter.
   That difference is the peer's own discretisation error, which one PLD cannot show: `auto` refines until halving
   the interval changes ε by at most 0.5 % (issue 17, item 1). The error predicted from the events (κ N h² / V, the
   same N / V at every T here) makes the halving 2e-4 → 1e-4 change ε by ~1 % and 1e-4 → 5e-5 by ~0.26 %, so the
   cheapest checked answer is a PLD near the peer's interval and one at half of it, twice the peer's grid (here
-  9.73e-5 → 4.87e-5), plus `auto`'s RDP candidate (0.017 s alone).
-  dpcl's PLD at the peer's interval (`dpcl pld`, the peer's ε to 2e-8) takes 0.008-0.042 s, less than the peer.
-  (0.1, 10⁶, 0.6): the only peer that answers is opacus' RDP, 0.08 s; `auto` takes 0.32 s and is 10.6 % tighter.
+  9.73e-5 → 4.87e-5), plus `auto`'s RDP candidate (0.017-0.020 s alone).
+  dpcl's PLD at the peer's interval (`dpcl pld`, the peer's ε to 2e-8) takes 0.009-0.042 s, less than the peer.
+  (0.1, 10⁶, 0.6): the only peer that answers is opacus' RDP, 0.08 s; `auto` takes 0.31 s and is 10.6 % tighter.
   A PLD there checks its discretisation only with a halving that changes ε by at most 0.5 %: 0.08 → 0.04 changes
   it by 1.0 % and those two PLDs alone take 0.095 s (0.036 s + 0.059 s), already more than the peer; the coarsest
   pair that converges, 0.04 → 0.02 (0.35 %), takes 0.15 s; `auto` uses 0.0355 → 0.0177 (0.23 %). Its RDP candidate (dp-accounting's orders and prv-accountant's series
-  at the six orders dp-accounting drops, which opacus sums itself) takes 0.125 s. An answer within the peer's time
+  at the six orders dp-accounting drops, which opacus sums itself) takes 0.13 s. An answer within the peer's time
   would be the RDP bound itself, 12 % above `auto`'s.
 * **Calibration goal (z_auto ≤ 1.002 × the smallest z meeting the target under fine PLD): met wherever it was
-  measured** (at most 1.00084, at most 4.4 s). It was not measured at (0.1, 10⁶, 0.6), where dp-accounting's PLD at
+  measured** (at most 1.00084, at most 2.6 s). It was not measured at (0.1, 10⁶, 0.6), where dp-accounting's PLD at
   1e-4 (the target) did not answer. Below 1 (q = 0.001, z = 2): the target is the PLD-1e-4 ε, looser than the finer
   PLD `auto` uses there.
 * **`pld` against dp-accounting.** Where dp-accounting's PLD at 1e-4 answers (44 of 45 points), `dpcl pld` gives
-  its ε to 2e-8 relative in 1.2 to 4.2 × less time; at (0.1, 10⁶, 0.6) both refuse or fail (dpcl: 7.5·10⁷ points,
+  its ε to 2e-8 relative in 1.4 to 4.2 × less time; at (0.1, 10⁶, 0.6) both refuse or fail (dpcl: 7.5·10⁷ points,
   past its 3·10⁷; dp-accounting: out of 4 GB), and `auto` answers.
 * **dpcl `prv`.** `prv` refuses domains past ±700 (prv-accountant's float64 `exp` overflows there: it once gave
   ε = 0 at (0.1, 10⁶, 2)) and compositions whose mass or mean is inconsistent (tests/accounting/test_prv_soundness.py):
