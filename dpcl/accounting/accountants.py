@@ -626,7 +626,9 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
             eps = _epsilon_for_delta(total, delta)
     except UnsupportedEventError:
         raise
-    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError, IndexError) as exc:
+        # IndexError: dp-accounting's compose truncates both tails of a PMF to nothing (an empty array) when the
+        # tails hold more than all but 1e-15 of its mass, e.g. Laplace steps of epsilon 1e4 at interval 1
         raise _pld_library_error(exc) from exc
     if not math.isfinite(eps):
         raise UnsupportedEventError(
@@ -1095,7 +1097,7 @@ def _pld_refined(
             if info.steps:
                 info.stopped = (
                     f"not refined further: interval {h:.3g} would need ~{exc.points:.2g} grid points "
-                    f"(limit {PLD_MAX_GRID_POINTS:.2g}); last refinement changed epsilon by {last_change:.2%}."
+                    f"(past dpcl's limit); last refinement changed epsilon by {last_change:.2%}."
                 )
                 break
             # aim at a quarter of the limit: a grid at the limit takes ~10 s; refinement may go finer
@@ -1104,6 +1106,11 @@ def _pld_refined(
                 raise
             h = coarser
             continue
+        except UnsupportedEventError as exc:  # dp-accounting failed at this interval: keep what the coarser ones gave
+            if not info.steps:
+                raise
+            info.stopped = f"not refined further: at interval {h:.3g} {exc}"
+            break
         seconds = time.perf_counter() - t0
         info.steps.append((h, eps, seconds))
         if len(info.steps) >= 2:

@@ -198,7 +198,7 @@ def _independent_epsilon(root: PrivacyEvent, delta: float, interval: float) -> I
         upper = float(accountant.get_epsilon(delta))
         optimistic = _optimistic_pld(dp_event, neighboring_relation(relation), interval)
         lower = float(optimistic.get_epsilon_for_delta(delta)) if optimistic is not None else 0.0
-    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError, MemoryError) as exc:
+    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError, MemoryError, IndexError) as exc:  # IndexError: see accountants._pld
         raise UnsupportedEventError(
             f"dp-accounting's PLD cannot evaluate these events ({type(exc).__name__}: {str(exc)[:120]})."
         ) from None

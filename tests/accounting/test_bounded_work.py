@@ -312,3 +312,25 @@ def test_the_largest_self_composed_pld_answers_under_the_memory_limit(server):
     # dp-accounting's own PLD at 1e-4 (36 s and more than 2 GiB; benchmarks/GRID.json, measured 2026-11-25)
     assert epsilon == pytest.approx(7807.979199356103, rel=1e-9)
     assert accountants.PLD_MAX_SELF_COMPOSED_POINTS >= 2.6e7
+
+
+def test_a_pld_that_dp_accounting_cannot_compose_is_refused_and_auto_answers():
+    # found by the probe (2026-11-27): Laplace steps of epsilon 1e4 next to Gaussian and DP-SGD pieces; at the coarse
+    # interval auto starts from, dp-accounting's compose truncated both tails of a PMF to an empty array (IndexError)
+    from dpcl.accounting import compute_epsilon
+    from dpcl.accounting.events import event_from_dict
+
+    events = event_from_dict({"kind": "composed", "events": [
+        {"kind": "repeated", "count": 66740, "event": {"kind": "gaussian", "sigma": 10.0, "sensitivity": 1.0,
+                                                       "adjacency": "add_remove", "unit": "example"}},
+        {"kind": "repeated", "count": 123256, "event": {"kind": "poisson_sampled_gaussian", "noise_multiplier": 10.0,
+                                                        "sample_rate": 0.9977000638225533, "adjacency": "add_remove",
+                                                        "unit": "example"}},
+        {"kind": "repeated", "count": 10, "event": {"kind": "laplace", "scale": 0.0018608809314539026,
+                                                    "sensitivity": 1.0, "adjacency": "add_remove", "unit": "example"}},
+        {"kind": "repeated", "count": 100000, "event": {"kind": "laplace", "scale": 0.0001, "sensitivity": 1.0,
+                                                        "adjacency": "add_remove", "unit": "example"}},
+    ]})
+    result = compute_epsilon(events, 1e-30, "auto")
+    assert math.isfinite(result.epsilon) and result.epsilon > 0
+    assert result.epsilon <= result.candidates["basic"]
