@@ -309,7 +309,7 @@ def test_the_largest_self_composed_pld_answers_under_the_memory_limit(server):
     assert result["code"] == 0, result["stderr"]["text"]
     assert result.get("peak_rss_bytes", 0) < MEMORY_LIMIT
     epsilon = json.loads(result["stdout"]["text"])["epsilon"]
-    # dp-accounting's own PLD at 1e-4 (36 s and more than 2 GiB; benchmarks/GRID.json, measured 2026-11-25)
+    # dp-accounting's own PLD at 1e-4 (benchmarks/GRID.json; 13.4 s and 2.27 GB on an idle machine, 2026-11-27)
     assert epsilon == pytest.approx(7807.979199356103, rel=1e-9)
     assert accountants.PLD_MAX_SELF_COMPOSED_POINTS >= 2.6e7
 

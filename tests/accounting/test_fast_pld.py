@@ -102,7 +102,7 @@ def test_auto_starts_where_its_refinement_converges_in_two_steps() -> None:
 
 @pytest.mark.parametrize("z, q, count", [(1.0, 0.01, 1_000), (0.8, 0.1, 3_000), (2.0, 0.001, 50_000)])
 def test_lean_self_convolution_agrees_with_dp_accounting_to_rounding(monkeypatch, z, q, count) -> None:
-    # the real-FFT, in-place path that dpcl takes above 1.2e7 points, forced here on small grids
+    # the real-FFT, in-place path that dpcl takes above 1e6 points, forced here on small grids
     from dpcl.accounting import accountants
 
     single = pld_lib.from_gaussian_mechanism(
