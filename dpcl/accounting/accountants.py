@@ -626,9 +626,7 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
             eps = _epsilon_for_delta(total, delta)
     except UnsupportedEventError:
         raise
-    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError, IndexError) as exc:
-        # IndexError: dp-accounting's compose truncates both tails of a PMF to nothing (an empty array) when the
-        # tails hold more than all but 1e-15 of its mass, e.g. Laplace steps of epsilon 1e4 at interval 1
+    except PLD_LIBRARY_FAILURES as exc:
         raise _pld_library_error(exc) from exc
     if not math.isfinite(eps):
         raise UnsupportedEventError(
@@ -658,7 +656,7 @@ def _sized_single_steps_or_refuse(
             return _sized_single_steps(pieces, interval, limit)
     except UnsupportedEventError:
         raise
-    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+    except PLD_LIBRARY_FAILURES as exc:
         raise _pld_library_error(exc) from exc
 
 
@@ -829,6 +827,12 @@ def _sized_single_steps(
     return singles
 
 
+#: What dp-accounting's PLD code raises where it cannot evaluate events (floating point; IndexError: its compose
+#: truncates both tails of a PMF to nothing, an empty array, when the tails hold all but 1e-15 of its mass, e.g.
+#: Laplace steps of epsilon 1e4 at interval 1); each is refused as :func:`_pld_library_error` says.
+PLD_LIBRARY_FAILURES = (ValueError, OverflowError, ZeroDivisionError, FloatingPointError, IndexError)
+
+
 def _pld_library_error(exc: BaseException) -> UnsupportedEventError:
     return UnsupportedEventError(
         f"dp-accounting's PLD cannot evaluate these events in floating point ({type(exc).__name__}: "
@@ -861,8 +865,9 @@ def _self_compose_uncached(pld: Any, count: int) -> Any:
     ``size ** count`` exceeds dp-accounting's sparse limit (1000 points), i.e. for
     every PMF of two or more loss values once count > 1000 (``count > 9`` already
     for two values); dpcl takes the same path without the power: the PMF is
-    converted to dense (``to_dense_pmf``) and self-composed by dp-accounting's dense
-    FFT. The result is exactly dp-accounting's own (same calls, same arrays).
+    converted to dense (``to_dense_pmf``) and self-composed as dp-accounting's dense
+    FFT does (:func:`_dense_self_compose`): the same arrays up to 1e6 points, equal to
+    rounding above.
     Dense PMFs, and counts of at most :data:`_SPARSE_SELF_COMPOSE_BLOCK`, take the
     direct path unchanged; a PMF of one loss value (which dp-accounting keeps sparse and
     composes one copy at a time) is composed in blocks of that many copies.
@@ -886,8 +891,9 @@ def _self_compose_uncached(pld: Any, count: int) -> Any:
 def _dense_self_compose(pmf: Any, count: int) -> Any:
     """dp-accounting's ``DensePLDPmf.self_compose(count)`` (tail mass truncation 1e-15), its statements in its
     order, with the truncation bounds of :func:`_self_convolve_bounds` (equal to ``compute_self_convolve_bounds``,
-    whose 40 ``scipy.special.logsumexp`` calls cost more than the FFT for grids under ~1e5 points). Checked to
-    give dp-accounting's arrays in tests/accounting/test_fast_pld.py."""
+    whose 40 ``scipy.special.logsumexp`` calls cost more than the FFT for grids under ~1e5 points). Up to
+    :data:`_LEAN_SELF_COMPOSE_POINTS` output points it gives dp-accounting's arrays; above, the same convolution
+    in less memory (:func:`_lean_self_convolve`), equal to rounding. Both checked in tests/accounting/test_fast_pld.py."""
     from dp_accounting.pld import pld_pmf
     from scipy import fft
 
@@ -1005,9 +1011,10 @@ def _auto_pld_start(
     The start is 2 h with h chosen so that the predicted change of the first refinement (2 h -> h,
     3 kappa N h^2 / V) is half the tolerance: where the prediction holds, the refinement converges in two
     steps (at q = 0.001 the RDP rule starts at 1e-3, whose error is 6-30 %, and needed four). The start is
-    never coarser than the RDP rule, and the prediction only saves steps: the stopping rule is unchanged.
+    never coarser than the RDP rule (but for a large grid, below), and the prediction only saves steps: the
+    stopping rule is unchanged.
     ``interval`` replaces the RDP rule (calibration's coarse search passes its own). Where that start would
-    be a large grid, :func:`_auto_pld_fast_start` starts coarser.
+    be a large grid and ``epsilon_scale`` is given, :func:`_auto_pld_fast_start` makes it coarser.
     """
     lo, hi = AUTO_PLD_INTERVAL_RANGE
     if interval is not None:
@@ -1019,7 +1026,7 @@ def _auto_pld_start(
     h = _predicted_interval(mech, tolerance, _AUTO_PLD_ERROR_CONSTANT)
     if h is not None:
         start = min(start, max(2.0 * h, lo))
-    return start
+    return _auto_pld_fast_start(mech, start, epsilon_scale, tolerance)
 
 
 def _auto_pld_fast_start(
@@ -1028,8 +1035,8 @@ def _auto_pld_fast_start(
     """``start``, or a coarser interval where the PLD at ``start`` would need more than :data:`AUTO_PLD_FAST_POINTS`
     grid points and the events predict that a coarser one converges.
 
-    :func:`_auto_pld_start` never starts coarser than 1e-3, so that auto is no looser than its earlier
-    versions where that is cheap. Where epsilon is large (q = 0.1, T = 1e6, z = 0.6: epsilon ~3.4e4, a grid
+    The RDP rule of :func:`_auto_pld_start` never starts coarser than 1e-3, so that auto is no looser than its
+    earlier versions where that is cheap. Where epsilon is large (q = 0.1, T = 1e6, z = 0.6: epsilon ~3.4e4, a grid
     of ~7e6 points at 1e-3, 2.2 s, too large to refine) the error at a far coarser interval is already a
     small fraction of epsilon (2.5e-4 at 1e-2, 0.17 s). There the start is 2 h with h from
     :func:`_predicted_interval` at the largest error constant measured (:data:`_AUTO_PLD_ERROR_CONSTANT_MAX`),
@@ -1763,7 +1770,6 @@ def _auto(
                 used["pld_interval"] = pld_interval
             return eps, notes
         start = _auto_pld_start(mech, candidates.get("rdp"), tolerance)
-        start = _auto_pld_fast_start(mech, start, candidates.get("rdp"), tolerance)
         eps, notes, info = _pld_refined(mech, delta, start, tolerance=tolerance)
         pld_converged = info.stopped.startswith("converged")
         if used is not None:

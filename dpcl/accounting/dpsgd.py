@@ -329,7 +329,6 @@ def _calibrate_auto(
     """``auto`` calibration on PLD evaluations only, finished on plain ``auto`` (see :func:`dpsgd_noise_multiplier`)."""
     mech = _mechanisms(start, q, steps, relation)
     first = _accountants._auto_pld_start(mech, target, CALIBRATION_PLD_TOLERANCE)
-    first = _accountants._auto_pld_fast_start(mech, first, target, CALIBRATION_PLD_TOLERANCE)
     try:
         _, _, info = _accountants._pld_refined(mech, delta, first, tolerance=CALIBRATION_PLD_TOLERANCE)
     except UnsupportedEventError:

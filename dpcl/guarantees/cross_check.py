@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dpcl.accounting.accountants import check_pld_fits
+from dpcl.accounting.accountants import PLD_LIBRARY_FAILURES, check_pld_fits
 from dpcl.accounting.events import Adjacency, ComposedEvent, PrivacyEvent
 from dpcl.accounting.interop import has_subsampling, neighboring_relation, to_dp_event
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, UnsupportedEventError
@@ -198,7 +198,7 @@ def _independent_epsilon(root: PrivacyEvent, delta: float, interval: float) -> I
         upper = float(accountant.get_epsilon(delta))
         optimistic = _optimistic_pld(dp_event, neighboring_relation(relation), interval)
         lower = float(optimistic.get_epsilon_for_delta(delta)) if optimistic is not None else 0.0
-    except (ValueError, OverflowError, ZeroDivisionError, FloatingPointError, MemoryError, IndexError) as exc:  # IndexError: see accountants._pld
+    except (*PLD_LIBRARY_FAILURES, MemoryError) as exc:
         raise UnsupportedEventError(
             f"dp-accounting's PLD cannot evaluate these events ({type(exc).__name__}: {str(exc)[:120]})."
         ) from None
