@@ -487,14 +487,14 @@ def _conditions(measured: list[str], cells: list[tuple[str, dict[str, Any]]], ea
                   f"1-minute load average above {LOADED:g}; per cell in GRID.json): those times are slower and noisier "
                   "than on an idle machine, and a ratio of two times taken minutes apart carries that noise; the "
                   "epsilons are unaffected.")
-    caps = (f"Every cell runs in a fresh process (dpcl's columns at commit {', '.join(commits)}), the timed call capped at "
-            f"{', '.join(_span([{'x': c} for c in fresh], 'cap_s'))} s wall clock (the process is killed then).")
+    capped = (f"the timed call capped at {', '.join(_span([{'x': c} for c in fresh], 'cap_s'))} s wall clock "
+              "(the process is killed then).")
+    caps = f"Every cell runs in a fresh process (dpcl's columns at commit {', '.join(commits)}), {capped}"
     if earlier:
         caps = (f"Caps: {len(earlier)} cells (of the columns {', '.join(earlier_columns)}) were measured by the earlier "
                 "version of this script (the calls of one point in one process, each capped at 90 s by SIGALRM; dpcl "
                 f"at a commit between a1f8c9a and a772aaa); the other {len(fresh)} one cell per fresh process (dpcl at "
-                f"commit {', '.join(commits)}), the timed call capped at "
-                f"{', '.join(_span([{'x': c} for c in fresh], 'cap_s'))} s wall clock (the process is killed then).")
+                f"commit {', '.join(commits)}), {capped}")
     caps += (" Every call is limited to 4 GB of address space (“out of memory (4 GB …)”: the library needed more).")
     return [timing, "", caps]
 
