@@ -51,11 +51,10 @@ def test_pecl_paper_config_is_the_papers_method():
 def _missing_data(path: Path) -> str | None:
     """Why the config at ``path`` cannot be audited here: its path-based dataset's folder is absent (the
     ``fmnist_*`` configs read the Debian package dataset-fashion-mnist), else None."""
-    dataset = tomllib.loads(path.read_text())["stream"]["dataset"]
-    prefix, sep, folder = dataset.partition(":")
-    if sep and not Path(folder).exists():
-        return f"{path.name} reads {dataset}, not on this machine (apt-get install dataset-fashion-mnist)"
-    return None
+    from dpcl.data.registry import missing_dataset_folder
+
+    missing = missing_dataset_folder(tomllib.loads(path.read_text())["stream"]["dataset"])
+    return f"{path.name}: {missing}" if missing else None
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

@@ -49,12 +49,11 @@ def bundled_configs() -> list[str]:
 def missing_data(name: str) -> str | None:
     """Why the bundled config ``name`` cannot run here, or None: a path-based dataset (``idx:/usr/share/...``,
     the Debian package dataset-fashion-mnist of the ``fmnist_*`` configs) whose folder this machine lacks."""
+    from dpcl.data.registry import missing_dataset_folder
+
     dataset = tomllib.loads((CONFIG_DIR / f"{name}.toml").read_text(encoding="utf-8"))["stream"]["dataset"]
-    prefix, sep, path = dataset.partition(":")
-    if sep and not Path(path).exists():
-        hint = " (apt-get install dataset-fashion-mnist)" if "fashion-mnist" in path else ""
-        return f"{name}: its dataset {prefix}:{path} is not on this machine{hint}"
-    return None
+    missing = missing_dataset_folder(dataset)
+    return f"{name}: {missing}" if missing else None
 
 
 # -- config rewriting --------------------------------------------------------------------------------------------
