@@ -32,8 +32,10 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -52,13 +54,20 @@ _FILE_STEMS = {("train", "images"): "train-images-idx3-ubyte", ("train", "labels
                ("test", "images"): "t10k-images-idx3-ubyte", ("test", "labels"): "t10k-labels-idx1-ubyte"}
 
 
-def _raw_bytes(path: Path) -> bytes:
+@contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """Turn a missing or unreadable file into InvalidParameterError naming it."""
     try:
-        data = path.read_bytes()
+        yield
     except FileNotFoundError as exc:
         raise InvalidParameterError(f"IDX file {str(path)!r} does not exist.") from exc
     except OSError as exc:
         raise InvalidParameterError(f"IDX file {str(path)!r} cannot be read: {exc.strerror or exc}.") from exc
+
+
+def _raw_bytes(path: Path) -> bytes:
+    with _readable(path):
+        data = path.read_bytes()
     if data[:2] == b"\x1f\x8b":  # gzip magic
         try:
             data = gzip.decompress(data)
@@ -105,12 +114,8 @@ def read_idx(path: str | os.PathLike[str], expected_magic: int) -> np.ndarray:
     stream raises InvalidParameterError naming the file.
     """
     p = Path(path).expanduser().resolve()
-    try:
+    with _readable(p):
         stat = p.stat()
-    except FileNotFoundError as exc:
-        raise InvalidParameterError(f"IDX file {str(p)!r} does not exist.") from exc
-    except OSError as exc:
-        raise InvalidParameterError(f"IDX file {str(p)!r} cannot be read: {exc.strerror or exc}.") from exc
     if not p.is_file():
         raise InvalidParameterError(f"IDX file {str(p)!r} is not a file.")
     return _read_idx_cached(str(p), stat.st_size, stat.st_mtime_ns, expected_magic)

