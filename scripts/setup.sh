@@ -27,11 +27,17 @@ fi
 extras="train"
 if [ "$with_tests" = 1 ]; then
   extras="train,test"
-  if [ ! -d /usr/share/games/fortunes ]; then
+  # Debian packages the tests use: fortune texts, and headless Chromium (renders `dpcl report`'s page)
+  missing=""
+  [ -d /usr/share/games/fortunes ] || missing="$missing fortunes"
+  command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 \
+    || missing="$missing chromium-headless-shell"
+  if [ -n "$missing" ]; then
     sudo_cmd=""
     [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq fortunes >/dev/null
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq $missing >/dev/null
   fi
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"

@@ -375,6 +375,9 @@ def write_report(
             "<th>detail</th></tr>")
         for c in report.checks:
             mark = "<span class=\"ok\">pass</span>" if c.passed else "<span class=\"bad\">FAIL</span>"
+            if c.name == "signature" and c.passed and not keyed:  # nothing about the issuer was checked
+                unsigned = "unsigned" in c.detail.lower() or "not signed" in c.detail.lower()
+                mark = f"<span class=\"warn\">{'not signed' if unsigned else 'not checked'}</span>"
             add(f"<tr><td>{_escape(c.name)}</td><td>{mark}</td><td>{_escape(c.detail)}</td></tr>")
         add("</table>")
     add("</section></body></html>\n")
