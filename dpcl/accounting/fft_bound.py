@@ -17,10 +17,10 @@ that is provably at least the exact ``n``-fold linear self-convolution there:
   and ``eta`` is taken as 8 u (u = 2^-53; Higham's is ~6.7 u for mu = u). The power is taken by binary
   exponentiation, each complex product with relative error at most sqrt(5) u (Brent, Percival & Zimmermann
   2007), so ``fl(z^n) = z^n (1 + b)`` with ``|b| <= (1 + sqrt(5) u)^(n-1) - 1``. With
-  ``|z^n - w^n| <= n |z - w| max(|z|, |w|)^(n-1)`` and ``|X_k| <= min(|X~_k| + a, s)``, the inverse real FFT
+  ``|z^n - w^n| <= n |z - w| max(|z|, |w|)^(n-1)`` and ``|X_k| <= |X~_k| + a``, the inverse real FFT
   (``1/L`` times a sum over the spectrum, bounded in the same way) gives every point of the cyclic convolution
   within ``E = (1/L) sum_k w_k [n a r_k^(n-1) + (b + a' (1 + b)) r_k^n]`` of its exact value, with
-  ``r_k = min(|X~_k| + a, s)``, ``a' = (1 + eta)^D - 1`` and ``w_k`` the multiplicity of the rfft entry k in the
+  ``r_k = |X~_k| + a``, ``a' = (1 + eta)^D - 1`` and ``w_k`` the multiplicity of the rfft entry k in the
   full spectrum (1 or 2); a further factor :data:`SAFETY` is applied to ``E``. ``E`` is evaluated from the
   computed spectrum itself, before the power.
 * **Exponential tilting.** ``E`` is uniform over the points, so it bounds the large points of the result
@@ -52,12 +52,13 @@ COMPLEX_PRODUCT_ERROR = math.sqrt(5.0) * UNIT_ROUNDOFF
 #: Margin on every error bound (for the radix-4 and real-FFT passes of scipy's pocketfft, whose operation counts
 #: per level differ from the textbook radix-2 butterfly the bound is stated for).
 SAFETY = 4.0
-#: A tilt is added while the bound at the top of the window exceeds the computed value there by more than this,
-#: relative; at most :data:`MAX_TILTS` tilts up the upper tail and as many down the lower one.
+#: A point counts as accurate in one FFT where the bound exceeds the computed value there by at most this,
+#: relative; tilts are added past the accurate range, at most :data:`MAX_TILTS` up the upper tail and as many down
+#: the lower one.
 TILT_TOLERANCE = 1e-6
 MAX_TILTS = 6
-#: A direction's tilts stop once the bounds beyond their accurate range sum to at most this (a mass no epsilon
-#: at a delta dpcl accepts can see).
+#: A direction's tilts stop once the bounds beyond their accurate range sum to at most this (those bounds stay
+#: valid, only looser than the tilted ones would be).
 NEGLIGIBLE_MASS = 1e-30
 #: Spectrum entries processed per chunk (bounds the temporaries of the power and of the error sums).
 _CHUNK = 1 << 16
@@ -87,7 +88,7 @@ def _power_with_bound(spectrum: np.ndarray, count: int, length: int, mass: float
     total = 0.0
     for start in range(0, half, _CHUNK):
         chunk = spectrum[start : start + _CHUNK]
-        r = np.minimum(np.abs(chunk) + a, mass)
+        r = np.abs(chunk) + a  # bounds |X~_k| and the exact |X_k|
         with np.errstate(divide="ignore", under="ignore"):
             log_r = np.log(r)
             weights = np.full(chunk.size, 2.0)
@@ -111,9 +112,10 @@ def _power_with_bound(spectrum: np.ndarray, count: int, length: int, mass: float
                     break
                 np.multiply(base, base, out=base)
         chunk[...] = acc
-    # subnormal results: each of ~2 log2(count) products may lose up to 2^-1074 absolutely per component
-    underflow = 4.0 * (2 * count.bit_length() + 2) * 2.0 ** -1074 * half
-    return SAFETY * (total / length + underflow / length + a_rel * 2.0 ** -1022)
+    # products that underflow to subnormal numbers lose their relative precision: at most 2^-1000 absolutely per
+    # entry of the powered spectrum (~2 log2(count) roundings of 2^-1075 each, none amplified: |z| <= 1 + a)
+    underflow = 2.0 ** -1000 * 2 * half
+    return SAFETY * (total / length + underflow / length)
 
 
 def _window(cyclic: np.ndarray, lower: int, output_len: int) -> np.ndarray:

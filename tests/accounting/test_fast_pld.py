@@ -214,27 +214,30 @@ def _tilted_dp_accounting_reference(single, count: int):
     return pld_lib.PrivacyLossDistribution(*out), single.self_compose(count)
 
 
-def _lean_pld(z: float, q: float, count: int, interval: float):
+def _lean_pld_against_the_exact_one(z: float, q: float, count: int, interval: float = 1e-4):
+    """dpcl's composition of a DP-SGD step ``count`` times on grids above 1e6 points (the lean path), checked at
+    deltas 1e-12, 1e-8 and 1e-5 to be at or above the exact epsilon of dp-accounting's pessimistic discretisation
+    (:func:`_tilted_dp_accounting_reference`) and within 1e-7 of it (~1e-9 measured); returns dpcl's epsilon
+    function and dp-accounting's plain PLD."""
     from dpcl.accounting import accountants
 
     single = _gaussian_pld(z, interval, q)
-    for pmf in _pmfs(single):  # the composed grids are above 1e6 points: the lean path
+    for pmf in _pmfs(single):
         lower, upper = accountants._self_convolve_bounds(pmf.to_dense_pmf()._probs, count, 1e-15)
         assert upper - lower + 1 > accountants._LEAN_SELF_COMPOSE_POINTS
-    return single, accountants._self_compose_uncached(single, count)
+    ours = accountants._self_compose_uncached(single, count)
+    reference, plain = _tilted_dp_accounting_reference(single, count)
+    for delta in (1e-12, 1e-8, 1e-5):
+        eps, exact = accountants._epsilon_for_delta(ours, delta), reference.get_epsilon_for_delta(delta)
+        assert exact <= eps <= exact * (1 + 1e-7)
+    return (lambda delta: accountants._epsilon_for_delta(ours, delta)), plain
 
 
 def test_lean_pld_at_delta_1e_12_is_not_below_dp_accountings_on_a_1e6_point_grid() -> None:
     # 1.2e6 and 1.06e6 points. dp-accounting's own FFT reads 75.013 at delta = 1e-12, 0.062 below the exact value
     # of its discretisation (75.0749, its tails tilted); dpcl's bound is above both, within 1e-9 of the exact value
-    from dpcl.accounting.accountants import _epsilon_for_delta
-
-    single, ours = _lean_pld(1.0, 0.05, 12_000, 1e-4)
-    reference, plain = _tilted_dp_accounting_reference(single, 12_000)
-    for delta in (1e-12, 1e-8, 1e-5):
-        eps, exact = _epsilon_for_delta(ours, delta), reference.get_epsilon_for_delta(delta)
-        assert exact <= eps <= exact * (1 + 1e-7)
-    assert _epsilon_for_delta(ours, 1e-12) >= plain.get_epsilon_for_delta(1e-12)
+    epsilon, plain = _lean_pld_against_the_exact_one(1.0, 0.05, 12_000)
+    assert epsilon(1e-12) >= plain.get_epsilon_for_delta(1e-12)
 
 
 @pytest.mark.thorough
@@ -243,11 +246,5 @@ def test_lean_pld_at_the_issues_point_is_not_below_the_exact_pessimistic_pld() -
     # pessimistic discretisation, from dp-accounting's tilted composition, is 152.9976229; dpcl's unbounded real FFT
     # read 152.997470 and dp-accounting's plain complex FFT reads 152.997755, each off by its rounding noise. dpcl's
     # bound is at or above the exact value and within 1e-9 of it; the optimistic PLD (152.798) is below all.
-    from dpcl.accounting.accountants import _epsilon_for_delta
-
-    single, ours = _lean_pld(0.8, 0.05, 20_000, 1e-4)
-    reference, _ = _tilted_dp_accounting_reference(single, 20_000)
-    for delta in (1e-12, 1e-8, 1e-5):
-        eps, exact = _epsilon_for_delta(ours, delta), reference.get_epsilon_for_delta(delta)
-        assert exact <= eps <= exact * (1 + 1e-7)
-    assert _epsilon_for_delta(ours, 1e-8) > 152.997470
+    epsilon, _ = _lean_pld_against_the_exact_one(0.8, 0.05, 20_000)
+    assert epsilon(1e-8) > 152.997470
