@@ -160,3 +160,24 @@ def test_a_real_browser_renders_the_report_and_its_figures(run_dir, tmp_path) ->
     counts = dict(item.split("=") for item in line.split())
     assert counts["images"] == "3" and counts["rendered"] == "3", line
     assert all(int(w) >= 200 for w in counts["widths"].split(","))
+
+
+def test_report_of_a_release_that_is_not_private_says_so_and_has_no_profile(tmp_path) -> None:
+    # a Certifier-style directory (certificates only, no metrics.json) whose checkpoint has no DP guarantee
+    from dpcl.cli import main
+    from dpcl.guarantees.atomic_io import sha256_file
+    from dpcl.guarantees.certificates import non_private_certificate, write_certificate
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "certificates").mkdir()
+    checkpoint = tmp_path / "checkpoints" / "task001.pt"
+    checkpoint.write_bytes(b"weights")
+    write_certificate(tmp_path / "certificates" / "task001.cert.json", non_private_certificate(
+        release_task=0, method="own loop", label_space="data", assumptions=["The data are what they are."],
+        reasons=["The model was trained without noise."], checkpoint=checkpoint,
+        checkpoint_sha256=sha256_file(checkpoint)))
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "page.html")]) == 0
+    _, parsed = _parse(tmp_path / "page.html")
+    text = " ".join(parsed.text)
+    assert "NOT PRIVATE" in text and "The model was trained without noise." in text and "no privacy profile" in text
+    assert "no metrics.json" in text and len(parsed.images) == 1  # epsilon over the stream only
