@@ -181,3 +181,19 @@ def test_report_of_a_release_that_is_not_private_says_so_and_has_no_profile(tmp_
     text = " ".join(parsed.text)
     assert "NOT PRIVATE" in text and "The model was trained without noise." in text and "no privacy profile" in text
     assert "no metrics.json" in text and len(parsed.images) == 1  # epsilon over the stream only
+
+
+def test_report_checks_signatures_with_the_public_key_and_says_when_it_could_not(run_dir, tmp_path) -> None:
+    from dpcl.cli import main
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    assert main(["keygen", "--out", str(tmp_path / "key")]) == 0
+    assert main(["sign", *map(str, sorted((copy / "certificates").glob("*.json"))), "--key", str(tmp_path / "key")]) == 0
+    assert main(["report", str(copy), "--public-key", str(tmp_path / "key.pub")]) == 0
+    text = " ".join(_parse(copy / "report.html")[1].text)
+    assert "every certificate is signed and its signature verifies against the given public key" in text
+    assert main(["report", str(copy)]) == 0
+    text = " ".join(_parse(copy / "report.html")[1].text)
+    assert "signatures were not checked: no public key given" in text and "not checked" in text.split(
+        "Verification and signatures", 1)[1]
