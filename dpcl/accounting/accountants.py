@@ -311,9 +311,9 @@ class _PldTooLarge(UnsupportedEventError):
 #: this keeps one PLD computation under ~1.3 GB.
 PLD_MAX_GRID_POINTS = 1.2e7
 #: Largest grid of one PMF of a PLD that is one piece self-composed (e.g. a DP-SGD run at one noise multiplier and
-#: sampling rate), which dpcl composes itself above :data:`_LEAN_SELF_COMPOSE_POINTS` in ~24 bytes a point
-#: (:func:`_lean_self_convolve`): a process computing a 2.6e7-point PLD this way peaks at 1.13 GB (q = 0.1, T = 1e6,
-#: z = 1 at 1e-4, measured 2026-11-27), ~1.3 GB at this size; tests/accounting/test_bounded_work.py runs it under
+#: sampling rate), which dpcl composes itself above :data:`_LEAN_SELF_COMPOSE_POINTS` in ~32 bytes a point
+#: (:func:`_lean_self_convolve`): a process computing a 2.6e7-point PLD this way peaks at 1.35 GB (q = 0.1, T = 1e6,
+#: z = 1 at 1e-4, measured 2026-11-28 with the round-off bound; 1.13 GB before), ~1.6 GB at this size; tests/accounting/test_bounded_work.py runs it under
 #: the 2 GiB address-space limit of every public function (issue 18).
 PLD_MAX_SELF_COMPOSED_POINTS = 3e7
 #: dp-accounting's default tail mass truncated per self-composition (``DensePLDPmf.self_compose``).
