@@ -28,9 +28,13 @@ fi
 extras="train"
 if [ "$with_tests" = 1 ]; then
   extras="train,test"
+  # Debian packages the tests use: fortune texts, Fashion-MNIST images (the fmnist_* configs) and headless
+  # Chromium (renders `dpcl report`'s page)
   missing=()
   [ -d /usr/share/games/fortunes ] || missing+=(fortunes)
   [ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)
+  command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 \
+    || missing+=(chromium-headless-shell)
   if [ "${#missing[@]}" -gt 0 ]; then
     sudo_cmd=""
     [ "$(id -u)" = 0 ] || sudo_cmd="sudo"

@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "run",
     "audit",
     "verify",
+    "report",
     "methods",
     "calibrate",
     "epsilon",
