@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "calibrate",
     "epsilon",
     "audit_mechanism",
+    "audit_run",
     "keygen",
     "sign",
 )
