@@ -135,7 +135,8 @@ def _integer(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def _os_generator() -> torch.Generator:
+def os_generator() -> torch.Generator:
+    """A CPU generator seeded from the operating system's entropy (independent of ``torch.manual_seed``)."""
     return torch.Generator().manual_seed(secrets.randbits(63))
 
 
@@ -247,7 +248,7 @@ def audit_dpsgd_one_run(
     from dpcl.accounting.dpsgd import dpsgd_epsilon  # noqa: PLC0415  (accounting imports scipy.stats lazily too)
 
     accounting = dpsgd_epsilon(z, q, t, delta, accountant=accountant)
-    gen = generator if generator is not None else _os_generator()
+    gen = generator if generator is not None else os_generator()
     dpsgd = step if step is not None else DpsgdStep(z, c, gen)
     included = (torch.rand(m, generator=gen, dtype=torch.float64) < 0.5).to(torch.float64)
     scores, real = _train(

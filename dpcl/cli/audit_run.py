@@ -57,6 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"canaries per task, integer in [2, 1000000] (default {DEFAULT_CANARIES})")
     parser.add_argument("--confidence", default="0.95", metavar="P",
                         help="probability with which the lower bounds hold, in (0, 1) (default 0.95)")
+    parser.add_argument("--canary-kind", default="gradient", choices=("gradient", "input"),
+                        help="gradient: Dirac gradient canaries (white box, default); input: input-space canaries "
+                             "whose gradients the step must clip")
+    parser.add_argument("--step", default=None, metavar="MODULE:CLASS",
+                        help="audit your own DP-SGD step: a subclass of dpcl.audit.one_run_dpsgd.DpsgdStep, "
+                             "importable as MODULE:CLASS (default: dpcl's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_json_flag(parser)
     parser.set_defaults(handler=run_audit_run, time_hint="use fewer --canaries")
@@ -74,15 +80,36 @@ def _dpsgd_plan(entry: dict[str, Any], method: str) -> dict[str, Any]:
     return {k: noise[k] for k in needed}
 
 
+def load_step_class(spec: str | None) -> Any:
+    """``--step MODULE:CLASS`` as a :class:`~dpcl.audit.one_run_dpsgd.DpsgdStep` subclass (``None``: dpcl's own)."""
+    import importlib
+
+    from dpcl.audit.one_run_dpsgd import DpsgdStep
+
+    if spec is None:
+        return DpsgdStep
+    module_name, sep, class_name = spec.partition(":")
+    if not sep or not module_name or not class_name:
+        raise ConfigError(f"--step must be MODULE:CLASS (an importable DpsgdStep subclass), got {spec!r}.")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--step {spec!r} cannot be imported: {exc}.") from None
+    if not (isinstance(cls, type) and issubclass(cls, DpsgdStep)):
+        raise ConfigError(f"--step {spec!r} is not a subclass of dpcl.audit.one_run_dpsgd.DpsgdStep.")
+    return cls
+
+
 def run_audit_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from dpcl.audit.one_run_dpsgd import audit_dpsgd_one_run
+    from dpcl.audit.one_run_dpsgd import audit_dpsgd_one_run, os_generator
     from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
     from dpcl.runner.run import audit_run, load_run, prepare_stream
 
     canaries = parse_count("--canaries", args.canaries, 2, 1_000_000)
     confidence = parse_delta("--confidence", args.confidence)
+    step_class = load_step_class(args.step)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {str(out)!r} is not empty; give a new or empty directory for the audit's files.")
@@ -98,11 +125,14 @@ def run_audit_run(args: argparse.Namespace) -> int:
 
     tasks = []
     for task, plan in tqdm(plans, desc="audit-run", unit="task", file=sys.stderr, disable=True if (args.quiet or args.json) else None):
+        generator = os_generator()
+        step = step_class(float(plan["noise_multiplier"]), float(plan["max_grad_norm"]), generator)
         result = audit_dpsgd_one_run(
             np.asarray(task.features, dtype=np.float64), np.asarray(task.labels),
             canaries=canaries, noise_multiplier=float(plan["noise_multiplier"]), sample_rate=float(plan["sample_rate"]),
             steps=int(plan["steps"]), clip_norm=float(plan["max_grad_norm"]), delta=delta,
-            confidence=per_task_confidence, accountant=str(report.accountant),
+            confidence=per_task_confidence, accountant=str(report.accountant), canary_kind=args.canary_kind,
+            step=step, generator=generator,
         )
         tasks.append({"task": task.index, **result.to_dict()})
     empirical = max(t["empirical_epsilon_lower"] for t in tasks)
@@ -117,6 +147,8 @@ def run_audit_run(args: argparse.Namespace) -> int:
         "unit": str(report.unit),
         "confidence": confidence,
         "canaries_per_task": canaries,
+        "canary_kind": args.canary_kind,
+        "step": args.step or "dpcl.audit.one_run_dpsgd:DpsgdStep",
         "verdict": "violated" if flagged else "consistent",
         "flagged_tasks": flagged,
         "release": "none: the canary run is an audit, not a release; it writes no checkpoint and no certificate",

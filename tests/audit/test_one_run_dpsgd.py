@@ -154,3 +154,33 @@ def test_cli_audit_run_refuses_a_method_without_dpsgd_and_a_used_directory(tmp_p
     )
     assert proc.returncode == 2 and "not empty" in proc.stderr
     assert (tmp_path / "b" / "x").read_text() == "keep"
+
+
+def test_cli_audit_run_flags_a_users_broken_step_with_exit_3(tmp_path):
+    (tmp_path / "my_broken_step.py").write_text(
+        "from dpcl.audit.one_run_dpsgd import DpsgdStep\n"
+        "class ReusedNoise(DpsgdStep):\n"
+        "    def noise(self, shape, step):\n"
+        "        if not hasattr(self, '_drawn'):\n"
+        "            self._drawn = super().noise(shape, step)\n"
+        "        return self._drawn\n"
+    )
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", ""), "."])}
+    out = tmp_path / "audit"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/naive.toml", "--out", str(out),
+         "--canaries", "500", "--step", "my_broken_step:ReusedNoise", "--json"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert proc.returncode == 3, proc.stderr
+    report = json.loads((out / "audit.json").read_text())
+    assert report["verdict"] == "violated" and report["flagged_tasks"]
+    assert report["empirical_epsilon_lower"] > max(t["certified_epsilon"] for t in report["tasks"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/naive.toml", "--out", str(tmp_path / "x"),
+         "--step", "my_broken_step:Missing"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert proc.returncode == 2 and "cannot be imported" in proc.stderr
