@@ -50,6 +50,7 @@ __all__ = [
     "ANALYSES",
     "OneRunAuditResult",
     "audit_one_run",
+    "check_count",
     "gaussian_fdp_epsilon_lower",
     "gaussian_fdp_rejects",
     "guess_and_count",
@@ -64,16 +65,17 @@ ANALYSES = ("steinke", "gaussian_fdp")
 EPSILON_SEARCH_LIMIT = 1000.0
 
 
-def _count(name: str, value: Any, minimum: int = 0) -> int:
+def check_count(name: str, value: Any, minimum: int = 0) -> int:
+    """An integer count (Python or numpy, not a bool) of at least ``minimum``, or a dpcl error naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
         raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
 
 
 def _game(canaries: Any, guesses: Any, correct: Any) -> tuple[int, int, int]:
-    m = _count("canaries", canaries, 1)
-    r = _count("guesses", guesses, 0)
-    v = _count("correct", correct, 0)
+    m = check_count("canaries", canaries, 1)
+    r = check_count("guesses", guesses, 0)
+    v = check_count("correct", correct, 0)
     if not v <= r <= m:
         raise InvalidParameterError(
             f"need correct <= guesses <= canaries (the auditor guesses at most once per canary); "
@@ -254,7 +256,7 @@ def guess_and_count(scores: Any, included: Any, guesses: int) -> tuple[int, int]
     if b.dtype != bool and not np.all((b == 0) | (b == 1)):
         raise InvalidParameterError("included must hold booleans (or 0/1): whether each canary was in the training data.")
     m = s.size
-    k = _count("guesses", guesses, 0)
+    k = check_count("guesses", guesses, 0)
     if k > m:
         raise InvalidParameterError(f"guesses must be at most the number of canaries ({m}), got {k}.")
     order = np.argsort(-s, kind="stable")
@@ -326,7 +328,7 @@ def audit_one_run(
         raise InvalidParameterError("scores must hold at least one canary's score.")
     d = _delta(delta)
     conf = check_confidence(confidence)
-    counts = _default_guess_counts(m) if guess_counts is None else tuple(_count("guess_counts", c, 1) for c in guess_counts)
+    counts = _default_guess_counts(m) if guess_counts is None else tuple(check_count("guess_counts", c, 1) for c in guess_counts)
     if not counts or max(counts) > m:
         raise InvalidParameterError(f"guess_counts must be non-empty integers in [1, {m}] (the number of canaries); got {guess_counts!r}.")
     analyses = ANALYSES if gaussian_claim else ("steinke",)
