@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     "calibrate",
     "epsilon",
     "audit_mechanism",
+    "audit_run",
     "keygen",
     "sign",
 )
