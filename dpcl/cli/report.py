@@ -32,6 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--public-key", metavar="PUB", default=None,
         help="the issuer's Ed25519 public key (KEY.pub from dpcl keygen): every signature is checked against it",
     )
+    parser.add_argument(
+        "--audit", metavar="AUDIT.json", default=None,
+        help="a one-run audit (dpcl audit-run's audit.json) to show beside the certified epsilon "
+             "(default: RUN_DIR/audit/audit.json when it exists)",
+    )
     add_json_flag(parser)
     parser.set_defaults(handler=run_report, time_hint=(
         "recomputing these certificates' epsilon is too expensive here; report on a faster machine"))
@@ -47,7 +52,7 @@ def run_report(args: argparse.Namespace) -> int:
         from dpcl.guarantees.signing import load_public_key
 
         public_key = load_public_key(args.public_key)
-    summary = write_report(args.run_dir, args.out, public_key=public_key)
+    summary = write_report(args.run_dir, args.out, public_key=public_key, audit=args.audit)
     emit(args, "dpcl report", {
         "report": str(summary.path),
         "certificates": summary.certificates,

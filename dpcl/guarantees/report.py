@@ -223,12 +223,47 @@ def _signature_state(reports: Sequence[Any], keyed: bool) -> tuple[str, str]:
     return "ok", "every certificate is signed and its signature verifies against the given public key"
 
 
+#: The file ``dpcl audit-run`` writes; ``dpcl report`` shows ``RUN_DIR/audit/audit.json`` when it exists.
+AUDIT_NAME = "audit.json"
+
+
+def _audit_section(payload: Any) -> list[str]:
+    """The one-run audit beside the certified epsilon (``dpcl audit-run``'s ``audit.json``)."""
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("tasks"), list):
+        raise InvalidParameterError("--audit: the file is not an audit.json written by dpcl audit-run; give that file.")
+    verdict = str(payload.get("verdict", ""))
+    css = "ok" if verdict == "consistent" else "bad"
+    out = [
+        "<section id=\"audit\"><h2>One-run empirical audit</h2>",
+        f"<p class=\"{css}\">Verdict: <b>{_escape(verdict)}</b>. Empirical lower bound "
+        f"{_number(payload.get('empirical_epsilon_lower'))} beside the certified ε {_number(payload.get('certified_epsilon'))} "
+        f"(δ = {_number(payload.get('delta'))}), holding with probability {_number(payload.get('confidence'))}.</p>",
+        "<p class=\"small\">The canary run is not a release (no checkpoint, no certificate). What was trained: "
+        f"{_escape(payload.get('what_is_trained', ''))}. A lower bound below the certified ε is what a correct "
+        "implementation gives; it does not show the certified ε is tight.</p>",
+        "<table><tr><th>task</th><th>certified ε</th><th>lower bound, white box</th><th>lower bound, black box</th>"
+        "<th>canaries</th></tr>",
+    ]
+    for t in payload["tasks"]:
+        if not isinstance(t, Mapping):
+            continue
+        white, black = t.get("white_box") or {}, t.get("black_box") or {}
+        out.append(f"<tr><td>{_escape(t.get('task'))}</td><td>{_number(t.get('certified_epsilon'))}</td>"
+                   f"<td>{_number(white.get('epsilon_lower'))}</td><td>{_number(black.get('epsilon_lower'))}</td>"
+                   f"<td>{_escape(t.get('canaries'))}</td></tr>")
+    out.append("</table></section>")
+    return out
+
+
 def write_report(
     run_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str] | None" = None, *, public_key: Any = None,
+    audit: "str | os.PathLike[str] | None" = None,
 ) -> ReportSummary:
     """Write the HTML page of the run in ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``), atomically.
 
     ``public_key`` (a PEM path or key object, as for ``dpcl verify --public-key``) has every signature checked.
+    ``audit`` is a one-run audit's ``audit.json`` (``dpcl audit-run``; default ``RUN_DIR/audit/audit.json`` when
+    it exists), shown beside the certified epsilon.
     Refuses a path that is not a run directory (:func:`certificate_paths`)."""
     from dpcl.guarantees.certificates import read_certificate, verify_certificate
 
@@ -362,6 +397,11 @@ def write_report(
         add(f"<tr><td><code>{_escape(r['label'])}</code></td><td><code>{_escape(r['checkpoint'])}</code><br>"
             f"<span class=\"small\">sha256 {_escape(r['sha256'])}</span></td><td>{covered}</td></tr>")
     add("</table></section>")
+
+    # -- one-run audit
+    audit_file = Path(audit) if audit is not None else root / "audit" / AUDIT_NAME
+    if audit is not None or audit_file.is_file():
+        parts.extend(_audit_section(read_json(audit_file)))
 
     # -- verification
     add("<section id=\"verification\"><h2>Verification and signatures</h2><p class=\"small\">The checks of "

@@ -197,3 +197,25 @@ def test_report_checks_signatures_with_the_public_key_and_says_when_it_could_not
     text = " ".join(_parse(copy / "report.html")[1].text)
     assert "signatures were not checked: no public key given" in text and "not checked" in text.split(
         "Verification and signatures", 1)[1]
+
+
+def test_report_shows_a_one_run_audit_beside_the_certified_epsilon(run_dir, tmp_path) -> None:
+    audit = {
+        "verdict": "consistent", "empirical_epsilon_lower": 0.25, "certified_epsilon": 1.0, "delta": 1e-5,
+        "confidence": 0.95, "what_is_trained": "dpcl's DP-SGD step", "tasks": [
+            {"task": 0, "certified_epsilon": 1.0, "canaries": 500,
+             "white_box": {"epsilon_lower": 0.25}, "black_box": {"epsilon_lower": 0.125}},
+        ],
+    }
+    audit_file = tmp_path / "audit.json"
+    audit_file.write_text(json.dumps(audit))
+    out = tmp_path / "page.html"
+    done = dpcl("report", str(run_dir), "--out", str(out), "--audit", str(audit_file))
+    assert done.returncode == 0, done.stderr
+    _, parsed = _parse(out)
+    assert "audit" in parsed.sections
+    text = " ".join(parsed.text)
+    assert "One-run empirical audit" in text and "not a release" in text and "0.125" in text
+    audit_file.write_text("[]")
+    done = dpcl("report", str(run_dir), "--out", str(tmp_path / "p2.html"), "--audit", str(audit_file))
+    assert done.returncode == 2 and "audit.json" in done.stderr and "Traceback" not in done.stderr
