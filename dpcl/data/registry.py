@@ -14,7 +14,8 @@ import numpy as np
 from dpcl.data.dataset import LabelledDataset
 from dpcl.errors import InvalidParameterError
 
-__all__ = ["DATASETS", "load_dataset", "dataset_labels", "dataset_modality", "dataset_own_test_start"]
+__all__ = ["DATASETS", "load_dataset", "dataset_labels", "dataset_modality", "dataset_own_test_start",
+           "missing_dataset_folder"]
 
 #: Dataset names (path-based ones end in ``:<path>``) -> what they are.
 DATASETS: dict[str, str] = {
@@ -112,6 +113,19 @@ def _check_options(name: str, loader: Callable[..., Any], options: dict[str, Any
         raise InvalidParameterError(
             f"dataset {name!r} has no option(s) {', '.join(unknown)}; allowed: {', '.join(allowed) or 'none'}."
         )
+
+
+def missing_dataset_folder(name: str) -> str | None:
+    """Why the path-based dataset ``name`` (``"idx:/usr/share/datasets/fashion-mnist"``) cannot be read on this
+    machine (its folder is absent, with the Debian package to install where one ships it), else None. For
+    skipping a bundled config on a machine without its data; loading it would raise InvalidParameterError."""
+    from pathlib import Path  # noqa: PLC0415
+
+    prefix, sep, path = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if not sep or prefix not in _PATH_LOADERS or Path(path).expanduser().exists():
+        return None
+    hint = " (apt-get install dataset-fashion-mnist)" if Path(path).name == "fashion-mnist" else ""
+    return f"dataset {name} is not on this machine{hint}"
 
 
 def dataset_modality(name: str) -> str:

