@@ -1,12 +1,24 @@
 """PEFT Ensemble (Tobaben et al., Alg. 2, eq. 10, App. H.2).
 
 For every task ``t`` a fresh task model ``f_t`` — a parameter-efficient adapter
-plus a zero-initialised head over the task's public labels ``O_t`` — is trained
-on that task's data only, with DP-SGD as the task's plan prescribes
+(or none: ``adapter_dim = 0``) plus a zero-initialised head — is trained on that
+task's data only, with DP-SGD as the task's plan prescribes
 (:mod:`dpcl.methods.dpsgd_training`, opacus). The encoder stays frozen and
 public: the adapter works on its output features (MiniLM sentence embeddings
-for text, raw pixels for digits). The ensemble ``{f_1, ..., f_t}`` predicts by
-one of three aggregation rules over the labels released so far:
+for text, raw pixels for digits), l2-normalised when ``normalize_features``.
+
+``head = "label_space"`` (default): the head predicts every public label of the
+stream, as the members of the paper's experiments (S_prior^const, "an output
+layer of size 100/200", Sec. 6.3); the labels the task lacks are its negatives,
+so the rows of its own labels also score how much an input resembles the task,
+which makes the members' logits comparable under eq. 10. ``head = "task"``: the
+task's own labels ``O_t`` only (Sec. 6.3's S_prior members). A two-label head
+trained from zero has logits ``(z, -z)`` (the two rows' gradients cancel), so
+eq. 10 then picks the most confident member whatever the input's task. Both
+label sets are public and fixed before training: the member reads the same
+data with the same clipping and noise, so the plan and its events do not depend
+on the choice. The ensemble ``{f_1, ..., f_t}`` predicts by one of three
+aggregation rules over the labels released so far:
 
 * ``argmax`` (eq. 10): the label of the largest logit of any model;
 * ``median`` (eq. A41): each model's logits minus that model's median logit
@@ -27,8 +39,7 @@ same way. (With a text encoder the ``film`` variant below reads the raw texts.)
 
 An empty task (no example left after label filtering) gets a plan with no
 steps and no charge: its member is released at its data-independent
-initialisation (zero head over ``O_t``), still a proper classifier over the
-task's labels (Prop. F.1). A private plan with steps on empty data (not what
+initialisation (a zero head), still a proper classifier (Prop. F.1). A private plan with steps on empty data (not what
 the spec plans) would take noise-only DP-SGD steps.
 
 Variants (``[method] variant``, resolved by :func:`dpcl.guarantees.schedules.peft_variant`
@@ -49,7 +60,9 @@ Both variants run the same DP-SGD plan (sampling rate, steps, noise multiplier,
 clipping norm), so the variant never changes the privacy cost.
 
 Hyper-parameters read from the ``[method]`` section: ``learning_rate``,
-``adapter_dim`` (adapter variant), ``aggregation``, ``variant``, and
+``adapter_dim`` (adapter variant), ``aggregation``, ``variant``, ``head``,
+``normalize_features``, ``weight_decay`` (Adam's L2 penalty, applied after
+clipping and noise: post-processing), and
 ``max_grad_norm`` / ``batch_size`` / ``epochs`` (the last three enter the plan).
 """
 
