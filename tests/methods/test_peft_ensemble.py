@@ -174,3 +174,21 @@ def test_empty_task_under_the_specs_plan_releases_the_initialisation():
     (member,) = model.models
     assert torch.count_nonzero(member.head.weight) == 0 and torch.count_nonzero(member.head.bias) == 0
     assert set(np.unique(model.predict(np.random.default_rng(0).random((20, 64), dtype=np.float32)))) <= {3, 4}
+
+
+def test_unknown_head_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"\[method\] head must be one of 'label_space', 'task'"):
+        PeftEnsemble(setup_for({**METHOD, "head": "all"}))
+
+
+@pytest.mark.parametrize("noise_multiplier", [None, 1.0])
+def test_weight_decay_shrinks_the_members_weights_private_or_not(noise_multiplier):
+    """Adam's L2 penalty acts after clipping and noise (a function of the parameters alone), in both paths."""
+    x_train, y_train, _, _ = digits_split()
+    data = task_data(x_train, y_train, TASK_LABELS[0])
+    norms = []
+    for decay in (0.0, 1.0):
+        model = PeftEnsemble(setup_for({**METHOD, "weight_decay": decay}))
+        model.fit_task(0, data, TASK_LABELS[0], dpsgd_plan(noise_multiplier, 32 / len(data), 30))
+        norms.append(float(torch.linalg.norm(model.models[0].head.weight.detach())))
+    assert norms[1] < 0.5 * norms[0]
