@@ -66,6 +66,13 @@ adapter_dim = 32
 learning_rate = 0.01
 """
 
+#: PEFT Ensemble on frozen features: the head alone (the paper's "last layer" members; a per-member adapter
+#: trained without other tasks' examples maps them anywhere and breaks eq. 10), over every public label
+#: (head = "label_space", the default), with Adam's weight decay so that no member grows overconfident.
+PEFT_METHOD = """adapter_dim = 0
+weight_decay = 0.01
+"""
+
 
 def _config(stream: str, method: str, epsilon: float | None, accountant: str, aggregation: str = "argmax") -> str:
     privacy = (
@@ -76,7 +83,7 @@ def _config(stream: str, method: str, epsilon: float | None, accountant: str, ag
     )
     body = f'[method]\nname = "{method}"\n' + (DPSGD_METHOD if method != "cosine" else "")
     if method == "peft_ensemble":
-        body += f'aggregation = "{aggregation}"\n'
+        body = body.replace("adapter_dim = 32\n", PEFT_METHOD) + f'aggregation = "{aggregation}"\n'
     run = "\n[run]\nprivate = false\n" if epsilon is None else ""
     return privacy + "\n" + stream + "\n" + body + run
 
