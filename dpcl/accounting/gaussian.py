@@ -27,8 +27,10 @@ The tests cross-check this module against dp-accounting's PLD accountant.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from scipy.special import erfinv, log_ndtr, ndtri
@@ -42,6 +44,7 @@ __all__ = [
     "gaussian_delta",
     "gaussian_epsilon",
     "gaussian_sigma",
+    "gaussian_sigma_stream",
     "gdp_delta",
     "gdp_epsilon",
     "gdp_mu",
@@ -457,7 +460,88 @@ def gdp_mu(epsilon: Any, delta: Any) -> float | np.ndarray:
     return _scalar_or_array(mu, scalar)
 
 
-def gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> float | np.ndarray:
+def _sigma_block(eps: np.ndarray, dlt: np.ndarray, sens: np.ndarray) -> np.ndarray:
+    """sigma for one block of flat, equally long float64 arrays (the vectorised calibration kernel).
+
+    Every operation is elementwise, so an element's sigma does not depend on the
+    block it is computed in: blocks of any size give bit-identical results.
+    """
+
+    def verify(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        # check the sigma we will return, at the requested epsilon (not the margin one)
+        sens_i = sens[idx]
+        log_d, _ = _log_delta(eps[idx], sens_i / (sens_i / mu))
+        return np.exp(log_d) - dlt[idx]
+
+    def returned_mu(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        sens_i = sens[idx]
+        return sens_i / (sens_i / mu)
+
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        mu = _calibrated_mu(eps, dlt, verify=verify, returned_mu=returned_mu)
+        return sens / mu
+
+
+#: Most budgets calibrated per block: large inputs are processed in blocks of at
+#: most this many elements, so the working memory (~0.45 KB per element of a block,
+#: ~15 MB per thread) does not grow with the input, and a block's arrays stay in cache.
+_BLOCK = 1 << 15
+#: Fewest budgets per block (a block costs ~0.3 ms of interpreter overhead).
+_MIN_BLOCK = 1 << 11
+#: Threads that calibrate blocks concurrently (numpy and scipy ufuncs release the
+#: GIL). Results do not depend on it: every element is computed by the same
+#: elementwise operations whichever block and thread computes it.
+_WORKERS = min(2, os.cpu_count() or 1)
+
+
+def _flat_operand(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``value`` as a flat float64 array: a view when it already has ``shape``, length 1 when it is one number.
+
+    Only an operand that truly broadcasts (neither full-size nor a single number) is copied.
+    """
+    value = np.asarray(value, dtype=np.float64)
+    if value.size == 1:
+        return value.reshape(1)
+    if value.shape == shape:
+        return value.reshape(-1)  # a view for C-contiguous input (memmaps included)
+    return np.broadcast_to(value, shape).reshape(-1)
+
+
+def _block_of(flat: np.ndarray, start: int, stop: int) -> np.ndarray:
+    if flat.size == 1:
+        return np.full(stop - start, flat[0])
+    return np.ascontiguousarray(flat[start:stop])
+
+
+def _calibrate_blocks(
+    eps: np.ndarray, dlt: np.ndarray, sens: np.ndarray, out: np.ndarray, workers: int
+) -> int:
+    """Fill the flat ``out`` with sigmas block by block; return the first index without a finite sigma, or -1."""
+    n = out.size
+    # at least ~16 blocks, so the working memory stays a small fraction of the output's
+    block = min(_BLOCK, max(_MIN_BLOCK, -(-n // 16)))
+
+    def run(start: int) -> int:
+        stop = min(start + block, n)
+        sig = _sigma_block(_block_of(eps, start, stop), _block_of(dlt, start, stop), _block_of(sens, start, stop))
+        out[start:stop] = sig
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.isfinite(sig) & (sig > 0))
+        return start + int(np.argmax(bad)) if bad.any() else -1
+
+    starts = range(0, n, block)
+    if workers <= 1 or len(starts) <= 1:
+        firsts = [run(s) for s in starts]
+    else:
+        with ThreadPoolExecutor(max_workers=min(workers, len(starts))) as pool:
+            firsts = list(pool.map(run, starts))
+    bad = [i for i in firsts if i >= 0]
+    return bad[0] if bad else -1
+
+
+def gaussian_sigma(
+    epsilon: Any, delta: Any, sensitivity: Any = 1.0, *, out: np.ndarray | None = None
+) -> float | np.ndarray:
     """Analytic Gaussian calibration: the smallest sigma (up to ~1e-10 relative) that is (epsilon, delta)-DP.
 
     Balle & Wang (2018), Alg. 1 / Thm 8, solved here for mu = Delta / sigma by the
@@ -467,36 +551,60 @@ def gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> float | 
     ``epsilon`` lowered by ~1e-10 relative (:func:`_calibration_target`) so that ``gaussian_epsilon(sigma, delta)`` never
     exceeds ``epsilon`` after rounding. Valid for every epsilon > 0, unlike
     :func:`classic_gaussian_sigma`.
+
+    Arrays are calibrated in fixed-size blocks, so the working memory beyond the
+    inputs and the output is bounded (~15 MB per thread) whatever their size; the
+    result is the same, bit for bit, for every block size and thread count.
+    ``out`` (a writable C-contiguous float64 array of the broadcast shape, e.g. a
+    ``numpy.memmap``) receives the sigmas instead of a new array and is returned,
+    so 10^8 budgets can be calibrated from one memory-mapped file into another.
     """
     eps = check_positive("epsilon", epsilon)
     dlt = check_delta("delta", delta)
     sens = check_positive("sensitivity", sensitivity)
-    (eps, dlt, sens), scalar = broadcast_together(("epsilon", "delta", "sensitivity"), eps, dlt, sens)
-    eps_flat, sens_flat, dlt_flat = (np.ravel(a) for a in (eps, sens, dlt))
-
-    def verify(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        # check the sigma we will return, at the requested epsilon (not the margin one)
-        sens_i = sens_flat[idx] if sens_flat.size > 1 else sens_flat
-        log_d, _ = _log_delta(eps_flat[idx], sens_i / (sens_i / mu))
-        return np.exp(log_d) - dlt_flat[idx]
-
-    def returned_mu(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        sens_i = sens_flat[idx] if sens_flat.size > 1 else sens_flat
-        return sens_i / (sens_i / mu)
-
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        mu = _calibrated_mu(eps_flat, dlt_flat, verify=verify, returned_mu=returned_mu).reshape(np.shape(eps))
-        sigma = sens / mu
-    bad = ~(np.isfinite(sigma) & (sigma > 0))
-    if np.any(bad):
-        i = int(np.flatnonzero(np.ravel(bad))[0])
+    names = ("epsilon", "delta", "sensitivity")
+    try:
+        shape = np.broadcast_shapes(*(np.shape(a) for a in (eps, dlt, sens)))
+    except ValueError:
+        broadcast_together(names, eps, dlt, sens)  # raises the typed error naming the shapes
+        raise
+    scalar = all(np.ndim(a) == 0 for a in (eps, dlt, sens)) and out is None
+    if out is None:
+        result = np.empty(shape, dtype=np.float64)
+    else:
+        result = _check_out(out, shape)
+    flats = [_flat_operand(a, shape) for a in (eps, dlt, sens)]
+    first_bad = _calibrate_blocks(*flats, result.reshape(-1), _WORKERS)
+    if first_bad >= 0:
+        e, d, s = (float(f[first_bad] if f.size > 1 else f[0]) for f in flats)
         raise InvalidParameterError(
-            "no finite positive sigma reaches "
-            f"epsilon={float(np.ravel(eps)[i])!r}, delta={float(np.ravel(dlt)[i])!r} "
-            f"(sensitivity={float(np.ravel(sens)[i] if np.size(sens) > 1 else np.ravel(sens)[0])!r}) in floating point; "
+            f"no finite positive sigma reaches epsilon={e!r}, delta={d!r} (sensitivity={s!r}) in floating point; "
             "use a smaller epsilon or a smaller sensitivity."
         )
-    return _scalar_or_array(sigma, scalar)
+    return float(result.reshape(-1)[0]) if scalar else result
+
+
+def _check_out(out: Any, shape: tuple[int, ...]) -> np.ndarray:
+    if not isinstance(out, np.ndarray) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise InvalidParameterError(
+            "out must be a C-contiguous float64 numpy array (or numpy.memmap); "
+            f"got {type(out).__name__}{'' if not isinstance(out, np.ndarray) else ' of dtype ' + str(out.dtype)}."
+        )
+    if out.shape != shape:
+        raise InvalidParameterError(f"out must have the broadcast shape {shape} of epsilon, delta and sensitivity; got {out.shape}.")
+    if not out.flags.writeable:
+        raise InvalidParameterError("out must be writable (open a memmap with mode 'w+' or 'r+').")
+    return out
+
+
+def gaussian_sigma_stream(epsilons: Iterable[Any], delta: Any, sensitivity: Any = 1.0) -> Iterator[np.ndarray]:
+    """Calibrate a stream of budget chunks: yields :func:`gaussian_sigma` of each chunk, in order.
+
+    For token streams that never exist as one array; each yielded sigma is the one
+    :func:`gaussian_sigma` gives that budget in any other call (bit for bit).
+    """
+    for chunk in epsilons:
+        yield np.asarray(gaussian_sigma(chunk, delta, sensitivity), dtype=np.float64)
 
 
 @dataclass(frozen=True)
