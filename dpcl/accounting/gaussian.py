@@ -89,8 +89,9 @@ def _calibrated_mu(
     accurate there (tiny mu), instead of always paying the absolute margin (~19 % of
     epsilon at epsilon = 1e-12, delta = 1e-20).
     """
-    mu = _mu_from_epsilon(epsilon * (1.0 - _CALIBRATION_MARGIN), delta, verify=verify)
-    absolute = 4e-15 * (1.0 + np.abs(np.log(delta)))
+    terms = _delta_terms(delta)
+    mu = _mu_from_epsilon(epsilon * (1.0 - _CALIBRATION_MARGIN), delta, verify=verify, terms=terms)
+    absolute = 4e-15 * (1.0 + np.abs(terms[0]))
     check = np.flatnonzero(absolute > 1e-3 * _CALIBRATION_MARGIN * epsilon)
     if check.size == 0:
         return mu
@@ -100,7 +101,12 @@ def _calibrated_mu(
     redo = check[fails]
     if redo.size:
         sub_verify = None if verify is None else (lambda m, j: verify(m, redo[j]))
-        mu[redo] = _mu_from_epsilon(_calibration_target(epsilon[redo], delta[redo]), delta[redo], verify=sub_verify)
+        mu[redo] = _mu_from_epsilon(
+            _calibration_target(epsilon[redo], delta[redo]),
+            delta[redo],
+            verify=sub_verify,
+            terms=tuple(term[redo] for term in terms),  # type: ignore[arg-type]
+        )
     return mu
 
 
@@ -134,36 +140,95 @@ def _log_delta(epsilon: np.ndarray, mu: np.ndarray) -> tuple[np.ndarray, np.ndar
     So the value returned is never below the exact delta: about 1e-13 relative
     above it in ordinary regimes and ~1e-11 or better for tiny mu.
     """
+    log_delta, b, _ = _log_delta_x1(epsilon, mu)
+    return log_delta, b
+
+
+def _log_delta_x1(epsilon: np.ndarray, mu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_log_delta` and ``x1 = mu/2 - epsilon/mu``, computed with as few temporaries as the formula allows.
+
+    Every value is formed by the same float operations, in the same order, as the
+    expressions in :func:`_log_delta`'s docstring (only temporaries are reused and
+    each branch of log1mexp is evaluated where it is selected), so the results are
+    bit-identical to evaluating them literally.
+    """
+    epsilon, mu = np.broadcast_arrays(np.asarray(epsilon, dtype=np.float64), np.asarray(mu, dtype=np.float64))
+    shape = epsilon.shape
+    if not shape:  # ufuncs return scalars for 0-d operands; the in-place steps need arrays
+        epsilon, mu = epsilon.reshape(1), mu.reshape(1)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = epsilon / mu
-        x1 = mu / 2.0 - ratio
-        x2 = -mu / 2.0 - ratio
+        half = mu / 2.0
+        x1 = half - ratio
+        x2 = -half
+        x2 -= ratio  # -mu/2 - epsilon/mu
         a = log_ndtr(x1)
         log_phi2 = log_ndtr(x2)
         b = epsilon + log_phi2
-        t = mu / 2.0 + ratio
-        float_error = 8.0 * _UNIT_ROUNDOFF * (np.abs(a) + np.abs(b) + epsilon + 2.0 * t * (t + 1.0))
-        diff = (b - a) - float_error
+        t = np.add(half, ratio, out=ratio)  # mu/2 + epsilon/mu
+        # float_error = 8 u (|a| + |b| + epsilon + 2 t (t + 1))
+        err = np.abs(a)
+        err += np.abs(b)
+        err += epsilon
+        t1 = t + 1.0
+        t *= 2.0
+        t *= t1
+        err += t
+        err *= 8.0 * _UNIT_ROUNDOFF
+        diff = b - a
+        diff -= err
         # (2): trapezoid bound with lambda(x) = exp(-x^2/2 - log sqrt(2 pi) - log Phi(x)).
         # Float error: each exponent to 8 u (x^2 + |log Phi| + 1), lambda at a rounded x moves by
         # at most 2 u (|x| + 1) since 0 < -lambda' < 1 (Sampford 1953), then the sums.
-        lam1 = np.exp(-0.5 * x1 * x1 - _LOG_SQRT_2PI - a)
-        lam2 = np.exp(-0.5 * x2 * x2 - _LOG_SQRT_2PI - log_phi2)
-        trap = 0.5 * mu * (lam1 + lam2)
-        exp_error = 8.0 * _UNIT_ROUNDOFF * (np.maximum(x1 * x1, x2 * x2) + np.abs(log_phi2) + 1.0)
-        trap_error = (
-            trap * (exp_error + 12.0 * _UNIT_ROUNDOFF)
-            + 4.0 * _UNIT_ROUNDOFF * (epsilon + mu * (np.abs(x1) + np.abs(x2) + 2.0))
-        )
-        diff = np.fmax(diff, epsilon - trap - trap_error)
+        lam1 = np.multiply(-0.5, x1, out=t1)
+        lam1 *= x1
+        lam1 -= _LOG_SQRT_2PI
+        lam1 -= a
+        np.exp(lam1, out=lam1)
+        lam2 = np.multiply(-0.5, x2, out=err)
+        lam2 *= x2
+        lam2 -= _LOG_SQRT_2PI
+        lam2 -= log_phi2
+        np.exp(lam2, out=lam2)
+        lam1 += lam2
+        trap = np.multiply(0.5, mu, out=t)
+        trap *= lam1  # 0.5 mu (lambda1 + lambda2)
+        sq1 = np.multiply(x1, x1, out=lam1)
+        sq2 = np.multiply(x2, x2, out=lam2)
+        exp_error = np.maximum(sq1, sq2, out=sq1)
+        exp_error += np.abs(log_phi2)
+        exp_error += 1.0
+        exp_error *= 8.0 * _UNIT_ROUNDOFF
+        # trap_error = trap (exp_error + 12 u) + 4 u (epsilon + mu (|x1| + |x2| + 2))
+        exp_error += 12.0 * _UNIT_ROUNDOFF
+        exp_error *= trap
+        spread = np.abs(x1, out=sq2)
+        spread += np.abs(x2, out=x2)
+        spread += 2.0
+        spread *= mu
+        spread += epsilon
+        spread *= 4.0 * _UNIT_ROUNDOFF
+        exp_error += spread
+        bound = np.subtract(epsilon, trap, out=trap)
+        bound -= exp_error  # epsilon - trap - trap_error
+        np.fmax(diff, bound, out=diff)
         # exact b < a (delta > 0). Should the lowered difference still be >= 0 (an error bound
         # failed), fall back to a itself: delta <= Phi(mu/2 - epsilon/mu) always, so that stays an
         # upper bound (reporting delta = 0 would not be).
-        # log(1 - e^d) as log(-expm1(d)) near 0 and log1p(-e^d) below -log 2 (Maechler 2012, "log1mexp")
-        d = np.minimum(diff, 0.0)
-        log1mexp = np.where(d > -_LOG_2, np.log(-np.expm1(d)), np.log1p(-np.exp(d)))
-        log_delta = np.where(diff < 0, a + log1mexp, a)
-    return log_delta, b
+        # log(1 - e^d) as log(-expm1(d)) near 0 and log1p(-exp(d)) below -log 2 (Maechler 2012, "log1mexp")
+        negative = diff < 0
+        near = negative & (diff > -_LOG_2)
+        far = negative & ~near
+        log1mexp = np.zeros_like(diff)
+        np.expm1(diff, out=log1mexp, where=near)
+        np.negative(log1mexp, out=log1mexp, where=near)
+        np.log(log1mexp, out=log1mexp, where=near)
+        np.exp(diff, out=log1mexp, where=far)
+        np.negative(log1mexp, out=log1mexp, where=far)
+        np.log1p(log1mexp, out=log1mexp, where=far)
+        log_delta = a
+        np.add(a, log1mexp, out=log_delta, where=negative)
+    return log_delta.reshape(shape), b.reshape(shape), x1.reshape(shape)
 
 
 def _scalar_or_array(value: np.ndarray, scalar: bool) -> float | np.ndarray:
@@ -205,15 +270,22 @@ def _solve_safe_root(
     result = safe.copy()
     toward_safe = -1.0 if increasing else 1.0
     tiny = np.finfo(float).tiny
-    active = np.arange(x.size)
+    everything = np.arange(x.size)
+    active = everything
     for _ in range(max_iter):
         if active.size == 0:
             break
-        xa = x[active]
-        g, g1, g2 = fun(xa, active)
+        # while every element is active (the first step), slices replace the index gathers
+        sel: slice | np.ndarray = slice(None) if active.size == x.size else active
+        xa = x[sel]
+        g, g1, g2 = fun(xa, sel)
         is_safe = g <= 0
-        safe[active[is_safe]] = xa[is_safe]
-        unsafe[active[~is_safe]] = xa[~is_safe]
+        if active.size == x.size:
+            np.copyto(safe, xa, where=is_safe)
+            np.copyto(unsafe, xa, where=~is_safe)
+        else:
+            safe[active[is_safe]] = xa[is_safe]
+            unsafe[active[~is_safe]] = xa[~is_safe]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             newton = g / g1
             correction = 0.5 * newton * g2 / g1
@@ -222,7 +294,7 @@ def _solve_safe_root(
             use_halley = np.abs(correction) < 0.5
             step = np.where(use_halley, newton / (1.0 - np.where(use_halley, correction, 0.0)), newton)
             candidate = xa - step
-        s_a, u_a = safe[active], unsafe[active]
+        s_a, u_a = safe[sel], unsafe[sel]
         lo, hi = np.minimum(s_a, u_a), np.maximum(s_a, u_a)
         scale = np.maximum(np.abs(xa), tiny)
         bad = ~np.isfinite(candidate) | (candidate <= lo) | (candidate >= hi)
@@ -237,8 +309,8 @@ def _solve_safe_root(
         fallback = np.where(np.isfinite(u_a), bisect, 2.0 * np.abs(s_a) + tiny)
         candidate = np.where(bad, fallback, candidate)
         finished = close | narrow
-        result[active] = np.where(close, candidate + toward_safe * _RTOL * scale, s_a)
-        x[active] = candidate
+        result[sel] = np.where(close, candidate + toward_safe * _RTOL * scale, s_a)
+        x[sel] = candidate
         active = active[~finished]
     # Elements still active after max_iter keep their verified safe end (result = safe).
     if active.size:
@@ -247,9 +319,9 @@ def _solve_safe_root(
     if verify is None:
         def verify(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
             return fun(x, idx)[0]
-    check = np.arange(result.size)
+    check = everything
     for k in range(12):
-        g = verify(result[check], check)
+        g = verify(result if k == 0 else result[check], slice(None) if k == 0 else check)
         failed = ~(g <= 0)
         if not np.any(failed):
             return result
@@ -336,30 +408,72 @@ def _asymptotic_mu(epsilon: np.ndarray, log_target: np.ndarray, mu0: np.ndarray)
     the bracket and the verification do not rely on it.
     """
     mu = mu0.copy()
+    # Each step is, literally:
+    #   t1 = epsilon/mu - mu/2;  t2 = epsilon/mu + mu/2
+    #   f = -0.5 t1 t1 - log sqrt(2 pi) + log(mu) - log(t1 t2) - log_target
+    #   dt1 = -epsilon/mu^2 - 1/2;  dt2 = -epsilon/mu^2 + 1/2
+    #   df = -t1 dt1 + 1/mu - dt1/t1 - dt2/t2;  mu = mu - f/df
+    # evaluated below in that order with reused buffers.
+    t1, t2, f, df, dt2, tmp = (np.empty_like(mu) for _ in range(6))
     with np.errstate(all="ignore"):
         for _ in range(3):
-            t1 = epsilon / mu - mu / 2.0
-            t2 = epsilon / mu + mu / 2.0
-            f = -0.5 * t1 * t1 - _LOG_SQRT_2PI + np.log(mu) - np.log(t1 * t2) - log_target
-            dt1 = -epsilon / (mu * mu) - 0.5
-            dt2 = -epsilon / (mu * mu) + 0.5
-            df = -t1 * dt1 + 1.0 / mu - dt1 / t1 - dt2 / t2
-            mu = mu - f / df
+            ratio = np.divide(epsilon, mu, out=df)
+            half = np.divide(mu, 2.0, out=tmp)
+            np.subtract(ratio, half, out=t1)
+            np.add(ratio, half, out=t2)
+            np.multiply(-0.5, t1, out=f)
+            f *= t1
+            f -= _LOG_SQRT_2PI
+            f += np.log(mu, out=tmp)
+            np.multiply(t1, t2, out=tmp)
+            f -= np.log(tmp, out=tmp)
+            f -= log_target
+            dt1 = np.multiply(mu, mu, out=tmp)
+            np.divide(epsilon, dt1, out=dt1)
+            np.negative(dt1, out=dt1)  # -epsilon / mu^2
+            np.add(dt1, 0.5, out=dt2)
+            dt1 -= 0.5
+            np.negative(t1, out=df)
+            df *= dt1
+            np.divide(dt1, t1, out=dt1)  # dt1 / t1 (dt1 is not needed after this)
+            np.divide(1.0, mu, out=t1)  # t1 is not needed after this
+            df += t1
+            df -= dt1
+            np.divide(dt2, t2, out=dt2)
+            df -= dt2
+            np.divide(f, df, out=f)
+            mu -= f
         t1 = epsilon / mu - mu / 2.0
         ok = np.isfinite(mu) & (mu > mu0) & (t1 > 2.0)
     return np.where(ok, mu, mu0)
+
+
+def _delta_terms(delta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(log delta, z = -Phi^{-1}(delta), mu_tv)`` of :func:`_mu_from_epsilon`, elementwise.
+
+    ``mu_tv = 2 sqrt(2) erfinv(delta)``, lowered by 1e-12 relative (see there). Per-token
+    budgets share one delta: a flat array of equal deltas gets each term computed once
+    (the same value, bit for bit, that every element would get).
+    """
+    delta = np.asarray(delta, dtype=np.float64)
+    if delta.ndim == 1 and delta.size > 1 and np.all(delta == delta[0]):
+        return tuple(np.full(delta.shape, term[0]) for term in _delta_terms(delta[:1]))  # type: ignore[return-value]
+    return np.log(delta), -ndtri(delta), 2.0 * np.sqrt(2.0) * erfinv(delta) * (1.0 - 1e-12)
 
 
 def _mu_from_epsilon(
     epsilon: np.ndarray,
     delta: np.ndarray,
     verify: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Largest mu (to within rounding, on the safe side) with delta(epsilon; mu) <= delta."""
+    """Largest mu (to within rounding, on the safe side) with delta(epsilon; mu) <= delta.
+
+    ``terms`` is :func:`_delta_terms` of ``delta`` when the caller has it already.
+    """
     epsilon = np.asarray(epsilon, dtype=np.float64)
     delta = np.asarray(delta, dtype=np.float64)
-    log_target = np.log(delta)
-    z = -ndtri(delta)
+    log_target, z, mu_tv = _delta_terms(delta) if terms is None else terms
     # Same tail bound: at mu0 = -z + sqrt(z^2 + 2 eps), P[L > eps] = delta, so mu0 is safe.
     # For z > 0 that difference cancels (to 0 once 2 eps < ulp(z^2), e.g. eps = 1e-20), so
     # it is evaluated there as 2 eps / (z + sqrt(z^2 + 2 eps)), which has no cancellation.
@@ -369,17 +483,15 @@ def _mu_from_epsilon(
     # Second safe point, from delta(epsilon) <= delta(0) = 2 Phi(mu/2) - 1 = erf(mu / (2 sqrt 2)):
     # mu_tv = 2 sqrt(2) erfinv(delta), lowered by 1e-12 relative for erfinv's rounding. It is the
     # root itself as epsilon -> 0, where mu_tail -> 0 (the bracket could not grow from 0 in time).
-    mu_tv = 2.0 * np.sqrt(2.0) * erfinv(delta) * (1.0 - 1e-12)
     mu0 = np.maximum(mu_tail, mu_tv)
 
     def fun(mu: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         e = epsilon.ravel()[idx]
-        log_d, _ = _log_delta(e, mu)
+        log_d, _, x1 = _log_delta_x1(e, mu)  # x1 = mu/2 - eps/mu
         # d delta / d mu = phi(mu/2 - eps/mu) (the two phi terms of the derivative merge
         # because exp(eps) phi(-mu/2 - eps/mu) = phi(mu/2 - eps/mu)).
         # delta''(mu) = -x1 (1/2 + eps/mu^2) phi(x1). Derivatives of log delta:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            x1 = mu / 2.0 - e / mu
             d1 = np.exp(-0.5 * x1 * x1 - _LOG_SQRT_2PI - log_d)
             d2 = -x1 * (0.5 + e / (mu * mu)) * d1 - d1 * d1
         return log_d - log_target.ravel()[idx], d1, d2
