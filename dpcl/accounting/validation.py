@@ -21,7 +21,7 @@ def _as_float_array(name: str, value: Any) -> tuple[np.ndarray, bool]:
         raise InvalidParameterError(f"{name} must be a number, got a boolean ({value!r}).")
     try:
         array = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: an int beyond float64
         raise InvalidParameterError(f"{name} must be a number, got {value!r}.") from exc
     if array.size == 0:
         raise InvalidParameterError(f"{name} is empty; give at least one value.")

@@ -178,3 +178,43 @@ def test_every_sigma_is_sound_against_mpmath() -> None:
 @pytest.mark.thorough
 def test_every_sigma_is_sound_against_mpmath_thorough() -> None:
     check_soundness(10_000, seed=12)
+
+
+# ---------------------------------------------------------------------------
+# scalar calls: a fast path for three numbers, the same bits as the arrays
+# ---------------------------------------------------------------------------
+def test_scalar_calls_return_the_vectorised_bits(reference: dict[str, np.ndarray]) -> None:
+    eps, delta, sens, sigma = (reference[k] for k in ("epsilon", "delta", "sensitivity", "sigma"))
+    scalar = np.array([gaussian_sigma(float(a), float(b), float(c)) for a, b, c in zip(eps, delta, sens)])
+    assert np.array_equal(bits(scalar), bits(sigma))
+    # numpy scalars and ints take the same path
+    assert gaussian_sigma(np.float64(eps[0]), np.float32(0.5), 1) == gaussian_sigma(np.array([eps[0]]), 0.5, 1.0)[0]
+    # the fast path answers nearly every budget itself (the rest go to the vectorised code)
+    answered = 0
+    for a, b, c in zip(eps, delta, sens):
+        try:
+            gauss._s_sigma(float(a), float(b), float(c))
+            answered += 1
+        except (gauss._LeaveFastPath, ZeroDivisionError, OverflowError, ValueError):
+            pass
+    assert answered >= 0.95 * eps.size
+
+
+def test_scalar_calls_match_arrays_on_random_budgets() -> None:
+    rng = np.random.default_rng(5)
+    n = 3000
+    eps = np.concatenate([rng.uniform(0.05, 10.0, n // 2), 10.0 ** rng.uniform(-8, 2.5, n - n // 2)])
+    delta = 10.0 ** rng.uniform(-20, -1, n)
+    sens = np.where(rng.random(n) < 0.5, 1.0, 10.0 ** rng.uniform(-2, 2, n))
+    vector = gaussian_sigma(eps, delta, sens)
+    scalar = np.array([gaussian_sigma(float(a), float(b), float(c)) for a, b, c in zip(eps, delta, sens)])
+    assert np.array_equal(bits(scalar), bits(vector))
+
+
+def test_scalar_invalid_input_still_raises_typed_errors() -> None:
+    for args, name in [((0.0, 1e-5), "epsilon"), ((1.0, 1.0), "delta"), ((1.0, 1e-5, -1), "sensitivity"),
+                       ((float("nan"), 1e-5), "epsilon"), ((10**400, 1e-5), "epsilon"), ((True, 1e-5), "epsilon")]:
+        with pytest.raises(InvalidParameterError, match=name):
+            gaussian_sigma(*args)
+    with pytest.raises(InvalidParameterError, match="no finite positive sigma"):
+        gaussian_sigma(1.0, 1e-5, 1e308)
