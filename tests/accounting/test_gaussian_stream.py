@@ -218,3 +218,19 @@ def test_scalar_invalid_input_still_raises_typed_errors() -> None:
             gaussian_sigma(*args)
     with pytest.raises(InvalidParameterError, match="no finite positive sigma"):
         gaussian_sigma(1.0, 1e-5, 1e308)
+
+
+def test_large_inputs_are_validated_in_chunks_with_the_same_errors() -> None:
+    # the checks look at 2^20 elements at a time; a bad element past the first chunk is still named
+    eps = np.full(3 << 20, 2.0)
+    eps[2_500_000] = -1.0
+    with pytest.raises(InvalidParameterError, match=r"epsilon must be > 0 and finite, got -1.0 \(element 2500000 "):
+        gaussian_sigma(eps, 1e-5)
+    eps[2_500_000] = np.inf
+    with pytest.raises(InvalidParameterError, match=r"epsilon must be finite, got inf \(element 2500000 "):
+        gaussian_sigma(eps, 1e-5)
+    eps[2_500_000] = 2.0
+    delta = np.full(eps.size, 1e-5)
+    delta[-1] = 1.0
+    with pytest.raises(InvalidParameterError, match=rf"delta must lie in \(0, 1\), got 1.0 \(element {eps.size - 1} "):
+        gaussian_sigma(eps, delta)
