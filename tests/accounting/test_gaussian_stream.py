@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import dpcl.accounting.gaussian as gauss
 from dpcl.accounting.gaussian import gaussian_sigma, gaussian_sigma_stream
@@ -234,3 +236,18 @@ def test_large_inputs_are_validated_in_chunks_with_the_same_errors() -> None:
     delta[-1] = 1.0
     with pytest.raises(InvalidParameterError, match=rf"delta must lie in \(0, 1\), got 1.0 \(element {eps.size - 1} "):
         gaussian_sigma(eps, delta)
+
+
+@given(
+    eps=st.floats(min_value=1e-12, max_value=1e3),
+    delta=st.floats(min_value=1e-300, max_value=0.99),
+    sens=st.floats(min_value=1e-3, max_value=1e3),
+)
+def test_property_scalar_call_is_the_array_element(eps: float, delta: float, sens: float) -> None:
+    try:
+        vector = gaussian_sigma(np.array([eps]), delta, sens)[0]
+    except InvalidParameterError:
+        with pytest.raises(InvalidParameterError):
+            gaussian_sigma(eps, delta, sens)
+        return
+    assert bits(np.array([gaussian_sigma(eps, delta, sens)]))[0] == bits(np.array([vector]))[0]
