@@ -289,28 +289,45 @@ def _solve_safe_root(
             unsafe[active[~is_safe]] = xa[~is_safe]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             newton = g / g1
-            correction = 0.5 * newton * g2 / g1
+            correction = 0.5 * newton
+            correction *= g2
+            correction /= g1  # 0.5 newton g2 / g1
             # Halley's correction is trusted only near the root (|correction| < 1/2);
             # farther out it can even reverse the step, so plain Newton is used.
-            use_halley = np.abs(correction) < 0.5
-            step = np.where(use_halley, newton / (1.0 - np.where(use_halley, correction, 0.0)), newton)
+            newton_only = ~(np.abs(correction) < 0.5)
+            step = np.subtract(1.0, correction, out=correction)
+            np.divide(newton, step, out=step)
+            np.copyto(step, newton, where=newton_only)
             candidate = xa - step
         s_a, u_a = safe[sel], unsafe[sel]
         lo, hi = np.minimum(s_a, u_a), np.maximum(s_a, u_a)
-        scale = np.maximum(np.abs(xa), tiny)
-        bad = ~np.isfinite(candidate) | (candidate <= lo) | (candidate >= hi)
-        close = ~bad & (np.abs(step) <= 1e-6 * scale)
-        narrow = np.isfinite(u_a) & (hi - lo <= _RTOL * np.maximum(np.abs(s_a), tiny))
-        # bisect geometrically across decades (all roots here are of positive
-        # quantities), arithmetically otherwise; double while the bracket is open.
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            geometric = np.sqrt(lo) * np.sqrt(hi)  # not sqrt(lo * hi): that overflows for roots ~1e300
-        wide = (lo > 0) & (hi > 4.0 * lo)
-        bisect = np.where(wide, geometric, 0.5 * (s_a + u_a))
-        fallback = np.where(np.isfinite(u_a), bisect, 2.0 * np.abs(s_a) + tiny)
-        candidate = np.where(bad, fallback, candidate)
+        scale = np.abs(xa)
+        np.maximum(scale, tiny, out=scale)
+        bad = ~np.isfinite(candidate)
+        bad |= candidate <= lo
+        bad |= candidate >= hi
+        close = np.abs(step) <= 1e-6 * scale
+        close &= ~bad
+        narrow = hi - lo <= _RTOL * np.maximum(np.abs(s_a), tiny)
+        narrow &= np.isfinite(u_a)
+        if bad.any():
+            # bisect geometrically across decades (all roots here are of positive
+            # quantities), arithmetically otherwise; double while the bracket is open.
+            b = np.flatnonzero(bad)
+            lo_b, hi_b, s_b, u_b = lo[b], hi[b], s_a[b], u_a[b]
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                geometric = np.sqrt(lo_b) * np.sqrt(hi_b)  # not sqrt(lo * hi): that overflows for roots ~1e300
+            wide = (lo_b > 0) & (hi_b > 4.0 * lo_b)
+            bisect = np.where(wide, geometric, 0.5 * (s_b + u_b))
+            candidate[b] = np.where(np.isfinite(u_b), bisect, 2.0 * np.abs(s_b) + tiny)
         finished = close | narrow
-        result[sel] = np.where(close, candidate + toward_safe * _RTOL * scale, s_a)
+        # an element that goes on is written again when it finishes, or gets its safe end after the loop
+        if finished.any():
+            answer = np.where(close, candidate + toward_safe * _RTOL * scale, s_a)
+            if active.size == x.size:
+                np.copyto(result, answer, where=finished)
+            else:
+                result[active[finished]] = answer[finished]
         x[sel] = candidate
         active = active[~finished]
     # Elements still active after max_iter keep their verified safe end (result = safe).
