@@ -68,7 +68,7 @@ NOTES = [
     "threads would halve the wall time (about × 9 to × 12 of one single-threaded pass); this could not be "
     "measured on the shared machine. Going further needs fewer `log_ndtr` evaluations, i.e. a different "
     "iteration (different last bits), or a compiled kernel.",
-    "* The committed numbers were measured at commit 2150641; 7dfacc0 then trimmed the root finder's "
+    "* The committed numbers were measured with the calibration code of commit e15e401; 7dfacc0 then trimmed the root finder's "
     "bisection fallback (same bits, ~3% less CPU per budget in a single-thread comparison at load ~12).",
     "* Block layout: blocks of at most 2^15 budgets (at least 16 blocks per call, at least 2^11 budgets "
     "each), two threads. Working memory per call is ~24 MiB from 10^6 budgets on, whatever n; the input "
