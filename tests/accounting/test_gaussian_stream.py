@@ -251,3 +251,11 @@ def test_property_scalar_call_is_the_array_element(eps: float, delta: float, sen
             gaussian_sigma(eps, delta, sens)
         return
     assert bits(np.array([gaussian_sigma(eps, delta, sens)]))[0] == bits(np.array([vector]))[0]
+
+
+def test_scalar_path_under_strict_numpy_error_settings(reference: dict[str, np.ndarray]) -> None:
+    # a caller's np.errstate(all="raise") must not turn the scalar path's float events into errors
+    eps, delta, sens, sigma = (reference[k][:300] for k in ("epsilon", "delta", "sensitivity", "sigma"))
+    with np.errstate(all="raise"):
+        scalar = np.array([gaussian_sigma(float(a), float(b), float(c)) for a, b, c in zip(eps, delta, sens)])
+    assert np.array_equal(bits(scalar), bits(sigma))
