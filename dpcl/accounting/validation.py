@@ -9,11 +9,28 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from dpcl.errors import InvalidParameterError
+
+
+#: Large arrays are checked in chunks of this many elements, so a check's temporary
+#: masks stay small (a mask of the whole array is formed only to report an error).
+_CHUNK = 1 << 20
+
+
+def _any(array: np.ndarray, bad: Callable[[np.ndarray], np.ndarray]) -> bool:
+    """``np.any(bad(array))`` without a mask of the whole array when it is large and contiguous."""
+    if array.size <= _CHUNK or not array.flags.c_contiguous:
+        return bool(np.any(bad(array)))
+    flat = array.reshape(-1)
+    return any(bool(np.any(bad(flat[i : i + _CHUNK]))) for i in range(0, flat.size, _CHUNK))
+
+
+def _not_finite(a: np.ndarray) -> np.ndarray:
+    return ~np.isfinite(a)
 
 
 def _as_float_array(name: str, value: Any) -> tuple[np.ndarray, bool]:
@@ -21,11 +38,11 @@ def _as_float_array(name: str, value: Any) -> tuple[np.ndarray, bool]:
         raise InvalidParameterError(f"{name} must be a number, got a boolean ({value!r}).")
     try:
         array = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: an int beyond float64
         raise InvalidParameterError(f"{name} must be a number, got {value!r}.") from exc
     if array.size == 0:
         raise InvalidParameterError(f"{name} is empty; give at least one value.")
-    if not np.all(np.isfinite(array)):
+    if _any(array, _not_finite):
         bad = float(array[~np.isfinite(array)].ravel()[0])
         where = "" if array.ndim == 0 else f" (element {int(np.flatnonzero(~np.isfinite(array))[0])} of the flattened array)"
         raise InvalidParameterError(f"{name} must be finite, got {bad!r}{where}.")
@@ -64,28 +81,29 @@ def broadcast_together(names: Sequence[str], *arrays: Any) -> tuple[list[np.ndar
 def check_positive(name: str, value: Any) -> float | np.ndarray:
     """Finite and > 0 (epsilon, sigma, sensitivity, scale)."""
     array, scalar = _as_float_array(name, value)
-    bad = array <= 0
-    if np.any(bad):
-        raise InvalidParameterError(f"{name} must be > 0 and finite, got {_describe(array, bad)}.")
+    if _any(array, lambda a: a <= 0):
+        raise InvalidParameterError(f"{name} must be > 0 and finite, got {_describe(array, array <= 0)}.")
     return _ret(array, scalar)
 
 
 def check_nonnegative(name: str, value: Any) -> float | np.ndarray:
     """Finite and >= 0."""
     array, scalar = _as_float_array(name, value)
-    bad = array < 0
-    if np.any(bad):
-        raise InvalidParameterError(f"{name} must be >= 0 and finite, got {_describe(array, bad)}.")
+    if _any(array, lambda a: a < 0):
+        raise InvalidParameterError(f"{name} must be >= 0 and finite, got {_describe(array, array < 0)}.")
     return _ret(array, scalar)
 
 
 def check_delta(name: str, value: Any, *, allow_zero: bool = False) -> float | np.ndarray:
     """delta in (0, 1) (or [0, 1) with ``allow_zero``)."""
     array, scalar = _as_float_array(name, value)
-    bad = (array < 0) | (array >= 1) | ((array == 0) & (not allow_zero))
-    if np.any(bad):
+
+    def outside(a: np.ndarray) -> np.ndarray:
+        return (a < 0) | (a >= 1) | ((a == 0) & (not allow_zero))
+
+    if _any(array, outside):
         allowed = "[0, 1)" if allow_zero else "(0, 1)"
-        raise InvalidParameterError(f"{name} must lie in {allowed}, got {_describe(array, bad)}.")
+        raise InvalidParameterError(f"{name} must lie in {allowed}, got {_describe(array, outside(array))}.")
     return _ret(array, scalar)
 
 
