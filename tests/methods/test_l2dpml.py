@@ -196,7 +196,7 @@ def test_release_holds_no_unit_ids_and_continuing_needs_the_curator_state(stream
         _fit(m, task)
     release = m.state_dict()
     assert "seen_units" not in release
-    assert all(set(e) == {"task", "batch", "ae", "b_n", "q_n"} for e in release["memory"])
+    assert all(set(e) == {"task", "batch", "ae", "b_n", "q_n", "theta1_release"} for e in release["memory"])
     units = [np.asarray(t.train.unit_ids) for t in stream.tasks[:2]]
     for value in _leaves(release):
         array = np.asarray(value.numpy() if isinstance(value, torch.Tensor) else value)
@@ -473,3 +473,45 @@ def test_l2dpml_computes_on_the_setup_device_and_reports_it():
     assert {t.device.type for t in (on_meta.theta1, on_meta.W, *on_meta.hidden[0])} == {"meta"}
     other = method_class("cosine")(MethodSetup(method={}, privacy=PRIVACY, label_space=(0, 1), input_dim=4, seed=0))
     assert other.compute_device == "cpu"  # the default: setup.device
+
+
+def _diagonal(m: L2DPMLMethod, stream) -> list[float]:
+    """Accuracy on task t right after training on it (class-incremental evaluation over all 10 outputs)."""
+    acc = []
+    for task in stream.tasks:
+        m.fit_task(task.index, _data(task), task.labels, TaskPlan(events=(), noise={}))
+        acc.append(m.accuracy(task.test.features, task.test.labels))
+    return acc
+
+
+@pytest.mark.parametrize("method", [
+    # the bundled digits schedule: one fixed batch per task, the auto-encoder re-trained on every task
+    {"hidden_sizes": [16, 8], "batch_size": 512, "epochs": 200, "autoencoder_training": "every_task"},
+    {"hidden_sizes": [32, 64], "batch_size": 64, "epochs": 30, "autoencoder_training": "first_task"},
+], ids=["every_task", "first_task"])
+def test_non_private_run_learns_every_task_right_after_training_it(method):
+    """Regression: with a re-trained auto-encoder the output layer's A-GEM reference used the memory's output
+    coefficients of an older theta1 (polynomials in features that no longer exist), and task 2 of split digits
+    collapsed to 0.04 right after its training. Every task must now be learned far above chance (0.1)."""
+    from dpcl.data.streams import class_incremental_stream
+
+    split = class_incremental_stream(load_digits(), [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]], seed=0)
+    acc = _diagonal(_method({**method, "memory_batches_per_task": 1}, privacy={}), split)
+    assert min(acc) > 0.6, acc
+
+
+def test_output_memory_of_an_older_autoencoder_is_not_an_agem_reference(stream):
+    """Memory entries record the theta1 release their output coefficients were computed under; a new
+    auto-encoder release makes them invalid references for the output layer (its auto-encoder polynomials,
+    in input space, stay valid)."""
+    every = {**METHOD, "autoencoder_training": "every_task"}
+    m = _method(every, privacy={})
+    _diagonal(m, stream)
+    assert [e["theta1_release"] for e in m.memory] == [0, 1, 2]
+    assert m.theta1_release == 2
+    frozen = _method({**METHOD, "autoencoder_training": "first_task"}, privacy={})
+    _diagonal(frozen, stream)
+    assert [e["theta1_release"] for e in frozen.memory] == [0, 0, 0] and frozen.theta1_release == 0
+    restored = _method(every, privacy={})
+    restored.load_state_dict(m.state_dict())
+    assert restored.theta1_release == 2 and [e["theta1_release"] for e in restored.memory] == [0, 1, 2]
