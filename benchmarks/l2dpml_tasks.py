@@ -68,7 +68,7 @@ from dpcl.progress import progress
 L2DPML = {
     ("digits", "private"): {"hidden_sizes": [16, 8], "batch_size": 512, "epochs": 200},
     ("digits", "not_private"): {"hidden_sizes": [32, 128], "batch_size": 128, "epochs": 50},
-    ("fmnist", "private"): {"hidden_sizes": [32, 16], "batch_size": 12000, "epochs": 300},
+    ("fmnist", "private"): {"hidden_sizes": [32, 16], "batch_size": 12000, "epochs": 300, "epsilon1_fraction": 0.1},
     ("fmnist", "not_private"): {"hidden_sizes": [64, 256], "batch_size": 12000, "epochs": 300, "ridge": 0.01},
 }
 L2DPML_COMMON = {"learning_rate": 0.5, "memory_batches_per_task": 1, "reference_gradient": "memory_mean"}
