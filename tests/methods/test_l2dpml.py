@@ -515,3 +515,32 @@ def test_output_memory_of_an_older_autoencoder_is_not_an_agem_reference(stream):
     restored = _method(every, privacy={})
     restored.load_state_dict(m.state_dict())
     assert restored.theta1_release == 2 and [e["theta1_release"] for e in restored.memory] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("stream_kind", ["split", "permuted"])
+def test_fmnist_configs_calibrate_the_laplace_noise_to_the_derived_sensitivities(stream_kind):
+    """The bundled Fashion-MNIST configs (d = 784, |h_pi| = 16, K = 10) at epsilon = 10: the plan charges
+    epsilon1 + epsilon2 = 10 per example and a release adds Laplace noise of scale Delta / epsilon with the closed
+    forms Delta_R = 9d/16 + 3d(d-1)/8 ([0, 1] inputs) and Delta_L = K p + p^2 (p = |h_pi| + 1). No data needed:
+    a small task of random images in [0, 1]^784 exercises the release."""
+    import tomllib
+    from pathlib import Path
+
+    import dpcl
+
+    config = tomllib.loads((Path(dpcl.__file__).parent / "configs" / f"fmnist_l2dpml_{stream_kind}.toml").read_text())
+    method, privacy = config["method"], config["privacy"]
+    d, p, k = 784, method["hidden_sizes"][-1] + 1, 10
+    plan = L2DPML_SPEC.plan_task(method, privacy, 40, 0)
+    e1, e2 = plan.noise["epsilon1"], plan.noise["epsilon2"]
+    assert e1 + e2 == pytest.approx(privacy["epsilon"]) == pytest.approx(10.0)
+    m = L2DPMLMethod(MethodSetup(method=method, privacy=privacy, label_space=tuple(range(k)), input_dim=d, seed=0))
+    rng = np.random.default_rng(0)
+    data = TrainingData(rng.random((40, d)), rng.integers(0, k, 40), np.arange(40))
+    m.fit_task(0, data, tuple(range(k)), plan)
+    report = m.certificate_extra(0)["l2dpml"]
+    delta_r, delta_l = 9 * d / 16 + 3 * d * (d - 1) / 8, k * p + p * p
+    assert report["sensitivities"]["delta_R"] == pytest.approx(delta_r)
+    assert report["sensitivities"]["delta_L"] == pytest.approx(delta_l)
+    assert report["laplace_scales"] == pytest.approx({"reconstruction": delta_r / e1, "output": delta_l / e2})
+    assert report["lifelong_bound"]["epsilon"] == pytest.approx(10.0)
