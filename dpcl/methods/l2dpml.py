@@ -21,7 +21,12 @@ layer ``W``. Training follows Alg. 2 with the soundness fixes derived in
   with A-GEM against memory batches;
 * after the task, ``memory_batches_per_task`` of its batches (their *released*
   coefficients) enter the episodic memory; they are never recomputed, and the
-  run checks (by digest) that they stay fixed and disjoint.
+  run checks (by digest) that they stay fixed and disjoint. A memory batch's
+  output coefficients are a polynomial in the features of the ``theta1`` they
+  were released under (``theta1_release``: the task whose auto-encoder release
+  produced it); they are an A-GEM reference for ``W`` only while that ``theta1``
+  is current (after a re-trained auto-encoder they describe features that no
+  longer exist; projecting against them made new tasks collapse).
 
 The released checkpoint (:meth:`L2DPMLMethod.state_dict`) holds the trained
 weights and the memory's released coefficients; the privacy-unit ids of every
