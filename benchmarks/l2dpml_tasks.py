@@ -69,7 +69,8 @@ L2DPML = {
     ("digits", "private"): {"hidden_sizes": [16, 8], "batch_size": 512, "epochs": 200},
     ("digits", "not_private"): {"hidden_sizes": [32, 128], "batch_size": 128, "epochs": 50},
     ("fmnist", "private"): {"hidden_sizes": [32, 16], "batch_size": 12000, "epochs": 300, "epsilon1_fraction": 0.1},
-    ("fmnist", "not_private"): {"hidden_sizes": [64, 256], "batch_size": 12000, "epochs": 300, "ridge": 0.01},
+    ("fmnist", "not_private"): {"hidden_sizes": [64, 1024], "batch_size": 12000, "epochs": 1000, "learning_rate": 1.0,
+                                "ridge": 0.01},
 }
 L2DPML_COMMON = {"learning_rate": 0.5, "memory_batches_per_task": 1, "reference_gradient": "memory_mean"}
 AGEM = {"hidden_sizes": [64], "batch_size": 32, "epochs": 5, "learning_rate": 0.1, "memory_per_task": 64,
