@@ -21,7 +21,12 @@ layer ``W``. Training follows Alg. 2 with the soundness fixes derived in
   with A-GEM against memory batches;
 * after the task, ``memory_batches_per_task`` of its batches (their *released*
   coefficients) enter the episodic memory; they are never recomputed, and the
-  run checks (by digest) that they stay fixed and disjoint.
+  run checks (by digest) that they stay fixed and disjoint. A memory batch's
+  output coefficients are a polynomial in the features of the ``theta1`` they
+  were released under (``theta1_release``: the task whose auto-encoder release
+  produced it); they are an A-GEM reference for ``W`` only while that ``theta1``
+  is current (after a re-trained auto-encoder they describe features that no
+  longer exist; projecting against them made new tasks collapse).
 
 The released checkpoint (:meth:`L2DPMLMethod.state_dict`) holds the trained
 weights and the memory's released coefficients; the privacy-unit ids of every
@@ -229,6 +234,10 @@ class L2DPMLMethod(ContinualMethod):
                 f"{self.n_features}: theta1 has orthonormal columns."
             )
         self.theta1 = _orthonormal_columns(theta).to(self.device)
+        #: task whose auto-encoder release produced the current theta1 (-1: the seeded initialisation). The
+        #: output coefficients of a memory batch are polynomials in the features of the theta1 they were
+        #: computed with; they are valid A-GEM references only while that theta1 is the current one.
+        self.theta1_release = -1
         #: Fixed random hidden layers of G (h1 -> ... -> h_pi); never trained on private data.
         self.hidden: list[tuple[torch.Tensor, torch.Tensor]] = []
         for fan_in, fan_out in zip(self.hidden_sizes[:-1], self.hidden_sizes[1:]):
@@ -430,6 +439,7 @@ self.memory, [_entry_digest(e) for e in self.memory])
                 lambda i: self.learning_rate / float(2.0 * ae_norm[i]),
                 _orthonormal_columns,
             )
+            self.theta1_release = int(task_index)
         if progress:
             progress(nb * epochs)
         # Phase 2: features from the released theta1; one Laplace draw per batch (epsilon2, Delta_L).
@@ -447,14 +457,18 @@ self.memory, [_entry_digest(e) for e in self.memory])
         q_n = _psd_plus_ridge(q, self.ridge * sizes) / sizes[:, None, None]
         b_n = b / sizes[:, None, None]
         q_norm = torch.linalg.matrix_norm(q_n, ord=2).clamp(min=1e-12)
-        mem_b = torch.stack([e["b_n"] for e in self.memory]) if self.memory else None
-        mem_q = torch.stack([e["q_n"] for e in self.memory]) if self.memory else None
+        # A-GEM reference of the output layer: only memory batches whose coefficients are polynomials in the
+        # current features (released under the current theta1). After a new auto-encoder release the older
+        # coefficients describe features that no longer exist; projecting against them is not A-GEM.
+        valid = [e for e in self.memory if e.get("theta1_release", -1) == self.theta1_release]
+        mem_b = torch.stack([e["b_n"] for e in valid]) if valid else None
+        mem_q = torch.stack([e["q_n"] for e in valid]) if valid else None
         order = np.concatenate([order_rng.permutation(nb) for _ in range(epochs)])
         self.W = self._descend(
             self.W,
             lambda w, i: b_n[i] + q_n[i] @ w / 4.0,
             lambda w, idx: (mem_b[idx] + mem_q[idx] @ w / 4.0).mean(dim=0),
-            len(self.memory), order, order_rng,
+            len(valid), order, order_rng,
             lambda i: self.learning_rate / float(q_norm[i] / 4.0),
             lambda w: w,
         )
@@ -466,7 +480,8 @@ self.memory, [_entry_digest(e) for e in self.memory])
         units = np.asarray(data.unit_ids)
         for i in np.sort(chosen):
             entry = {"task": task_index, "batch": int(i), "units": units[batches[i]].astype(np.int64),
-                     "ae": None if ae is None else ae[i].clone(), "b_n": b_n[i].clone(), "q_n": q_n[i].clone()}
+                     "ae": None if ae is None else ae[i].clone(), "b_n": b_n[i].clone(), "q_n": q_n[i].clone(),
+                     "theta1_release": self.theta1_release}
             entry["digest"] = _entry_digest(entry)
             self.memory.append(entry)
 
@@ -482,13 +497,14 @@ self.memory, [_entry_digest(e) for e in self.memory])
 
     # -- state -----------------------------------------------------------
     #: memory-entry keys that are released (the rest, ``units`` and ``digest``, is curator state)
-    _RELEASED_MEMORY_KEYS = ("task", "batch", "ae", "b_n", "q_n")
+    _RELEASED_MEMORY_KEYS = ("task", "batch", "ae", "b_n", "q_n", "theta1_release")
 
     def state_dict(self) -> dict[str, Any]:
         """The release (CPU tensors): weights, the memory's released coefficients and the certified reports; no unit ids."""
         return {
             **self._base_state(),
             "theta1": self.theta1.cpu().clone(),
+            "theta1_release": self.theta1_release,
             "hidden": [(w.cpu().clone(), b.cpu().clone()) for w, b in self.hidden],
             "W": self.W.cpu().clone(),
             "memory": [{k: (e[k].cpu().clone() if isinstance(e[k], torch.Tensor) else e[k])
@@ -500,12 +516,13 @@ self.memory, [_entry_digest(e) for e in self.memory])
         """Restore a release; continuing the stream also needs :meth:`load_curator_state_dict`."""
         self._load_base_state(state)
         self.theta1 = state["theta1"].to(self.device, copy=True)
+        self.theta1_release = int(state.get("theta1_release", -1))
         self.hidden = [(w.to(self.device, copy=True), b.to(self.device, copy=True)) for w, b in state["hidden"]]
         if self._hidden_digest_now() != self._hidden_digest:
             raise InvalidParameterError("checkpoint hidden layers differ from this run's seeded initialisation.")
         self.W = state["W"].to(self.device, copy=True)
         self.memory = [{k: (e[k].to(self.device) if isinstance(e[k], torch.Tensor) else e[k])
-                        for k in self._RELEASED_MEMORY_KEYS} for e in state["memory"]]
+                        for k in self._RELEASED_MEMORY_KEYS if k in e} for e in state["memory"]]
         self.seen_units = None  # until load_curator_state_dict
         self.reports = dict(state["reports"])
 

@@ -196,7 +196,7 @@ def test_release_holds_no_unit_ids_and_continuing_needs_the_curator_state(stream
         _fit(m, task)
     release = m.state_dict()
     assert "seen_units" not in release
-    assert all(set(e) == {"task", "batch", "ae", "b_n", "q_n"} for e in release["memory"])
+    assert all(set(e) == {"task", "batch", "ae", "b_n", "q_n", "theta1_release"} for e in release["memory"])
     units = [np.asarray(t.train.unit_ids) for t in stream.tasks[:2]]
     for value in _leaves(release):
         array = np.asarray(value.numpy() if isinstance(value, torch.Tensor) else value)
@@ -473,3 +473,84 @@ def test_l2dpml_computes_on_the_setup_device_and_reports_it():
     assert {t.device.type for t in (on_meta.theta1, on_meta.W, *on_meta.hidden[0])} == {"meta"}
     other = method_class("cosine")(MethodSetup(method={}, privacy=PRIVACY, label_space=(0, 1), input_dim=4, seed=0))
     assert other.compute_device == "cpu"  # the default: setup.device
+
+
+def _diagonal(m: L2DPMLMethod, stream) -> list[float]:
+    """Accuracy on task t right after training on it (class-incremental evaluation over all 10 outputs)."""
+    acc = []
+    for task in stream.tasks:
+        m.fit_task(task.index, _data(task), task.labels, TaskPlan(events=(), noise={}))
+        acc.append(m.accuracy(task.test.features, task.test.labels))
+    return acc
+
+
+@pytest.mark.parametrize("method", [
+    # the bundled digits schedule: one fixed batch per task, the auto-encoder re-trained on every task
+    {"hidden_sizes": [16, 8], "batch_size": 512, "epochs": 200, "autoencoder_training": "every_task"},
+    {"hidden_sizes": [32, 64], "batch_size": 64, "epochs": 30, "autoencoder_training": "first_task"},
+], ids=["every_task", "first_task"])
+def test_non_private_run_learns_every_task_right_after_training_it(method):
+    """Regression: with a re-trained auto-encoder the output layer's A-GEM reference used the memory's output
+    coefficients of an older theta1 (polynomials in features that no longer exist), and task 2 of split digits
+    collapsed to 0.04 right after its training. Every task must now be learned far above chance (0.1)."""
+    from dpcl.data.streams import class_incremental_stream
+
+    split = class_incremental_stream(load_digits(), [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]], seed=0)
+    acc = _diagonal(_method({**method, "memory_batches_per_task": 1}, privacy={}), split)
+    assert min(acc) > 0.6, acc
+
+
+def test_output_memory_of_an_older_autoencoder_is_not_an_agem_reference(stream):
+    """Memory entries record the theta1 release their output coefficients were computed under; a new
+    auto-encoder release makes them invalid references for the output layer (its auto-encoder polynomials,
+    in input space, stay valid)."""
+    every = {**METHOD, "autoencoder_training": "every_task"}
+    m = _method(every, privacy={})
+    _diagonal(m, stream)
+    assert [e["theta1_release"] for e in m.memory] == [0, 1, 2]
+    assert m.theta1_release == 2
+    frozen = _method({**METHOD, "autoencoder_training": "first_task"}, privacy={})
+    _diagonal(frozen, stream)
+    assert [e["theta1_release"] for e in frozen.memory] == [0, 0, 0] and frozen.theta1_release == 0
+    restored = _method(every, privacy={})
+    restored.load_state_dict(m.state_dict())
+    assert restored.theta1_release == 2 and [e["theta1_release"] for e in restored.memory] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("stream_kind", ["split", "permuted"])
+def test_fmnist_configs_calibrate_the_laplace_noise_to_the_derived_sensitivities(stream_kind):
+    """The bundled Fashion-MNIST configs (d = 784, |h_pi| = 16, K = 10) at epsilon = 10: the plan charges
+    epsilon1 + epsilon2 = 10 per example and a release adds Laplace noise of scale Delta / epsilon with the closed
+    forms Delta_R = 9d/16 + 3d(d-1)/8 ([0, 1] inputs) and Delta_L = K p + p^2 (p = |h_pi| + 1). No data needed:
+    a small task of random images in [0, 1]^784 exercises the release."""
+    import tomllib
+    from pathlib import Path
+
+    import dpcl
+
+    config = tomllib.loads((Path(dpcl.__file__).parent / "configs" / f"fmnist_l2dpml_{stream_kind}.toml").read_text())
+    method, privacy = config["method"], config["privacy"]
+    d, p, k = 784, method["hidden_sizes"][-1] + 1, 10
+    plan = L2DPML_SPEC.plan_task(method, privacy, 40, 0)
+    e1, e2 = plan.noise["epsilon1"], plan.noise["epsilon2"]
+    assert e1 + e2 == pytest.approx(privacy["epsilon"]) == pytest.approx(10.0)
+    m = L2DPMLMethod(MethodSetup(method=method, privacy=privacy, label_space=tuple(range(k)), input_dim=d, seed=0))
+    rng = np.random.default_rng(0)
+    data = TrainingData(rng.random((40, d)), rng.integers(0, k, 40), np.arange(40))
+    m.fit_task(0, data, tuple(range(k)), plan)
+    report = m.certificate_extra(0)["l2dpml"]
+    delta_r, delta_l = 9 * d / 16 + 3 * d * (d - 1) / 8, k * p + p * p
+    assert report["sensitivities"]["delta_R"] == pytest.approx(delta_r)
+    assert report["sensitivities"]["delta_L"] == pytest.approx(delta_l)
+    assert report["laplace_scales"] == pytest.approx({"reconstruction": delta_r / e1, "output": delta_l / e2})
+    assert report["lifelong_bound"]["epsilon"] == pytest.approx(10.0)
+
+
+def test_non_private_run_learns_every_permuted_task_with_a_wide_feature_layer():
+    """Permuted digits, the auto-encoder re-trained on every task (Alg. 2), 128 fixed random features: each task
+    is learned right after its training (10 classes, chance 0.1); the bundled |h_pi| = 8 reaches only about 0.6."""
+    permuted = permuted_stream(load_digits(), 5, seed=0)
+    method = {"hidden_sizes": [32, 128], "batch_size": 128, "epochs": 50, "memory_batches_per_task": 1,
+              "autoencoder_training": "every_task"}
+    acc = _diagonal(_method(method, privacy={}), permuted)
+    assert min(acc) > 0.75, acc
