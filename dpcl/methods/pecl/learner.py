@@ -368,6 +368,8 @@ class ContinualLM:
             torch.manual_seed(self.seed + 2)
             self.model = LMClassifier(peft_lm, hidden_size(lm), self.n_labels).to(self.device)
         self.embedding = lm.get_input_embeddings()
+        self.public_texts = list(public_texts)
+        self._standardise_head_input()
         self.seen = np.zeros(self.n_labels, dtype=bool)
         self.tasks_fitted = 0
         # PeCL state
@@ -376,8 +378,8 @@ class ContinualLM:
         )
         self.omegas: list[float] = []
         self.task_records: list[dict[str, Any]] = []
-        #: public corpus (dp_sgd: source of the score table, lambda_dyn and Omega's activation norms)
-        self.public_texts = list(public_texts)
+        #: public corpus (self.public_texts; dp_sgd: source of the score table, lambda_dyn and Omega's activation
+        #: norms; every strategy: the head's input standardisation)
         self.public_labels = None if public_labels is None else np.asarray(public_labels, dtype=np.int64)
         if self.public_labels is not None and self.public_labels.shape != (len(self.public_texts),):
             raise InvalidParameterError(
@@ -398,6 +400,23 @@ class ContinualLM:
     def _encode(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = self.tokenizer.encode_batch(list(texts), self.config.max_seq_len)
         return torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device)
+
+    @torch.no_grad()
+    def _standardise_head_input(self, batch_size: int = 64) -> None:
+        """The head reads pooled features centred and scaled with the public corpus' statistics under the public
+        model (:meth:`LMClassifier.set_feature_statistics`): a function of public data only, computed before any
+        private task. Without a public corpus the head reads the raw pooled features."""
+        if not self.public_texts:
+            return
+        ids, mask = self._encode(self.public_texts)
+        self.model.eval()
+        pooled = [
+            self.model.pooled(self.model.lm(inputs_embeds=self.embedding(ids[s : s + batch_size]),
+                                            attention_mask=mask[s : s + batch_size], output_hidden_states=True),
+                              mask[s : s + batch_size])
+            for s in range(0, ids.shape[0], batch_size)
+        ]
+        self.model.set_feature_statistics(torch.cat(pooled).float())
 
     def _pretrain(self, lm: nn.Module, public_texts: Sequence[str]) -> float:
         """Language-model pre-training on public text (full model), returns the last loss."""

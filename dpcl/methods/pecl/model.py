@@ -102,13 +102,36 @@ class LMClassifier(nn.Module):
         super().__init__()
         self.lm = lm
         self.head = nn.Linear(n_embd, n_labels)
+        #: public standardisation of the head's input (:meth:`set_feature_statistics`); identity until set
+        self.register_buffer("feature_mean", torch.zeros(n_embd))
+        self.register_buffer("feature_scale", torch.ones(()))
+
+    def set_feature_statistics(self, pooled: torch.Tensor) -> None:
+        """Centre the head's input on the mean of ``pooled`` (features of public text) and scale it by their
+        root-mean-square spread, so the head reads what differs between inputs.
+
+        The mean-pooled last hidden states of a pre-trained LM share a common component much larger than
+        their spread between examples (norm about 8 against about 1 for the small public model): read raw,
+        the initial head gives every input the same logit offsets and a task's few steps leave every
+        prediction on the same label.
+        """
+        mean = pooled.mean(0)
+        spread = (pooled - mean).pow(2).sum(1).mean().sqrt()
+        if not bool(torch.isfinite(spread)) or float(spread) <= 0.0:
+            return  # one public text, or identical features: nothing to standardise by
+        self.feature_mean.copy_(mean)
+        self.feature_scale.copy_(spread / pooled.shape[1] ** 0.5)
+
+    def pooled(self, out, mask: torch.Tensor) -> torch.Tensor:
+        """Mean of the last hidden states over the non-padding tokens (``[B, n_embd]``), not standardised."""
+        hidden = out.hidden_states[-1]
+        weights = mask.to(hidden.dtype).unsqueeze(-1)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
     def forward(self, input_embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.lm(inputs_embeds=input_embeds, attention_mask=mask, output_hidden_states=True)
-        hidden = out.hidden_states[-1]
-        weights = mask.to(hidden.dtype).unsqueeze(-1)
-        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-        return self.head(pooled), out.logits
+        features = (self.pooled(out, mask) - self.feature_mean) / self.feature_scale
+        return self.head(features), out.logits
 
 
 def token_embedding(lm: nn.Module) -> nn.Embedding:
