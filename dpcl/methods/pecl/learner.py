@@ -108,7 +108,10 @@ from dpcl.methods.pecl.model import (
     build_causal_lm,
     hidden_size,
     load_pretrained_causal_lm,
+    load_pretrained_encoder,
     per_token_lm_loss,
+    pretrained_kind,
+    resolve_pretrained_path,
 )
 from dpcl.methods.pecl.sculpting import (
     dynamic_lambda,
@@ -303,6 +306,22 @@ def baseline_task_reads(config: LearnerConfig, task_sizes: Sequence[int]) -> lis
     return out
 
 
+def _check_encoder_options(config: LearnerConfig) -> None:
+    """Refuse the PeCL options that need a next-token distribution, which an encoder does not have."""
+    if config.strategy != "pecl":
+        return
+    if config.alpha > 0:
+        raise InvalidParameterError(
+            f"alpha = {config.alpha!r}: Score_1 (eq. 2) is the model's surprise at each token, from a causal LM's "
+            "next-token distribution; an encoder has none. Set alpha = 0 (the score is then Score_2 alone)."
+        )
+    if config.unlearning and config.lambda_unlearn > 0:
+        raise InvalidParameterError(
+            "unlearning = true: the privacy-aware unlearning loss (eq. 13) raises the language-modelling loss of "
+            "sensitive tokens; an encoder generates no tokens. Set unlearning = false."
+        )
+
+
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     order = torch.randperm(n, generator=generator)
     return list(torch.split(order, batch_size))
@@ -328,9 +347,16 @@ class ContinualLM:
         #: privacy generators, fresh for every task in :meth:`fit_task`; never checkpointed
         self.noise_generator: torch.Generator | None = None
         self.sampling_generator: torch.Generator | None = None
+        #: "built" (the small GPT-2 model pre-trained here), or a loaded "causal" LM or "encoder"
+        self.model_kind = "built"
         if config.pretrained_path:
-            self.tokenizer = load_pretrained_tokenizer(config.pretrained_path)
-            lm = load_pretrained_causal_lm(config.pretrained_path, self.tokenizer, config.max_seq_len).to(self.device)
+            path = resolve_pretrained_path(config.pretrained_path)
+            self.model_kind = pretrained_kind(path)
+            if self.model_kind == "encoder":
+                _check_encoder_options(config)
+            self.tokenizer = load_pretrained_tokenizer(path)
+            load = load_pretrained_encoder if self.model_kind == "encoder" else load_pretrained_causal_lm
+            lm = load(path, self.tokenizer, config.max_seq_len).to(self.device)
             self.pretrain_loss = float("nan")  # no public pre-training step here: the loaded model is the public one
         else:
             self.tokenizer = ByteTokenizer()
@@ -366,7 +392,8 @@ class ContinualLM:
             torch.manual_seed(self.seed + 1)
             peft_lm = get_peft_model(lm, self.lora_config, adapter_name=self.adapter)
             torch.manual_seed(self.seed + 2)
-            self.model = LMClassifier(peft_lm, hidden_size(lm), self.n_labels).to(self.device)
+            self.model = LMClassifier(peft_lm, hidden_size(lm), self.n_labels,
+                                      generative=self.model_kind != "encoder").to(self.device)
         self.embedding = lm.get_input_embeddings()
         self.public_texts = list(public_texts)
         self._standardise_head_input()
@@ -402,13 +429,14 @@ class ContinualLM:
         return torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device)
 
     @torch.no_grad()
-    def _standardise_head_input(self, batch_size: int = 64) -> None:
+    def _standardise_head_input(self, batch_size: int = 64, limit: int = 512) -> None:
         """The head reads pooled features centred and scaled with the public corpus' statistics under the public
-        model (:meth:`LMClassifier.set_feature_statistics`): a function of public data only, computed before any
-        private task. Without a public corpus the head reads the raw pooled features."""
+        model (:meth:`LMClassifier.set_feature_statistics`), from its first ``limit`` texts: a function of public
+        data only, computed before any private task. Without a public corpus the head reads the raw pooled
+        features."""
         if not self.public_texts:
             return
-        ids, mask = self._encode(self.public_texts)
+        ids, mask = self._encode(self.public_texts[:limit])
         self.model.eval()
         pooled = [
             self.model.pooled(self.model.lm(inputs_embeds=self.embedding(ids[s : s + batch_size]),
@@ -576,11 +604,14 @@ class ContinualLM:
             stats.add_task(ids_np[groups == group], mask_np[groups == group])
         score2 = torch.as_tensor(stats.score2_table(), dtype=torch.float32, device=self.device)
         self.model.eval()
-        nll = torch.cat([
-            per_token_lm_loss(self.model(self.embedding(ids[s : s + 64]), mask[s : s + 64])[1], ids[s : s + 64],
-                              mask[s : s + 64])
-            for s in range(0, ids.shape[0], 64)
-        ])
+        if self.model.generative:
+            nll = torch.cat([
+                per_token_lm_loss(self.model(self.embedding(ids[s : s + 64]), mask[s : s + 64])[1], ids[s : s + 64],
+                                  mask[s : s + 64])
+                for s in range(0, ids.shape[0], 64)
+            ])
+        else:  # an encoder has no surprise (Score_1): alpha = 0 is required, the score is Score_2 alone
+            nll = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
         valid = mask.bool().clone()
         valid[:, 0] = False
         vocab = self.token_stats.vocab_size
@@ -1137,6 +1168,11 @@ class ContinualLM:
     @torch.no_grad()
     def sequence_nll(self, texts: Sequence[str], batch_size: int = 128) -> np.ndarray:
         """Total negative log-likelihood (nats) of each text under the LM (log-perplexity x length)."""
+        if not self.model.generative:
+            raise InvalidParameterError(
+                "sequence_nll needs a causal LM's next-token likelihood; the model is an encoder (no likelihood of "
+                "a text): canary exposure by perplexity does not apply to it."
+            )
         self.model.eval()
         ids, mask = self._encode(texts)
         out = []
