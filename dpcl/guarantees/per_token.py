@@ -580,6 +580,9 @@ PECL_KEYS: tuple[MethodKey, ...] = (
     MethodKey("dynamic_lambda", bool, True,
               "use lambda_dyn from the task's mean score; false: constant (lambda_min + lambda_max)/2 (ablation)"),
     MethodKey("unlearning", bool, True, "add the privacy-aware unlearning loss (false: ablation)"),
+    MethodKey("task_softmax", bool, False,
+              "training = 'dp_sgd': each task's classification loss is a softmax over the task's public label set "
+              "only (earlier tasks' labels are not pushed down); prediction ranks every released label"),
     MethodKey("epochs", int, 1, "passes over each task; every pass perturbs each token afresh", positive_int),
     MethodKey("batch_size", int, 16, "sequences per optimiser step", positive_int),
     MethodKey("learning_rate", float, 5e-4, "AdamW learning rate (cosine schedule)", positive),

@@ -40,3 +40,26 @@ def test_noise_free_training_on_separable_data_predicts_more_than_one_class():
     predicted = learner.predict(test)
     assert len(np.unique(predicted)) == 2, np.bincount(predicted)
     assert np.mean(predicted == test_labels) >= 0.75
+
+
+def test_task_softmax_is_a_dp_pecl_option_and_gives_earlier_labels_no_classification_gradient(monkeypatch):
+    from dpcl.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match="task_softmax"):
+        learner_config(**SMALL, strategy="pecl", privacy="none", training="paper", task_softmax=True)
+    config = learner_config(**{**SMALL, "pretrain_steps": 2, "epochs": 1}, strategy="pecl", privacy="none",
+                            training="dp_sgd", task_softmax=True)
+    learner = ContinualLM(4, config, 0, PUBLIC, reproducible_noise=True, public_labels=PUBLIC_LABELS)
+    seen: list[torch.Tensor] = []
+    original = torch.nn.functional.cross_entropy
+
+    def spy(logits, target, *args, **kwargs):
+        if logits.dim() == 2 and logits.shape[1] == 4:  # the classification loss (not the language-model loss)
+            seen.append(logits.detach())
+        return original(logits, target, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", spy)
+    texts, labels = _separable(8)
+    schedule = {"noise_multiplier": 0.0, "sample_rate": 0.5, "steps": 2, "max_grad_norm": 1.0}
+    learner.fit_task(1, texts, labels + 2, output_labels=[2, 3], dpsgd=schedule)
+    assert seen and all(bool((s[:, [0, 1]] < -1e8).all()) and bool((s[:, [2, 3]] > -1e8).all()) for s in seen)

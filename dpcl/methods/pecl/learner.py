@@ -163,6 +163,9 @@ class LearnerConfig:
     lambda_max: float = 10.0
     dynamic_lambda: bool = True
     unlearning: bool = True
+    #: DP PeCL: the classification loss of a task is a softmax over the task's public label set only (the
+    #: labels of earlier tasks get no gradient pushing them down); prediction still ranks every released label
+    task_softmax: bool = False
     epsilon_lower: float = 1.0
     epsilon_upper: float = 10.0
     clip_norm: float = 1.0
@@ -195,6 +198,10 @@ class LearnerConfig:
                 f"training='dp_sgd' is PeCL's DP training; baselines take privacy='dpsgd' (got strategy="
                 f"{self.strategy!r})."
             )
+        if self.task_softmax is True and not (self.strategy == "pecl" and self.training == "dp_sgd"):
+            raise InvalidParameterError(
+                "task_softmax is an option of the DP PeCL (strategy='pecl', training='dp_sgd'); set it to false."
+            )
         if self.device not in ("cpu", "cuda"):
             raise InvalidParameterError(f"device must be 'cpu' or 'cuda', got {self.device!r}.")
         if not isinstance(self.pretrained_path, str):
@@ -213,7 +220,7 @@ class LearnerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}.")
-        for name in ("dynamic_lambda", "unlearning"):
+        for name in ("dynamic_lambda", "unlearning", "task_softmax"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParameterError(f"{name} must be true or false, got {getattr(self, name)!r}.")
         # name -> (lowest, highest, lowest allowed itself, highest allowed itself, what is allowed)
@@ -395,6 +402,8 @@ class ContinualLM:
             self.model = LMClassifier(peft_lm, hidden_size(lm), self.n_labels,
                                       generative=self.model_kind != "encoder").to(self.device)
         self.embedding = lm.get_input_embeddings()
+        #: task_softmax: 0 on the current task's public labels, -1e9 elsewhere, added to the training logits
+        self._logit_offset: torch.Tensor | None = None
         self.public_texts = list(public_texts)
         self._standardise_head_input()
         self.seen = np.zeros(self.n_labels, dtype=bool)
@@ -742,6 +751,11 @@ class ContinualLM:
         """``training = "dp_sgd"``: the private task is read only inside the DP-SGD steps."""
         cfg = self.config
         self.seen[np.asarray(output_labels, dtype=np.int64)] = True  # the public prior, not the data's labels
+        self._logit_offset = None
+        if cfg.task_softmax:
+            allowed = np.zeros(self.n_labels, dtype=bool)
+            allowed[np.asarray(output_labels, dtype=np.int64)] = True
+            self._logit_offset = torch.as_tensor(np.where(allowed, 0.0, -1e9), dtype=torch.float32, device=self.device)
         record: dict[str, Any] = {"task": task_index, "n_examples": len(texts), "n_trained": len(texts)}
         self.noise_generator = noise_torch_generator(
             self.seed, self.reproducible_noise, int(task_index), 0, device=self.device)
@@ -906,6 +920,8 @@ class ContinualLM:
                     emb = embed(step, idx)
                 cls_logits, lm_logits = gsm(emb, b_mask)
                 tok = per_token_lm_loss(lm_logits, b_ids, b_mask)
+                if self._logit_offset is not None:  # task_softmax: the task's public label set only
+                    cls_logits = cls_logits + self._logit_offset
                 per_example = nn.functional.cross_entropy(cls_logits, b_y, reduction="none") + cfg.lm_weight * (
                     tok.sum(1) / b_mask[:, 1:].sum(1).clamp_min(1)
                 )

@@ -60,7 +60,7 @@ CURATOR_KEYS = ("token_counts", "omegas", "seen", "task_records", "batch_generat
 _LEARNER_KEYS = (
     "alpha", "tau", "theta", "lambda_unlearn", "lambda_min", "lambda_max", "dynamic_lambda", "unlearning",
     "epochs", "batch_size", "learning_rate", "max_seq_len", "lora_rank", "n_layer", "n_embd", "n_head",
-    "pretrain_steps", "pretrained_path", "training", "max_grad_norm",
+    "pretrain_steps", "pretrained_path", "training", "max_grad_norm", "task_softmax",
 )
 
 
