@@ -7,7 +7,6 @@ config.json and the plan's statement), never trained here. The network is blocke
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from dpcl.guarantees import per_token as pt  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
 from dpcl.methods.pecl.model import pretrained_kind, resolve_pretrained_path  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("no_network")]  # tests/methods/conftest.py
 
 ENCODER = {"max_seq_len": 12, "batch_size": 8, "lora_rank": 2, "epochs": 6, "alpha": 0.0, "unlearning": False,
            "learning_rate": 1e-2, "head_learning_rate": 5e-2}
@@ -35,18 +34,6 @@ def _separable(n: int, shift: int = 0) -> tuple[list[str], np.ndarray]:
     a = [" ".join(["apples", "pears", "fruit"][(i + shift) % 3 :] + ["tea"]) for i in range(n)]
     b = [" ".join(["zebra", "crossing", "road"][(i + shift) % 3 :] + ["rain"]) for i in range(n)]
     return a + b, np.repeat([0, 1], n)
-
-
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"network access attempted: {args!r}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 @pytest.fixture(scope="module")

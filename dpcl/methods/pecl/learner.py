@@ -77,13 +77,22 @@ loss of the task text (weight ``lm_weight``), as in the paper's generative
 formulation; the latter is what canary exposure measures.
 
 With ``pretrained_path`` set, the language model and its tokenizer are loaded
-from that local directory (:func:`.model.load_pretrained_causal_lm`, nothing
+from that local directory (:func:`.model.load_pretrained_causal_lm`, or
+:func:`.model.load_pretrained_encoder` for a BERT-like encoder, the kind read
+from its config.json; ``"minilm"`` names the installed MiniLM; nothing
 downloaded) instead of being built and pre-trained here: the public
 pre-training step is skipped (the loaded weights are taken as the public
 pre-trained model; ``n_layer``/``n_embd``/``n_head``/``pretrain_*`` are then
 unused). LoRA targets peft's default attention projections for the model's
-architecture (``c_attn`` for GPT-2); TDP clips and perturbs the model's input
-embeddings whatever their width.
+architecture (``c_attn`` for GPT-2, ``query``/``value`` for BERT); TDP clips and perturbs the model's input
+embeddings whatever their width. An encoder has no next-token distribution: the task loss is the
+classification loss alone, Score_1 and the unlearning loss are refused (``alpha = 0``,
+``unlearning = false``), and :meth:`ContinualLM.sequence_nll` (canary exposure) refuses.
+
+The head reads the mean-pooled last hidden states centred and scaled with the
+public corpus' statistics under the public model
+(:meth:`.model.LMClassifier.set_feature_statistics`): read raw, their common
+component made every prediction the same label.
 """
 
 from __future__ import annotations

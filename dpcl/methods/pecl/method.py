@@ -23,8 +23,9 @@ categories (:data:`dpcl.methods.pecl.experiment.PUBLIC_CATEGORIES`); a training
 example whose unit id is in that corpus is refused (it would be both public
 and private).
 
-``[method] pretrained_path`` loads a pre-trained causal LM and its tokenizer
-from a local directory instead of building the small model (see
+``[method] pretrained_path`` loads a pre-trained causal LM or BERT-like encoder
+(``"minilm"``: the installed MiniLM) and its tokenizer from a local directory
+instead of building the small model (see
 :mod:`dpcl.methods.pecl.learner`); the plan, TDP and certificates are the same.
 
 The released checkpoint (:meth:`PeCLMethod.state_dict`) holds the model and
