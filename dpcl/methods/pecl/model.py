@@ -121,12 +121,18 @@ def load_pretrained_encoder(path: str, tokenizer: PretrainedTokenizer, max_seq_l
     """
     check_pretrained_directory(path)
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # loading a local directory needs no progress bar on stderr
     try:
         with torch.random.fork_rng(devices=[]):  # weights the directory lacks (a pooler) draw from torch's RNG
             lm = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"[method] pretrained_path = {path!r}: no encoder could be loaded from it ({exc}).") from None
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
     for module in lm.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
