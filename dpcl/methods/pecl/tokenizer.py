@@ -106,10 +106,17 @@ class PretrainedTokenizer:
         self.path = path
         eos = hf_tokenizer.eos_token_id
         bos = hf_tokenizer.bos_token_id
+        # a BERT-like encoder's tokenizer has no BOS/EOS: its [CLS] starts and its [SEP] ends a sequence
+        cls_id = getattr(hf_tokenizer, "cls_token_id", None)
+        sep_id = getattr(hf_tokenizer, "sep_token_id", None)
+        cls_as_bos = bos is None and cls_id is not None
+        sep_as_eos = eos is None and sep_id is not None
+        bos = cls_id if cls_as_bos else bos
+        eos = sep_id if sep_as_eos else eos
         if eos is None and bos is None:
             raise InvalidParameterError(
-                f"pretrained_path {path!r}: the tokenizer has neither a BOS nor an EOS token; PeCL needs one "
-                "to start and end every sequence."
+                f"pretrained_path {path!r}: the tokenizer has neither a BOS nor an EOS token (nor [CLS]/[SEP]); "
+                "PeCL needs one to start and end every sequence."
             )
         self.eos_id = int(eos if eos is not None else bos)
         self.bos_id = int(bos if bos is not None else self.eos_id)
@@ -118,6 +125,8 @@ class PretrainedTokenizer:
         #: sentences describing how the special tokens were set (for records/docs)
         self.notes: tuple[str, ...] = tuple(
             note for note, missing in (
+                ("no BOS token: [CLS] is used as BOS", cls_as_bos),
+                ("no EOS token: [SEP] is used as EOS", sep_as_eos),
                 ("no BOS token: EOS is used as BOS", bos is None),
                 ("no EOS token: BOS is used as EOS", eos is None),
                 ("no PAD token: padding uses the EOS id (padded positions are masked)", pad is None),
