@@ -71,6 +71,7 @@ learning_rate = 0.01
 #: (head = "label_space", the default), with Adam's weight decay so that no member grows overconfident.
 PEFT_METHOD = """adapter_dim = 0
 weight_decay = 0.01
+normalize_features = true
 """
 
 

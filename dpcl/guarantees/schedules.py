@@ -171,8 +171,9 @@ PEFT_KEYS: tuple[MethodKey, ...] = DPSGD_KEYS + (
     MethodKey("head", str, "label_space", "labels of each member's head: 'label_space' (every public label of the "
               "stream, as S_prior^const in the paper's experiments; the labels a task lacks are the member's "
               "negatives) or 'task' (the task's own public labels O_t only, Sec. 6.3)", one_of(*PEFT_HEADS)),
-    MethodKey("normalize_features", bool, True, "adapter variant: l2-normalise each feature vector before the "
-              "member, as the cosine classifier does (a fixed per-example map; no privacy cost)"),
+    MethodKey("normalize_features", bool, False, "adapter variant: l2-normalise each feature vector before the "
+              "member, as the cosine classifier does (a fixed per-example map; no privacy cost). Helps the head-only "
+              "members (adapter_dim = 0) of the bundled configs; with a per-member adapter it slows learning"),
     MethodKey("weight_decay", float, 0.0, "L2 penalty of Adam on the member's parameters, added after clipping and "
               "noise (post-processing; no privacy cost)", nonnegative),
 )

@@ -155,7 +155,7 @@ class PeftEnsemble(ContinualMethod):
         self.head = str(method_option(method, "head", "label_space"))
         if self.head not in PEFT_HEADS:
             raise ConfigError(f"[method] head must be one of {', '.join(map(repr, PEFT_HEADS))}; got {self.head!r}.")
-        self.normalize_features = bool(method_option(method, "normalize_features", True))
+        self.normalize_features = bool(method_option(method, "normalize_features", False))
         self.weight_decay = float(method_option(method, "weight_decay", 0.0))
         if not np.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ConfigError(f"[method] weight_decay must be a finite number >= 0, got {self.weight_decay}.")

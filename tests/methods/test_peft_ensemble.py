@@ -13,7 +13,8 @@ from dpcl.methods.baselines import NaiveFineTuning, NonContinualTraining  # noqa
 from dpcl.methods.peft_ensemble import PeftEnsemble, aggregate  # noqa: E402
 from tobaben_helpers import TASK_LABELS, digits_split, dpsgd_plan, setup_for, task_data  # noqa: E402
 
-METHOD = {"epochs": 3, "batch_size": 32, "max_grad_norm": 1.0, "learning_rate": 0.02, "adapter_dim": 0}
+METHOD = {"epochs": 3, "batch_size": 32, "max_grad_norm": 1.0, "learning_rate": 0.02, "adapter_dim": 0,
+          "normalize_features": True}
 #: the residual adapter (trained per member on precomputed features): still trains, round-trips and predicts
 ADAPTER = {**METHOD, "adapter_dim": 16}
 
