@@ -56,7 +56,17 @@ stopped early). Steps are recorded in memory only: after a crash, rerun the task
 plan it again, which charges it again (conservative: the interrupted attempt may
 have leaked).
 
-No torch here: checkpoints are files or bytes, so any framework can be certified.
+Noise (who owns it). The DP noise must be unpredictable to anyone who sees the release, yet almost every
+loop calls ``torch.manual_seed`` for its initialisation, and a generator it seeds also fixes the noise drawn
+from it. :meth:`Certifier.noise_generator` (torch) and :meth:`Certifier.numpy_noise_generator` give a task a
+generator seeded from OS entropy (:mod:`secrets`), independent of every seed in the process, and record it in
+the ledger; the opacus integration installs them in the DP optimizer and its Poisson sampler. Certificates then
+state the noise source because dpcl set it. ``reproducible_seed`` is the explicit exception (research runs): the
+source is recorded as a seed known to the caller, and the certificate says that the guarantee holds only
+against someone who does not know it.
+
+No torch at import time: checkpoints are files or bytes, so any framework can be certified (torch is imported
+only by :meth:`Certifier.noise_generator`).
 """
 
 from __future__ import annotations
@@ -64,6 +74,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -119,6 +130,10 @@ COUNTS_ASSUMPTION = (
     "Per-task example counts stated in this certificate (task sizes, examples kept and dropped by the public "
     "label sets) are treated as public: epsilon does not cover them."
 )
+
+#: Noise sources a Certifier records per task (ledger metadata ``certifier.noise_sources``).
+NOISE_OS_ENTROPY = "os_entropy"
+NOISE_REPRODUCIBLE = "reproducible_seed"
 
 _METADATA_KEY = "certifier"
 _SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -217,6 +232,16 @@ def _uncommitted_charge(ledger: TaskLedger, tasks: Sequence[int], events: Sequen
         return None
     last = ledger.charges[-1]  # the ledger stores a run of equal events once with its count: compare in that form
     return last if last.tasks == tuple(int(t) for t in tasks) and last.events == compress_events(events) else None
+
+
+def check_reproducible_seed(seed: Any) -> None:
+    """Refuse a ``reproducible_seed`` that is neither None (noise from OS entropy) nor an integer in [0, 2**64)."""
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64
+    ):
+        raise InvalidParameterError(
+            f"reproducible_seed must be an integer in [0, 2**64) or None (noise from OS entropy), got {seed!r}."
+        )
 
 
 def _check_run_options(*, private: Any, resume: Any, driver: Any, config: Any, metadata: Any) -> None:
@@ -717,6 +742,80 @@ class Certifier:
         """The DP-SGD plans charged for ``task`` in this process, with the steps recorded against them."""
         return tuple(self._plans.get(_task_index(task, self.n_tasks), ()))
 
+    # -- noise ------------------------------------------------------------------------------------------
+    def _noise_seed(self, t: int, reproducible_seed: Any) -> int:
+        """A fresh 64-bit seed from OS entropy (or ``reproducible_seed``), recorded as task ``t``'s noise source."""
+        check_reproducible_seed(reproducible_seed)
+        if reproducible_seed is None:
+            seed, source = secrets.randbits(64), NOISE_OS_ENTROPY
+        else:
+            seed, source = int(reproducible_seed), NOISE_REPRODUCIBLE
+        sources = self._state().setdefault("noise_sources", {})
+        if sources.get(str(t)) not in (None, source):  # one task, two sources: the weaker one is stated
+            source = NOISE_REPRODUCIBLE
+        sources[str(t)] = source
+        if self.private:
+            self.ledger.save()
+        return seed
+
+    def noise_generator(self, task: int, *, device: Any = "cpu", reproducible_seed: int | None = None) -> Any:
+        """A ``torch.Generator`` on ``device`` for the DP noise (and sampling) of ``task``, seeded from OS entropy.
+
+        Independent of ``torch.manual_seed``: draw the noise with it (``torch.normal(..., generator=g)``; opacus:
+        :func:`dpcl.integrations.opacus.attach` installs one) and the certificates of ``task`` and later
+        releases state that dpcl seeded its noise from OS entropy. ``reproducible_seed`` (research only) seeds it
+        with that seed instead, and the certificates say that the guarantee holds only against someone who does
+        not know the seed. Imports torch.
+        """
+        t = _task_index(task, self.n_tasks)
+        import torch
+
+        try:
+            generator = torch.Generator(device=device)
+        except (RuntimeError, TypeError) as exc:
+            raise InvalidParameterError(f"device {device!r} cannot hold a torch.Generator ({exc}).") from None
+        generator.manual_seed(self._noise_seed(t, reproducible_seed))
+        return generator
+
+    def numpy_noise_generator(self, task: int, *, reproducible_seed: int | None = None) -> np.random.Generator:
+        """A numpy ``Generator`` for the DP noise of ``task``, seeded from OS entropy (see :meth:`noise_generator`)."""
+        t = _task_index(task, self.n_tasks)
+        return np.random.default_rng(self._noise_seed(t, reproducible_seed))
+
+    def noise_sources(self) -> dict[int, str]:
+        """The noise source dpcl recorded for each task (``"os_entropy"`` or ``"reproducible_seed"``)."""
+        return {int(t): str(v) for t, v in self._state().get("noise_sources", {}).items()}
+
+    def _noise_assumptions(self, charged_tasks: Iterable[int]) -> list[str]:
+        """What the certificate states of the noise of ``charged_tasks``: from dpcl's record, not from the caller."""
+        sources = self.noise_sources()
+        groups: dict[str | None, list[int]] = {}
+        for t in sorted(set(charged_tasks)):
+            groups.setdefault(sources.get(t), []).append(t)
+
+        def names(tasks: list[int]) -> str:
+            return ("task " if len(tasks) == 1 else "tasks ") + ", ".join(str(t + 1) for t in tasks)
+
+        out = []
+        if NOISE_OS_ENTROPY in groups:
+            out.append(
+                f"The DP noise (and, with opacus, the Poisson sampling) of {names(groups[NOISE_OS_ENTROPY])} was drawn "
+                "from generators dpcl seeded from OS entropy for that task, independent of torch.manual_seed and of "
+                "every other seed of the training process."
+            )
+        if NOISE_REPRODUCIBLE in groups:
+            out.append(
+                f"The DP noise of {names(groups[NOISE_REPRODUCIBLE])} was drawn from generators seeded with a seed the "
+                "caller chose (reproducible_seed): the guarantee holds only against someone who does not know that "
+                "seed."
+            )
+        if None in groups and len(groups) > 1:
+            out.append(
+                f"dpcl did not draw the noise of {names(groups[None])}: where it came from is stated by the caller's "
+                "assumptions."
+            )
+        return out
+
     # -- guarantees -----------------------------------------------------------------------------------
     def guarantee(self) -> StreamGuarantee:
         """Cumulative guarantee of everything charged so far (what the next release will state)."""
@@ -837,6 +936,10 @@ class Certifier:
             extra_fields["certifier"]["dpsgd_steps"] = {"recorded": recorded, "charged": charged}
         if self.task_sizes is not None:
             extra_fields["certifier"]["task_sizes"] = self.task_sizes
+        sources = self._state().get("noise_sources")
+        if sources:
+            extra_fields["certifier"]["noise_sources"] = {str(int(k) + 1): v for k, v in sorted(
+                sources.items(), key=lambda kv: int(kv[0]))}
         extra_fields.update(dict(extra or {}))
         try:  # checked before the release is recorded, so a bad extra never leaves a release without certificate
             json.dumps(extra_fields, allow_nan=False)
@@ -962,7 +1065,19 @@ class Certifier:
         if not path.is_file():
             raise InvalidParameterError(f"checkpoint {str(path)!r} does not exist or is not a file.")
         reports = self._filter_reports() if label_filtering is None else list(label_filtering)
-        all_assumptions = self._assumptions(sentences, reports) if standard_assumptions else sentences
+        index = None
+        if self.private:
+            index = max((i for i, r in enumerate(self.ledger.releases) if r.task_index == t), default=None)
+            if index is None:
+                raise InvalidParameterError(f"the release of task {t} was not committed; call commit first.")
+        charged = [] if index is None else [
+            task for c in self.ledger.charges[: self.ledger.releases[index].n_charges] for task in c.tasks
+        ]
+        noise = [s for s in self._noise_assumptions(charged) if s not in sentences]
+        if standard_assumptions:
+            all_assumptions = self._assumptions([*noise, *sentences], reports)
+        else:
+            all_assumptions = [*sentences, *noise]
         statements = {}
         for name, scope in (scoped or {}).items():
             if name not in self._scoped:
@@ -973,10 +1088,7 @@ class Certifier:
             checkpoint=path, config=self._config(), label_filtering=describe_filtering(reports), extra=extra_fields,
         )
         record = None
-        if self.private:
-            index = max((i for i, r in enumerate(self.ledger.releases) if r.task_index == t), default=None)
-            if index is None:
-                raise InvalidParameterError(f"the release of task {t} was not committed; call commit first.")
+        if index is not None:
             record = self.ledger.releases[index]
             if record.checkpoint_sha256 is not None and sha256_file(path) != record.checkpoint_sha256:
                 raise InvalidParameterError(
@@ -1066,6 +1178,12 @@ class CertifierTask:
 
     def epsilon(self) -> float:
         return self.certifier.task_epsilon(self.index)
+
+    def noise_generator(self, *, device: Any = "cpu", reproducible_seed: int | None = None) -> Any:
+        return self.certifier.noise_generator(self.index, device=device, reproducible_seed=reproducible_seed)
+
+    def numpy_noise_generator(self, *, reproducible_seed: int | None = None) -> np.random.Generator:
+        return self.certifier.numpy_noise_generator(self.index, reproducible_seed=reproducible_seed)
 
     def release(self, checkpoint: "str | os.PathLike[str] | bytes", **kwargs: Any) -> CertifiedRelease:
         return self.certifier.release(self.index, checkpoint, **kwargs)

@@ -35,15 +35,14 @@ EPSILON, DELTA, EPOCHS, BATCH = 1.0, 1e-5, 5, 32
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/opacus_own_loop", help="run directory (default: runs/opacus_own_loop)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model's initialisation (not of the noise)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initialisation and split (never of the noise)")
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", message="Secure RNG turned off")  # see the noise assumption below
+    warnings.filterwarnings("ignore", message="Secure RNG turned off")  # dpcl seeds the noise from OS entropy
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # opacus' hooks on the first layer
 
     stream = class_incremental_stream(load_digits(), TASKS, seed=args.seed)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the initialisation only: attach gives opacus dpcl's noise generators
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    torch.seed()  # DP noise and Poisson sampling: torch's generator re-seeded from OS entropy
     certifier = Certifier(args.out, delta=DELTA, label_space="prior_const", prior_labels=list(range(10)),  # dpcl
                           disjoint_units=True, method="opacus DP-SGD, 2-layer MLP")
     done = certifier.ledger.released_tasks()
@@ -61,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), data_loader=DataLoader(data, BATCH),
             target_epsilon=EPSILON, target_delta=DELTA, epochs=EPOCHS, max_grad_norm=1.0,
         )
+        # dpcl: charge the schedule; DP noise and Poisson sampling from generators seeded from OS entropy
         dpcl.integrations.opacus.attach(engine, certifier.task(t), optimizer=optimizer, data_loader=loader,  # dpcl
                                         epochs=EPOCHS, unit_ids=task.train.unit_ids[keep])
         for _ in range(EPOCHS):
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         release = certifier.release(t, checkpoint.getvalue(), filename=f"task{t + 1:03d}.pt",  # dpcl
                                     coverage=ReleaseCoverage.post_processing(
                                         "the weights are updated only by the charged DP-SGD steps"),
-                                    assumptions=["DP-SGD noise and Poisson sampling come from torch's default "
-                                                 "generator, seeded from OS entropy after the initialisation."])
+                                    assumptions=["Each digit image is one privacy unit; the initialisation and "
+                                                 "the label sets are public."])
         seen = stream.seen_test(t)
         with torch.no_grad():
             predicted = model(torch.tensor(seen.features)).argmax(dim=1).numpy()

@@ -270,3 +270,30 @@ def test_sign_key_signs_every_certificate_and_verify_checks_the_issuer(tmp_path)
     wrong = subprocess.run([sys.executable, "-m", "dpcl", "verify", str(release.certificate),
                             "--public-key", str(other.public_key)], capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 3 and "signature" in wrong.stderr + wrong.stdout
+
+
+def test_noise_generators_are_recorded_and_stated(tmp_path):
+    """dpcl's noise generators: OS entropy by default (two draws differ), reproducible only when asked, stated."""
+    import numpy as np
+
+    certifier = _certifier(tmp_path / "run")
+    first = certifier.numpy_noise_generator(0).normal(size=4)
+    second = certifier.numpy_noise_generator(0).normal(size=4)
+    assert not np.array_equal(first, second)
+    same = [certifier.numpy_noise_generator(1, reproducible_seed=7).normal(size=4) for _ in range(2)]
+    assert np.array_equal(*same)
+    with pytest.raises(InvalidParameterError, match="reproducible_seed"):
+        certifier.numpy_noise_generator(1, reproducible_seed=-1)
+    assert certifier.noise_sources() == {0: "os_entropy", 1: "reproducible_seed"}
+    certifier.charge(0, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    certifier.release(0, b"t1", coverage=COVERED, assumptions=["Rows have norm at most 1."])
+    certifier.charge(1, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    certifier.charge(2, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    release = certifier.release(2, b"t3", coverage=COVERED, assumptions=["Rows have norm at most 1."])
+    data = json.loads(release.certificate.read_text())
+    text = " ".join(data["assumptions"])
+    assert "of task 1 was drawn from generators dpcl seeded from OS entropy" in text
+    assert "of task 2 was drawn from generators seeded with a seed the caller chose" in text
+    assert "dpcl did not draw the noise of task 3" in text
+    assert data["extra"]["certifier"]["noise_sources"] == {"1": "os_entropy", "2": "reproducible_seed"}
+    assert _verify_cli(release.certificate).returncode == 0
