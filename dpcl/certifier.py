@@ -33,9 +33,12 @@ Run directory (the same split as ``dpcl run``)::
     DIR/scoped/        one ledger per scoped statement (curator: never publish)
     DIR/curator/       your private state, if any     (curator: never publish)
 
-Opening a directory that holds a ledger resumes it: every charge and release
-recorded there stays (nothing is lost or counted twice); settings that differ
-from the recorded ones are refused with :class:`~dpcl.errors.ConfigError`.
+A directory that already holds a run (a ledger, scoped ledgers or certificates) is refused with
+:class:`~dpcl.errors.ExistingRunError`, naming what is there, unless resuming is asked for
+(``resume=True``): a second run into the same directory would charge every task again and
+write new certificates next to the old ones. Resumed, every charge and release recorded there stays
+(nothing is lost or counted twice); settings that differ from the recorded ones are refused with
+:class:`~dpcl.errors.ConfigError`.
 
 Drivers (``dpcl run`` is one) release in two phases so that a crash loses nothing:
 charge before training (:meth:`Certifier.charge` with ``reuse_uncommitted`` after a
@@ -83,7 +86,7 @@ import numpy as np
 
 from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, PrivacyEvent, RepeatedEvent
 from dpcl.accounting.validation import check_count, check_positive_scalar, check_sample_rate
-from dpcl.errors import ConfigError, InvalidParameterError, LedgerCorruptError, PrivacyViolationError
+from dpcl.errors import ConfigError, ExistingRunError, InvalidParameterError, LedgerCorruptError, PrivacyViolationError
 from dpcl.guarantees.atomic_io import sha256_file, write_bytes_atomic
 from dpcl.guarantees.certificates import (
     ScopedLedger,
@@ -257,6 +260,29 @@ def _check_run_options(*, private: Any, resume: Any, driver: Any, config: Any, m
         raise InvalidParameterError(f"metadata must be a mapping, got {type(metadata).__name__}.")
 
 
+def existing_run_files(run_dir: Path, *, run_state: bool = False) -> list[str]:
+    """What in ``run_dir`` belongs to a run already (ledgers, certificates, checkpoints; with ``run_state`` also a
+    driver's ``run.json``), as short names."""
+    if not run_dir.is_dir():
+        return []
+    found = [name for name in (("run.json",) if run_state else ()) + ("ledger.json",) if (run_dir / name).is_file()]
+    for sub, pattern in (("scoped", "*.ledger.json"), ("certificates", "*.cert.json"), ("checkpoints", "*")):
+        files = sorted(p.name for p in (run_dir / sub).glob(pattern)) if (run_dir / sub).is_dir() else []
+        if files:
+            shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+            found.append(f"{sub}/ ({len(files)} file{'s' if len(files) != 1 else ''}: {shown})")
+    return found
+
+
+def _refuse_existing_run(run_dir: Path) -> None:
+    found = existing_run_files(run_dir)
+    if found:
+        raise ExistingRunError(
+            f"{str(run_dir)!r} already holds a run: {'; '.join(found)}. Running again into it would charge its "
+            "tasks again; continue that run with resume=True, or give a new directory."
+        )
+
+
 def _label_space(label_space: Any, prior_labels: Any) -> tuple[LabelSpacePolicy, list[Any], int | None]:
     """The policy, its public label sets and the number of tasks (None: open-ended, ``prior_const``)."""
     try:
@@ -363,9 +389,13 @@ class Certifier:
     metadata:
         Extra JSON fields recorded in the ledgers (the headline's and the scoped ones), e.g. the run's seed.
     resume:
+        ``True`` to continue the run recorded in ``run_dir`` (after a crash, or to add tasks). Without it a
+        directory that holds a ledger, scoped ledgers or certificates is refused with
+        :class:`~dpcl.errors.ExistingRunError`. ``True`` on a directory without a run starts one.
+    expect_ledger:
         ``True`` when the caller knows the directory already released something (e.g. from its own run
         state): a missing ledger then raises :class:`~dpcl.errors.LedgerCorruptError` instead of starting an
-        empty one that would forget spent budget.
+        empty one that would forget spent budget. Implies ``resume``.
     driver:
         Name of a program that keeps its own run state (``run.json``) in ``run_dir`` and drives the
         Certifier, e.g. ``"dpcl run"``. Without it a directory holding ``run.json`` is refused.
@@ -392,9 +422,13 @@ class Certifier:
         config: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
         resume: bool = False,
+        expect_ledger: bool = False,
         driver: str | None = None,
     ) -> None:
         _check_run_options(private=private, resume=resume, driver=driver, config=config, metadata=metadata)
+        if not isinstance(expect_ledger, bool):
+            raise InvalidParameterError(f"expect_ledger must be True or False, got {expect_ledger!r}.")
+        resume = resume or expect_ledger
         self.private = private
         self.driver = driver
         self._certificate_settings = None if config is None else dict(config)
@@ -422,6 +456,8 @@ class Certifier:
                 f"{str(self.run_dir)!r} is a `dpcl run` directory (it has run.json); resume it with `dpcl run`, "
                 "or give the Certifier a directory of its own."
             )
+        if not resume:
+            _refuse_existing_run(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         certificates = self.certificates_dir
         already_released = certificates.is_dir() and any(certificates.glob("*.cert.json"))
@@ -429,7 +465,7 @@ class Certifier:
         if private:
             self.ledger = TaskLedger.open(
                 self.ledger_path,
-                must_exist=already_released or resume,
+                must_exist=already_released or expect_ledger,
                 total_epsilon=total_epsilon,
                 total_delta=total_delta,
                 metadata=self._metadata or None,

@@ -6,7 +6,8 @@ schedule before training on it, and release every checkpoint with its certificat
 trained with ``make_private_with_epsilon`` at epsilon = 1 (calibrated by dpcl); tasks hold
 disjoint images, so the stream costs its worst task (Tobaben et al., Thm 4.4). The model is simply
 fine-tuned task after task, so it forgets earlier tasks: the example shows certification, not a
-continual-learning method. Rerunning with the same ``--out`` resumes after the last certified task.
+continual-learning method. An ``--out`` that holds a run is refused unless ``--resume`` continues it
+after its last certified task.
 
     python examples/opacus_own_loop.py --out runs/opacus_own_loop
     dpcl verify runs/opacus_own_loop/certificates/*.json
@@ -35,6 +36,7 @@ EPSILON, DELTA, EPOCHS, BATCH = 1.0, 1e-5, 5, 32
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/opacus_own_loop", help="run directory (default: runs/opacus_own_loop)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out after its last certified task")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initialisation and split (never of the noise)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="Secure RNG turned off")  # dpcl seeds the noise from OS entropy
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)  # the initialisation only: attach gives opacus dpcl's noise generators
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     certifier = Certifier(args.out, delta=DELTA, label_space="prior_const", prior_labels=list(range(10)),  # dpcl
-                          disjoint_units=True, method="opacus DP-SGD, 2-layer MLP")
+                          disjoint_units=True, method="opacus DP-SGD, 2-layer MLP", resume=args.resume)
     done = certifier.ledger.released_tasks()
     if done:  # resume: continue from the last released checkpoint
         model.load_state_dict(torch.load(certifier.checkpoints_dir / f"task{done[-1] + 1:03d}.pt"))

@@ -85,10 +85,10 @@ def refuse_on_other_ranks() -> None:
 
 
 def run_training_options(*, seed: int, quiet: bool, stop_after_task: int | None, reproducible_noise: bool,
-                         sign_key: Any) -> dict[str, Any]:
+                         sign_key: Any, resume: bool = False) -> dict[str, Any]:
     """The keyword arguments rank 0 passes to :func:`~dpcl.runner.run.run_training` (besides the device)."""
     return {"seed": seed, "quiet": quiet, "stop_after_task": stop_after_task,
-            "reproducible_noise": reproducible_noise, "sign_key": sign_key}
+            "reproducible_noise": reproducible_noise, "sign_key": sign_key, "resume": resume}
 
 
 def usable_cores() -> int:
@@ -310,6 +310,7 @@ def run_data_parallel(
     stop_after_task: int | None = None,
     reproducible_noise: bool = False,
     sign_key: "str | Path | None" = None,
+    resume: bool = False,
 ) -> Any:
     """``dpcl run --nproc N``: the run of :func:`~dpcl.runner.run.run_training` on ``nproc`` local processes.
 
@@ -321,7 +322,7 @@ def run_data_parallel(
 
     world = check_nproc(nproc)
     options = run_training_options(seed=seed, quiet=quiet, stop_after_task=stop_after_task,
-                                   reproducible_noise=reproducible_noise, sign_key=sign_key)
+                                   reproducible_noise=reproducible_noise, sign_key=sign_key, resume=resume)
     if world == 1:
         return run_training(config_path, out_dir, device=device, **options)
     if launched_by_torchrun():
@@ -397,6 +398,7 @@ def run_under_torchrun(
     stop_after_task: int | None = None,
     reproducible_noise: bool = False,
     sign_key: "str | Path | None" = None,
+    resume: bool = False,
 ) -> Any:
     """One rank of ``torchrun --nproc-per-node N -m dpcl run CONFIG --out DIR``: rank 0's RunResult, else None."""
     import torch.distributed as dist
@@ -413,7 +415,7 @@ def run_under_torchrun(
         result = None
         if rank == 0:
             options = run_training_options(seed=seed, quiet=quiet, stop_after_task=stop_after_task,
-                                           reproducible_noise=reproducible_noise, sign_key=sign_key)
+                                           reproducible_noise=reproducible_noise, sign_key=sign_key, resume=resume)
             result = _lead(config_path, out_dir, device=rank_device, run_options=options)
             _meet_at_end()
         elif _follow(config_path, out_dir, device=rank_device, seed=seed, reproducible_noise=reproducible_noise):

@@ -112,7 +112,7 @@ def test_charges_are_on_disk_before_training_and_survive_a_crash(tmp_path):
     assert len(TaskLedger.load(run / "ledger.json").charges) == 2  # written before the task is trained
     del c  # the process dies while training task 1
 
-    resumed = _certifier(run)
+    resumed = _certifier(run, resume=True)
     assert len(resumed.ledger.charges) == 2 and len(resumed.ledger.releases) == 1
     resumed.charge(1, GaussianEvent(sigma=1.0))  # task 1 is trained again, and charged again (conservative)
     release = resumed.release(1, b"w1", coverage=COVERED, assumptions=ASSUMPTIONS)
@@ -131,7 +131,7 @@ def test_charges_are_on_disk_before_training_and_survive_a_crash(tmp_path):
 def test_resuming_with_other_settings_is_refused(tmp_path, change):
     _certifier(tmp_path / "run").charge(0, GaussianEvent(sigma=2.0))
     with pytest.raises(ConfigError, match="settings"):
-        _certifier(tmp_path / "run", **change)
+        _certifier(tmp_path / "run", resume=True, **change)
 
 
 def test_a_missing_ledger_next_to_certificates_is_refused(tmp_path):
@@ -140,7 +140,7 @@ def test_a_missing_ledger_next_to_certificates_is_refused(tmp_path):
     c.release(0, b"w", coverage=COVERED, assumptions=ASSUMPTIONS)
     (tmp_path / "run" / "ledger.json").unlink()
     with pytest.raises(LedgerCorruptError, match="missing"):
-        _certifier(tmp_path / "run")
+        _certifier(tmp_path / "run", resume=True)
 
 
 def test_the_privacy_filter_refuses_an_overspend_before_anything_is_recorded(tmp_path):
@@ -297,3 +297,21 @@ def test_noise_generators_are_recorded_and_stated(tmp_path):
     assert "dpcl did not draw the noise of task 3" in text
     assert data["extra"]["certifier"]["noise_sources"] == {"1": "os_entropy", "2": "reproducible_seed"}
     assert _verify_cli(release.certificate).returncode == 0
+
+
+def test_a_directory_that_holds_a_run_is_refused_unless_resume(tmp_path):
+    from dpcl.errors import ExistingRunError
+
+    certifier = _certifier(tmp_path / "run")
+    certifier.charge(0, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    certifier.release(0, b"t1", coverage=COVERED, assumptions=ASSUMPTIONS)
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with pytest.raises(ExistingRunError, match="ledger.json.*certificates/ \\(1 file: task001.cert.json\\)") as refused:
+        _certifier(tmp_path / "run")
+    assert "resume=True" in str(refused.value) and refused.value.exit_code == 2
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+    resumed = _certifier(tmp_path / "run", resume=True)
+    assert resumed.ledger.released_tasks() == [0] and len(resumed.ledger.charges) == 1
+    fresh = _certifier(tmp_path / "new", resume=True)  # resume on an empty directory starts a run
+    assert fresh.ledger.charges == []
+

@@ -63,7 +63,7 @@ def test_resume_refuses_to_switch_the_noise_source(tmp_path):
     config = write_config(tmp_path, "cosine", epsilon=1.0, tasks=TWO_TASKS)
     run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
     with pytest.raises(ConfigError, match="reproducible_noise"):
-        run_training(config, tmp_path / "out", quiet=True, reproducible_noise=True)
+        run_training(config, tmp_path / "out", quiet=True, reproducible_noise=True, resume=True)
 
 
 def test_reproducible_noise_must_be_a_boolean(tmp_path):
@@ -174,7 +174,7 @@ def test_scoped_ledger_is_resumed_with_the_run_and_never_forgotten(tmp_path):
     first = run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
     assert not first.complete
     shutil.copytree(tmp_path / "out", tmp_path / "lost")
-    second = run_training(config, tmp_path / "out", quiet=True)
+    second = run_training(config, tmp_path / "out", quiet=True, resume=True)
     assert second.resumed_after == 0 and second.complete and _all_verify(second)
     (scoped,) = read_certificate(second.last_certificate)["scoped_guarantees"]
     assert [c["tasks"] for c in scoped["events"]] == [[0], [1]]
@@ -182,7 +182,7 @@ def test_scoped_ledger_is_resumed_with_the_run_and_never_forgotten(tmp_path):
     assert [c["tasks"] for c in earlier["events"]] == [[0]]
     (tmp_path / "lost" / "scoped" / "input_embeddings.ledger.json").unlink()
     with pytest.raises(LedgerCorruptError, match="input_embeddings.ledger.json"):
-        run_training(config, tmp_path / "lost", quiet=True)
+        run_training(config, tmp_path / "lost", quiet=True, resume=True)
 
 
 def test_private_run_of_the_papers_pecl_is_refused_before_training(tmp_path):
