@@ -138,6 +138,28 @@ COUNTS_ASSUMPTION = (
 NOISE_OS_ENTROPY = "os_entropy"
 NOISE_REPRODUCIBLE = "reproducible_seed"
 
+#: Stated by a Certifier without a privacy filter: composition needs the charges' parameters fixed in advance.
+FIXED_PARAMETERS_ASSUMPTION = (
+    "No privacy filter: the privacy parameters of every charge (noise scale, sample rate, number of steps, "
+    "sensitivity, and which tasks' data it reads) were fixed before any earlier release was seen. Composition then "
+    "holds although what each mechanism computes may depend on earlier releases; parameters chosen after seeing "
+    "earlier releases are not covered (a privacy filter, total_epsilon, covers them)."
+)
+
+
+def adaptive_filter_assumption(total_epsilon: float, total_delta: float, across_tasks: str) -> str:
+    """Stated by a Certifier with a privacy filter: adaptively chosen parameters are covered by its budget."""
+    scope = "the whole stream" if across_tasks == "sequential" else "each task's data"
+    return (
+        f"Privacy filter over {scope} (total_epsilon = {total_epsilon:g}, total_delta = {total_delta:g}): the "
+        "parameters of each charge may have been chosen after seeing earlier releases (fully adaptive composition: "
+        "Rogers et al. 2016, Whitehouse et al. 2023; Gaussian rule: Smith & Thakurta 2022). The filter refused every "
+        f"charge that would overspend, so the guarded data stay ({total_epsilon:g}, {total_delta:g})-DP whatever "
+        "the choices; the headline epsilon composes the charged events as if their parameters had been fixed in "
+        f"advance, and under adaptive choice ({total_epsilon:g}, {total_delta:g}) is the bound."
+    )
+
+
 _METADATA_KEY = "certifier"
 _SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -1155,6 +1177,12 @@ class Certifier:
     def _assumptions(self, sentences: Sequence[str], reports: Sequence[FilterReport]) -> list[str]:
         all_assumptions = [label_space_assumption(self.label_space)]
         all_assumptions.append(DISJOINT_ASSUMPTION if self.across_tasks == "parallel" else SHARED_ASSUMPTION)
+        if self.private:
+            ledger = self.ledger
+            all_assumptions.append(
+                FIXED_PARAMETERS_ASSUMPTION if ledger.total_epsilon is None
+                else adaptive_filter_assumption(ledger.total_epsilon, ledger.total_delta, self.across_tasks)
+            )
         if self.task_sizes is not None or reports:
             all_assumptions.append(COUNTS_ASSUMPTION)
         all_assumptions += [s for s in sentences if s not in all_assumptions]

@@ -315,3 +315,21 @@ def test_a_directory_that_holds_a_run_is_refused_unless_resume(tmp_path):
     fresh = _certifier(tmp_path / "new", resume=True)  # resume on an empty directory starts a run
     assert fresh.ledger.charges == []
 
+
+def test_certificates_state_whether_parameters_may_be_chosen_adaptively(tmp_path):
+    from dpcl.certifier import FIXED_PARAMETERS_ASSUMPTION
+
+    fixed = _certifier(tmp_path / "fixed")
+    fixed.charge(0, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    stated = json.loads(fixed.release(0, b"a", coverage=COVERED, assumptions=ASSUMPTIONS).certificate.read_text())
+    assert FIXED_PARAMETERS_ASSUMPTION in stated["assumptions"]
+    assert not any("Privacy filter" in a for a in stated["assumptions"])
+
+    filtered = _certifier(tmp_path / "filtered", across_tasks="sequential", disjoint_units=None, total_epsilon=2.0)
+    filtered.charge(0, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    release = filtered.release(0, b"b", coverage=COVERED, assumptions=ASSUMPTIONS)
+    stated = json.loads(release.certificate.read_text())["assumptions"]
+    assert FIXED_PARAMETERS_ASSUMPTION not in stated
+    (sentence,) = [a for a in stated if a.startswith("Privacy filter over the whole stream")]
+    assert "total_epsilon = 2" in sentence and "chosen after seeing earlier releases" in sentence
+    assert _verify_cli(release.certificate).returncode == 0
