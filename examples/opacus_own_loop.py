@@ -10,7 +10,7 @@ continual-learning method. An ``--out`` that holds a run is refused unless ``--r
 after its last certified task.
 
     python examples/opacus_own_loop.py --out runs/opacus_own_loop
-    dpcl verify runs/opacus_own_loop/certificates/*.json
+    dpcl verify runs/opacus_own_loop
 """
 
 from __future__ import annotations

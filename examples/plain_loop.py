@@ -8,7 +8,7 @@ so the classifier is a post-processing of the releases. Tasks hold disjoint imag
 costs its worst task (Tobaben et al., Thm 4.4): epsilon = 1 after every task.
 
     python examples/plain_loop.py --out runs/plain_loop
-    dpcl verify runs/plain_loop/certificates/*.json
+    dpcl verify runs/plain_loop
 """
 
 from __future__ import annotations
