@@ -674,12 +674,14 @@ def commit_release(run: RunInProgress, t: int, plan: Any) -> tuple[Path, str]:
 
 
 def _certificate_assumptions(run: RunInProgress, plan: Any) -> list[str]:
-    from dpcl.methods.noise_source import noise_assumptions
+    from dpcl.methods.noise_source import noise_assumptions, poisson_subsampled
 
     assumptions = list(run.report.assumptions)
     assumptions += [a for a in plan.assumptions if a not in assumptions]
     if run.trains_plan:
-        assumptions += [a for a in noise_assumptions(run.loaded.reproducible) if a not in assumptions]
+        sampled = poisson_subsampled([*plan.events, *(e for s in plan.scoped for e in s.events)])
+        assumptions += [a for a in noise_assumptions(run.loaded.reproducible, subsampled=sampled)
+                        if a not in assumptions]
     assumptions.append(CURATOR_STATE_ASSUMPTION)
     return assumptions
 
@@ -799,8 +801,20 @@ def write_summary(run: RunInProgress) -> dict[str, Any]:
         title=f"{loaded.method_name} on {run.prepared.stream.dataset_name}"
         + (epsilon if loaded.private else " (not private)"),
         cumulative_epsilon=[r.cumulative_epsilon for r in releases],
+        chance=chance_levels(run.prepared.label_sets, len(releases)),
     )
     return metrics
+
+
+def chance_levels(label_sets: Sequence[Sequence[int]], n_releases: int) -> list[float]:
+    """Accuracy of a uniform guess among the public labels the model may output after each release: one over the
+    size of the union of the public label sets O_1..O_t (constant under ``prior_const``)."""
+    seen: set[int] = set()
+    levels = []
+    for labels in list(label_sets)[:n_releases]:
+        seen |= {int(y) for y in labels}
+        levels.append(1.0 / max(len(seen), 1))
+    return levels
 
 
 # -- the run ------------------------------------------------------------------------------------------------------

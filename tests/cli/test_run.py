@@ -67,7 +67,7 @@ def test_a_second_run_into_the_same_out_is_refused_unless_resume(tmp_path):
 
 def test_reproducible_noise_flag_repeats_the_run_and_the_certificate_says_so(tmp_path):
     from dpcl.guarantees.certificates import read_certificate
-    from dpcl.methods.noise_source import REPRODUCIBLE_NOISE_ASSUMPTION
+    from dpcl.methods.noise_source import REPRODUCIBLE_NOISE_NO_SAMPLING_ASSUMPTION as REPRODUCIBLE_NOISE_ASSUMPTION
 
     config = write_config(tmp_path, "cosine", tasks="[[0, 1], [2, 3]]")
     runs = [dpcl("run", str(config), "--out", str(tmp_path / name), "--json", "--reproducible-noise")
