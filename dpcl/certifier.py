@@ -1111,9 +1111,9 @@ class Certifier:
         certificate says ``private: false`` with its reasons. ``scoped`` maps the name of each scoped
         statement to state to its scope sentence (each ledger must record a release of ``task``:
         :meth:`release_scoped`). ``label_filtering``: the public filter counts to state (default: those
-        :meth:`filter_labels` recorded). ``standard_assumptions=False`` states ``assumptions`` only, for a
-        driver whose sentences already say what the Certifier would add (label space, composition, counts,
-        curator-side files). ``replace`` writes ``certificates/taskNNN.cert.json`` even if it exists (a
+        :meth:`filter_labels` recorded). ``standard_assumptions=False`` states ``assumptions`` (plus the noise source and
+        adaptivity the Certifier knows), for a driver whose sentences already say what the Certifier would add
+        (label space, composition, counts, curator-side files). ``replace`` writes ``certificates/taskNNN.cert.json`` even if it exists (a
         driver finishing a release after a crash); otherwise a new name is chosen.
         """
         t = _task_index(task, self.n_tasks)
@@ -1134,8 +1134,8 @@ class Certifier:
         noise = [s for s in self._noise_assumptions(charged) if s not in sentences]
         if standard_assumptions:
             all_assumptions = self._assumptions([*noise, *sentences], reports)
-        else:
-            all_assumptions = [*sentences, *noise]
+        else:  # the driver's sentences; what dpcl itself knows (noise source, adaptivity) is added
+            all_assumptions = [*sentences, *noise, *(a for a in self._adaptivity_assumption() if a not in sentences)]
         statements = {}
         for name, scope in (scoped or {}).items():
             if name not in self._scoped:
@@ -1177,17 +1177,20 @@ class Certifier:
     def _assumptions(self, sentences: Sequence[str], reports: Sequence[FilterReport]) -> list[str]:
         all_assumptions = [label_space_assumption(self.label_space)]
         all_assumptions.append(DISJOINT_ASSUMPTION if self.across_tasks == "parallel" else SHARED_ASSUMPTION)
-        if self.private:
-            ledger = self.ledger
-            all_assumptions.append(
-                FIXED_PARAMETERS_ASSUMPTION if ledger.total_epsilon is None
-                else adaptive_filter_assumption(ledger.total_epsilon, ledger.total_delta, self.across_tasks)
-            )
+        all_assumptions += self._adaptivity_assumption()
         if self.task_sizes is not None or reports:
             all_assumptions.append(COUNTS_ASSUMPTION)
         all_assumptions += [s for s in sentences if s not in all_assumptions]
         all_assumptions.append(CURATOR_ASSUMPTION)
         return all_assumptions
+
+    def _adaptivity_assumption(self) -> list[str]:
+        """Whether the charges' parameters had to be fixed in advance (no filter) or may be adaptive (a filter)."""
+        if not self.private:
+            return []
+        ledger = self.ledger
+        return [FIXED_PARAMETERS_ASSUMPTION if ledger.total_epsilon is None
+                else adaptive_filter_assumption(ledger.total_epsilon, ledger.total_delta, self.across_tasks)]
 
     @property
     def certificates(self) -> list[Path]:

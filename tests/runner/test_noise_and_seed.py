@@ -42,6 +42,9 @@ def test_default_runs_with_the_same_seed_draw_different_noise_and_say_so(tmp_pat
     assert OS_ENTROPY_ASSUMPTION in cert["assumptions"] and FLOATING_POINT_ASSUMPTION in cert["assumptions"]
     assert REPRODUCIBLE_NOISE_ASSUMPTION not in cert["assumptions"]
     assert not any("subsampl" in a for a in cert["assumptions"])  # cosine draws no Poisson sample
+    from dpcl.certifier import FIXED_PARAMETERS_ASSUMPTION
+
+    assert FIXED_PARAMETERS_ASSUMPTION in cert["assumptions"]  # no filter: the config fixed every parameter
     assert cert["extra"]["reproducible_noise"] is False
     assert a.metrics["reproducible_noise"] is False
 
