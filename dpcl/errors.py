@@ -91,6 +91,6 @@ class MissingDependencyError(DpclError):
 
 
 class DistributedRunError(DpclError):
-    """A data-parallel run lost a process or its ranks disagree; what was certified stays, a rerun resumes."""
+    """A data-parallel run lost a process or its ranks disagree; what was certified stays, a rerun with --resume resumes."""
 
     exit_code = 2

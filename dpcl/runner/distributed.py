@@ -26,7 +26,7 @@ Failure: the ledger is charged before a task trains and every file is written
 atomically, so a rank that dies leaves the run directory as an interrupted
 single-process run would (the task in progress stays charged, nothing of it is
 released); rank 0 reports :class:`~dpcl.errors.DistributedRunError` and a
-rerun with the same ``--out`` resumes after the last certified task (with any
+rerun with the same ``--out`` and ``--resume`` resumes after the last certified task (with any
 ``--nproc``: the process count is not part of the run's identity).
 
 Backends: ``gloo`` on the CPU, ``nccl`` on CUDA (rank ``r`` uses
@@ -192,7 +192,8 @@ def _lead(config_path: Any, out_dir: Any, *, device: str, run_options: dict[str,
             raise
         raise DistributedRunError(
             f"a rank of the data-parallel run failed ({str(exc).splitlines()[0][:200]}); every certified release "
-            f"and every charge stay in {str(out_dir)!r}: rerun the same command to resume after the last certified task."
+            f"and every charge stay in {str(out_dir)!r}: rerun the same command with --resume to continue after the "
+            "last certified task."
         ) from exc
     finally:
         try:
@@ -371,8 +372,9 @@ def _join(workers: Any) -> None:
     except mp.ProcessRaisedException as exc:
         raise DistributedRunError(f"a rank of the data-parallel run failed: {str(exc).strip().splitlines()[-1]}") from None
     except mp.ProcessExitedException as exc:
-        raise DistributedRunError(f"a rank of the data-parallel run died ({exc}); rerun the same command to resume.") \
-            from None
+        raise DistributedRunError(
+            f"a rank of the data-parallel run died ({exc}); rerun the same command with --resume to continue."
+        ) from None
 
 
 def _stop(workers: Any, grace_seconds: float = 30.0) -> None:

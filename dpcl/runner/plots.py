@@ -59,8 +59,8 @@ def accuracy_figure(
     ax.plot(steps, average, color="black", linestyle="--", linewidth=2, label="average accuracy")
     if chance is not None:
         levels = np.asarray(chance, dtype=np.float64)
-        ax.step(steps, levels, where="mid", color="grey", linestyle=":", linewidth=1.5,
-                label="chance (uniform guess)" if len(set(levels.tolist())) == 1 else "chance (uniform guess\namong labels so far)")
+        label = "chance (uniform guess)" if len(set(levels.tolist())) == 1 else "chance (uniform guess\namong labels so far)"
+        ax.step(steps, levels, where="mid", color="grey", linestyle=":", linewidth=1.5, label=label)
     ax.set_ylim(0, 1.02)
     ax.set_xticks(steps)
     if cumulative_epsilon is not None:
