@@ -99,6 +99,11 @@ def check_input_files(certificate: str, checkpoint: str | None) -> None:
     one certified is a failed check (exit 3), reported by :func:`verify_certificate`.
     """
     path = Path(certificate)
+    if path.name in NOT_CERTIFICATES and path.is_file():
+        raise MalformedCertificateError(
+            f"{certificate!r} is the run's {path.name}, not a certificate; give the run directory "
+            f"({str(path.parent)!r}) or its certificates/*.json."
+        )
     if path.is_dir():
         raise MalformedCertificateError(
             f"certificate {certificate!r} is a directory without certificates; give certificate files or a run "

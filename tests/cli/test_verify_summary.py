@@ -69,7 +69,9 @@ def test_signatures_not_signed_not_checked_and_required(five_task_run, tmp_path,
         ["signed, NOT CHECKED"] + ["not signed"] * 4)
 
 
-def test_a_directory_without_certificates_is_refused(tmp_path, capsys):
+def test_a_directory_without_certificates_and_the_ledger_are_refused(five_task_run, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     code, out, err = _verify(capsys, tmp_path / "empty")
     assert code == 2 and out == "" and "without certificates" in err and err.count("\n") == 1
+    code, out, err = _verify(capsys, five_task_run / "ledger.json")
+    assert code == 2 and out == "" and "not a certificate; give the run directory" in err
