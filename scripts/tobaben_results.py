@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
+from dpcl.progress import progress
 
 DIGITS_STREAM = """[stream]
 dataset = "digits"
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds)
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = list(pool.map(_one, jobs))
+        rows = list(progress(pool.map(_one, jobs), desc="tobaben_results runs", total=len(jobs)))
     table = ["| setting | AA (mean ± std) | AF (mean ± std) | stream ε after the last release (δ = 1e-5) | seeds |", "| --- | --- | --- | --- | --- |"]
     summary = {}
     for name in dict.fromkeys(r["setting"] for r in rows):

@@ -145,9 +145,11 @@ class TrainingConfig:
 
 
 def _raw_feature_dataset(dataset: Any) -> bool:
-    """True for datasets whose features are raw pixels (digits, image folders, CIFAR); the text datasets are
-    MiniLM features or texts for a pre-trained model (dpcl.data.registry)."""
-    return isinstance(dataset, str) and (dataset == "digits" or dataset.startswith(("image_folder:", "cifar:")))
+    """True for datasets whose features are raw pixels (digits, image folders, CIFAR, IDX files); the text datasets
+    are MiniLM features or texts for a pre-trained model (dpcl.data.registry)."""
+    return isinstance(dataset, str) and (
+        dataset == "digits" or dataset.startswith(("image_folder:", "cifar:", "idx:"))
+    )
 
 
 def _jsonable(value: Any) -> Any:

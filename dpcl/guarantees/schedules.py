@@ -52,7 +52,12 @@ from typing import Any, Mapping
 from dpcl.accounting.events import Adjacency, GaussianEvent
 from dpcl.errors import ConfigError, InvalidParameterError, UnsupportedEventError
 from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
-from dpcl.guarantees.public_encoder import PUBLIC_ENCODER_ASSUMPTION, encoder_modality, public_encoder_assumption
+from dpcl.guarantees.public_encoder import (
+    PUBLIC_ENCODER_ASSUMPTION,
+    encoder_modality,
+    packaged_encoder,
+    public_encoder_assumption,
+)
 from dpcl.guarantees.method_schema import (
     REQUIRED,
     TORCH_DEVICE_FORMS,
@@ -385,8 +390,14 @@ def peft_variant(method: Mapping[str, Any]) -> str:
     encoder = method.get("encoder")
     if encoder is not None:
         encoder_modality(encoder)  # a model directory dpcl can load (image or text), else ConfigError
-    if requested == "auto":
-        return "film" if encoder is not None else "adapter"
+    packaged = encoder is not None and packaged_encoder(encoder) is not None
+    if requested == "auto":  # a packaged encoder is not a Hugging Face model: FiLM cannot train inside it
+        return "film" if encoder is not None and not packaged else "adapter"
+    if requested == "film" and packaged:
+        raise ConfigError(
+            f"[method] variant = 'film' trains the layer norms of a Hugging Face encoder; {encoder!r} is a packaged "
+            "encoder, whose features PEFT Ensemble uses with variant = 'adapter' (or 'auto')."
+        )
     if requested == "film" and encoder is None:
         raise ConfigError(
             "[method] variant = 'film' trains the layer norms of a pre-trained encoder: set [stream] encoder "
