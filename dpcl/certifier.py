@@ -33,9 +33,12 @@ Run directory (the same split as ``dpcl run``)::
     DIR/scoped/        one ledger per scoped statement (curator: never publish)
     DIR/curator/       your private state, if any     (curator: never publish)
 
-Opening a directory that holds a ledger resumes it: every charge and release
-recorded there stays (nothing is lost or counted twice); settings that differ
-from the recorded ones are refused with :class:`~dpcl.errors.ConfigError`.
+A directory that already holds a run (a ledger, scoped ledgers or certificates) is refused with
+:class:`~dpcl.errors.ExistingRunError`, naming what is there, unless resuming is asked for
+(``resume=True``): a second run into the same directory would charge every task again and
+write new certificates next to the old ones. Resumed, every charge and release recorded there stays
+(nothing is lost or counted twice); settings that differ from the recorded ones are refused with
+:class:`~dpcl.errors.ConfigError`.
 
 Drivers (``dpcl run`` is one) release in two phases so that a crash loses nothing:
 charge before training (:meth:`Certifier.charge` with ``reuse_uncommitted`` after a
@@ -56,7 +59,17 @@ stopped early). Steps are recorded in memory only: after a crash, rerun the task
 plan it again, which charges it again (conservative: the interrupted attempt may
 have leaked).
 
-No torch here: checkpoints are files or bytes, so any framework can be certified.
+Noise (who owns it). The DP noise must be unpredictable to anyone who sees the release, yet almost every
+loop calls ``torch.manual_seed`` for its initialisation, and a generator it seeds also fixes the noise drawn
+from it. :meth:`Certifier.noise_generator` (torch) and :meth:`Certifier.numpy_noise_generator` give a task a
+generator seeded from OS entropy (:mod:`secrets`), independent of every seed in the process, and record it in
+the ledger; the opacus integration installs them in the DP optimizer and its Poisson sampler. Certificates then
+state the noise source because dpcl set it. ``reproducible_seed`` is the explicit exception (research runs): the
+source is recorded as a seed known to the caller, and the certificate says that the guarantee holds only
+against someone who does not know it.
+
+No torch at import time: checkpoints are files or bytes, so any framework can be certified (torch is imported
+only by :meth:`Certifier.noise_generator`).
 """
 
 from __future__ import annotations
@@ -64,6 +77,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -72,7 +86,7 @@ import numpy as np
 
 from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, PrivacyEvent, RepeatedEvent
 from dpcl.accounting.validation import check_count, check_positive_scalar, check_sample_rate
-from dpcl.errors import ConfigError, InvalidParameterError, LedgerCorruptError, PrivacyViolationError
+from dpcl.errors import ConfigError, ExistingRunError, InvalidParameterError, LedgerCorruptError, PrivacyViolationError
 from dpcl.guarantees.atomic_io import sha256_file, write_bytes_atomic
 from dpcl.guarantees.certificates import (
     ScopedLedger,
@@ -119,6 +133,32 @@ COUNTS_ASSUMPTION = (
     "Per-task example counts stated in this certificate (task sizes, examples kept and dropped by the public "
     "label sets) are treated as public: epsilon does not cover them."
 )
+
+#: Noise sources a Certifier records per task (ledger metadata ``certifier.noise_sources``).
+NOISE_OS_ENTROPY = "os_entropy"
+NOISE_REPRODUCIBLE = "reproducible_seed"
+
+#: Stated by a Certifier without a privacy filter: composition needs the charges' parameters fixed in advance.
+FIXED_PARAMETERS_ASSUMPTION = (
+    "No privacy filter: the privacy parameters of every charge (noise scale, sample rate, number of steps, "
+    "sensitivity, and which tasks' data it reads) were fixed before any earlier release was seen. Composition then "
+    "holds although what each mechanism computes may depend on earlier releases; parameters chosen after seeing "
+    "earlier releases are not covered (a privacy filter, total_epsilon, covers them)."
+)
+
+
+def adaptive_filter_assumption(total_epsilon: float, total_delta: float, across_tasks: str) -> str:
+    """Stated by a Certifier with a privacy filter: adaptively chosen parameters are covered by its budget."""
+    scope = "the whole stream" if across_tasks == "sequential" else "each task's data"
+    return (
+        f"Privacy filter over {scope} (total_epsilon = {total_epsilon:g}, total_delta = {total_delta:g}): the "
+        "parameters of each charge may have been chosen after seeing earlier releases (fully adaptive composition: "
+        "Rogers et al. 2016, Whitehouse et al. 2023; Gaussian rule: Smith & Thakurta 2022). The filter refused every "
+        f"charge that would overspend, so the guarded data stay ({total_epsilon:g}, {total_delta:g})-DP whatever "
+        "the choices; the headline epsilon composes the charged events as if their parameters had been fixed in "
+        f"advance, and under adaptive choice ({total_epsilon:g}, {total_delta:g}) is the bound."
+    )
+
 
 _METADATA_KEY = "certifier"
 _SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -219,6 +259,16 @@ def _uncommitted_charge(ledger: TaskLedger, tasks: Sequence[int], events: Sequen
     return last if last.tasks == tuple(int(t) for t in tasks) and last.events == compress_events(events) else None
 
 
+def check_reproducible_seed(seed: Any) -> None:
+    """Refuse a ``reproducible_seed`` that is neither None (noise from OS entropy) nor an integer in [0, 2**64)."""
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64
+    ):
+        raise InvalidParameterError(
+            f"reproducible_seed must be an integer in [0, 2**64) or None (noise from OS entropy), got {seed!r}."
+        )
+
+
 def _check_run_options(*, private: Any, resume: Any, driver: Any, config: Any, metadata: Any) -> None:
     if not isinstance(private, bool):
         raise InvalidParameterError(f"private must be True or False, got {private!r}.")
@@ -230,6 +280,29 @@ def _check_run_options(*, private: Any, resume: Any, driver: Any, config: Any, m
         raise InvalidParameterError(f"config must be a mapping of sections, got {type(config).__name__}.")
     if metadata is not None and not isinstance(metadata, Mapping):
         raise InvalidParameterError(f"metadata must be a mapping, got {type(metadata).__name__}.")
+
+
+def existing_run_files(run_dir: Path, *, run_state: bool = False) -> list[str]:
+    """What in ``run_dir`` belongs to a run already (ledgers, certificates, checkpoints; with ``run_state`` also a
+    driver's ``run.json``), as short names."""
+    if not run_dir.is_dir():
+        return []
+    found = [name for name in (("run.json",) if run_state else ()) + ("ledger.json",) if (run_dir / name).is_file()]
+    for sub, pattern in (("scoped", "*.ledger.json"), ("certificates", "*.cert.json"), ("checkpoints", "*")):
+        files = sorted(p.name for p in (run_dir / sub).glob(pattern)) if (run_dir / sub).is_dir() else []
+        if files:
+            shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+            found.append(f"{sub}/ ({len(files)} file{'s' if len(files) != 1 else ''}: {shown})")
+    return found
+
+
+def _refuse_existing_run(run_dir: Path) -> None:
+    found = existing_run_files(run_dir)
+    if found:
+        raise ExistingRunError(
+            f"{str(run_dir)!r} already holds a run: {'; '.join(found)}. Running again into it would charge its "
+            "tasks again; continue that run with resume=True, or give a new directory."
+        )
 
 
 def _label_space(label_space: Any, prior_labels: Any) -> tuple[LabelSpacePolicy, list[Any], int | None]:
@@ -338,9 +411,13 @@ class Certifier:
     metadata:
         Extra JSON fields recorded in the ledgers (the headline's and the scoped ones), e.g. the run's seed.
     resume:
+        ``True`` to continue the run recorded in ``run_dir`` (after a crash, or to add tasks). Without it a
+        directory that holds a ledger, scoped ledgers or certificates is refused with
+        :class:`~dpcl.errors.ExistingRunError`. ``True`` on a directory without a run starts one.
+    expect_ledger:
         ``True`` when the caller knows the directory already released something (e.g. from its own run
         state): a missing ledger then raises :class:`~dpcl.errors.LedgerCorruptError` instead of starting an
-        empty one that would forget spent budget.
+        empty one that would forget spent budget. Implies ``resume``.
     driver:
         Name of a program that keeps its own run state (``run.json``) in ``run_dir`` and drives the
         Certifier, e.g. ``"dpcl run"``. Without it a directory holding ``run.json`` is refused.
@@ -367,9 +444,13 @@ class Certifier:
         config: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
         resume: bool = False,
+        expect_ledger: bool = False,
         driver: str | None = None,
     ) -> None:
         _check_run_options(private=private, resume=resume, driver=driver, config=config, metadata=metadata)
+        if not isinstance(expect_ledger, bool):
+            raise InvalidParameterError(f"expect_ledger must be True or False, got {expect_ledger!r}.")
+        resume = resume or expect_ledger
         self.private = private
         self.driver = driver
         self._certificate_settings = None if config is None else dict(config)
@@ -397,6 +478,8 @@ class Certifier:
                 f"{str(self.run_dir)!r} is a `dpcl run` directory (it has run.json); resume it with `dpcl run`, "
                 "or give the Certifier a directory of its own."
             )
+        if not resume:
+            _refuse_existing_run(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         certificates = self.certificates_dir
         already_released = certificates.is_dir() and any(certificates.glob("*.cert.json"))
@@ -404,7 +487,7 @@ class Certifier:
         if private:
             self.ledger = TaskLedger.open(
                 self.ledger_path,
-                must_exist=already_released or resume,
+                must_exist=already_released or expect_ledger,
                 total_epsilon=total_epsilon,
                 total_delta=total_delta,
                 metadata=self._metadata or None,
@@ -717,6 +800,80 @@ class Certifier:
         """The DP-SGD plans charged for ``task`` in this process, with the steps recorded against them."""
         return tuple(self._plans.get(_task_index(task, self.n_tasks), ()))
 
+    # -- noise ------------------------------------------------------------------------------------------
+    def _noise_seed(self, t: int, reproducible_seed: Any) -> int:
+        """A fresh 64-bit seed from OS entropy (or ``reproducible_seed``), recorded as task ``t``'s noise source."""
+        check_reproducible_seed(reproducible_seed)
+        if reproducible_seed is None:
+            seed, source = secrets.randbits(64), NOISE_OS_ENTROPY
+        else:
+            seed, source = int(reproducible_seed), NOISE_REPRODUCIBLE
+        sources = self._state().setdefault("noise_sources", {})
+        if sources.get(str(t)) not in (None, source):  # one task, two sources: the weaker one is stated
+            source = NOISE_REPRODUCIBLE
+        sources[str(t)] = source
+        if self.private:
+            self.ledger.save()
+        return seed
+
+    def noise_generator(self, task: int, *, device: Any = "cpu", reproducible_seed: int | None = None) -> Any:
+        """A ``torch.Generator`` on ``device`` for the DP noise (and sampling) of ``task``, seeded from OS entropy.
+
+        Independent of ``torch.manual_seed``: draw the noise with it (``torch.normal(..., generator=g)``; opacus:
+        :func:`dpcl.integrations.opacus.attach` installs one) and the certificates of ``task`` and later
+        releases state that dpcl seeded its noise from OS entropy. ``reproducible_seed`` (research only) seeds it
+        with that seed instead, and the certificates say that the guarantee holds only against someone who does
+        not know the seed. Imports torch.
+        """
+        t = _task_index(task, self.n_tasks)
+        import torch
+
+        try:
+            generator = torch.Generator(device=device)
+        except (RuntimeError, TypeError) as exc:
+            raise InvalidParameterError(f"device {device!r} cannot hold a torch.Generator ({exc}).") from None
+        generator.manual_seed(self._noise_seed(t, reproducible_seed))
+        return generator
+
+    def numpy_noise_generator(self, task: int, *, reproducible_seed: int | None = None) -> np.random.Generator:
+        """A numpy ``Generator`` for the DP noise of ``task``, seeded from OS entropy (see :meth:`noise_generator`)."""
+        t = _task_index(task, self.n_tasks)
+        return np.random.default_rng(self._noise_seed(t, reproducible_seed))
+
+    def noise_sources(self) -> dict[int, str]:
+        """The noise source dpcl recorded for each task (``"os_entropy"`` or ``"reproducible_seed"``)."""
+        return {int(t): str(v) for t, v in self._state().get("noise_sources", {}).items()}
+
+    def _noise_assumptions(self, charged_tasks: Iterable[int]) -> list[str]:
+        """What the certificate states of the noise of ``charged_tasks``: from dpcl's record, not from the caller."""
+        sources = self.noise_sources()
+        groups: dict[str | None, list[int]] = {}
+        for t in sorted(set(charged_tasks)):
+            groups.setdefault(sources.get(t), []).append(t)
+
+        def names(tasks: list[int]) -> str:
+            return ("task " if len(tasks) == 1 else "tasks ") + ", ".join(str(t + 1) for t in tasks)
+
+        out = []
+        if NOISE_OS_ENTROPY in groups:
+            out.append(
+                f"The DP noise (and, with opacus, the Poisson sampling) of {names(groups[NOISE_OS_ENTROPY])} was drawn "
+                "from generators dpcl seeded from OS entropy for that task, independent of torch.manual_seed and of "
+                "every other seed of the training process."
+            )
+        if NOISE_REPRODUCIBLE in groups:
+            out.append(
+                f"The DP noise of {names(groups[NOISE_REPRODUCIBLE])} was drawn from generators seeded with a seed the "
+                "caller chose (reproducible_seed): the guarantee holds only against someone who does not know that "
+                "seed."
+            )
+        if None in groups and len(groups) > 1:
+            out.append(
+                f"dpcl did not draw the noise of {names(groups[None])}: where it came from is stated by the caller's "
+                "assumptions."
+            )
+        return out
+
     # -- guarantees -----------------------------------------------------------------------------------
     def guarantee(self) -> StreamGuarantee:
         """Cumulative guarantee of everything charged so far (what the next release will state)."""
@@ -837,6 +994,10 @@ class Certifier:
             extra_fields["certifier"]["dpsgd_steps"] = {"recorded": recorded, "charged": charged}
         if self.task_sizes is not None:
             extra_fields["certifier"]["task_sizes"] = self.task_sizes
+        sources = self._state().get("noise_sources")
+        if sources:
+            extra_fields["certifier"]["noise_sources"] = {str(int(k) + 1): v for k, v in sorted(
+                sources.items(), key=lambda kv: int(kv[0]))}
         extra_fields.update(dict(extra or {}))
         try:  # checked before the release is recorded, so a bad extra never leaves a release without certificate
             json.dumps(extra_fields, allow_nan=False)
@@ -950,9 +1111,9 @@ class Certifier:
         certificate says ``private: false`` with its reasons. ``scoped`` maps the name of each scoped
         statement to state to its scope sentence (each ledger must record a release of ``task``:
         :meth:`release_scoped`). ``label_filtering``: the public filter counts to state (default: those
-        :meth:`filter_labels` recorded). ``standard_assumptions=False`` states ``assumptions`` only, for a
-        driver whose sentences already say what the Certifier would add (label space, composition, counts,
-        curator-side files). ``replace`` writes ``certificates/taskNNN.cert.json`` even if it exists (a
+        :meth:`filter_labels` recorded). ``standard_assumptions=False`` states ``assumptions`` (plus the noise source and
+        adaptivity the Certifier knows), for a driver whose sentences already say what the Certifier would add
+        (label space, composition, counts, curator-side files). ``replace`` writes ``certificates/taskNNN.cert.json`` even if it exists (a
         driver finishing a release after a crash); otherwise a new name is chosen.
         """
         t = _task_index(task, self.n_tasks)
@@ -962,7 +1123,19 @@ class Certifier:
         if not path.is_file():
             raise InvalidParameterError(f"checkpoint {str(path)!r} does not exist or is not a file.")
         reports = self._filter_reports() if label_filtering is None else list(label_filtering)
-        all_assumptions = self._assumptions(sentences, reports) if standard_assumptions else sentences
+        index = None
+        if self.private:
+            index = max((i for i, r in enumerate(self.ledger.releases) if r.task_index == t), default=None)
+            if index is None:
+                raise InvalidParameterError(f"the release of task {t} was not committed; call commit first.")
+        charged = [] if index is None else [
+            task for c in self.ledger.charges[: self.ledger.releases[index].n_charges] for task in c.tasks
+        ]
+        noise = [s for s in self._noise_assumptions(charged) if s not in sentences]
+        if standard_assumptions:
+            all_assumptions = self._assumptions([*noise, *sentences], reports)
+        else:  # the driver's sentences; what dpcl itself knows (noise source, adaptivity) is added
+            all_assumptions = [*sentences, *noise, *(a for a in self._adaptivity_assumption() if a not in sentences)]
         statements = {}
         for name, scope in (scoped or {}).items():
             if name not in self._scoped:
@@ -973,10 +1146,7 @@ class Certifier:
             checkpoint=path, config=self._config(), label_filtering=describe_filtering(reports), extra=extra_fields,
         )
         record = None
-        if self.private:
-            index = max((i for i, r in enumerate(self.ledger.releases) if r.task_index == t), default=None)
-            if index is None:
-                raise InvalidParameterError(f"the release of task {t} was not committed; call commit first.")
+        if index is not None:
             record = self.ledger.releases[index]
             if record.checkpoint_sha256 is not None and sha256_file(path) != record.checkpoint_sha256:
                 raise InvalidParameterError(
@@ -1007,11 +1177,20 @@ class Certifier:
     def _assumptions(self, sentences: Sequence[str], reports: Sequence[FilterReport]) -> list[str]:
         all_assumptions = [label_space_assumption(self.label_space)]
         all_assumptions.append(DISJOINT_ASSUMPTION if self.across_tasks == "parallel" else SHARED_ASSUMPTION)
+        all_assumptions += self._adaptivity_assumption()
         if self.task_sizes is not None or reports:
             all_assumptions.append(COUNTS_ASSUMPTION)
         all_assumptions += [s for s in sentences if s not in all_assumptions]
         all_assumptions.append(CURATOR_ASSUMPTION)
         return all_assumptions
+
+    def _adaptivity_assumption(self) -> list[str]:
+        """Whether the charges' parameters had to be fixed in advance (no filter) or may be adaptive (a filter)."""
+        if not self.private:
+            return []
+        ledger = self.ledger
+        return [FIXED_PARAMETERS_ASSUMPTION if ledger.total_epsilon is None
+                else adaptive_filter_assumption(ledger.total_epsilon, ledger.total_delta, self.across_tasks)]
 
     @property
     def certificates(self) -> list[Path]:
@@ -1066,6 +1245,12 @@ class CertifierTask:
 
     def epsilon(self) -> float:
         return self.certifier.task_epsilon(self.index)
+
+    def noise_generator(self, *, device: Any = "cpu", reproducible_seed: int | None = None) -> Any:
+        return self.certifier.noise_generator(self.index, device=device, reproducible_seed=reproducible_seed)
+
+    def numpy_noise_generator(self, *, reproducible_seed: int | None = None) -> np.random.Generator:
+        return self.certifier.numpy_noise_generator(self.index, reproducible_seed=reproducible_seed)
 
     def release(self, checkpoint: "str | os.PathLike[str] | bytes", **kwargs: Any) -> CertifiedRelease:
         return self.certifier.release(self.index, checkpoint, **kwargs)

@@ -39,6 +39,10 @@ class ConfigError(InvalidParameterError):
     """A configuration file is malformed: missing or unknown key, wrong type or range."""
 
 
+class ExistingRunError(InvalidParameterError):
+    """A run directory already holds a run (ledger, certificates, run state) and resuming was not asked for."""
+
+
 class MethodPluginError(ConfigError):
     """An installed method plugin is invalid or conflicts with a built-in or another plugin (``dpcl.methods``)."""
 
@@ -87,6 +91,6 @@ class MissingDependencyError(DpclError):
 
 
 class DistributedRunError(DpclError):
-    """A data-parallel run lost a process or its ranks disagree; what was certified stays, a rerun resumes."""
+    """A data-parallel run lost a process or its ranks disagree; what was certified stays, a rerun with --resume resumes."""
 
     exit_code = 2

@@ -6,10 +6,11 @@ schedule before training on it, and release every checkpoint with its certificat
 trained with ``make_private_with_epsilon`` at epsilon = 1 (calibrated by dpcl); tasks hold
 disjoint images, so the stream costs its worst task (Tobaben et al., Thm 4.4). The model is simply
 fine-tuned task after task, so it forgets earlier tasks: the example shows certification, not a
-continual-learning method. Rerunning with the same ``--out`` resumes after the last certified task.
+continual-learning method. An ``--out`` that holds a run is refused unless ``--resume`` continues it
+after its last certified task.
 
     python examples/opacus_own_loop.py --out runs/opacus_own_loop
-    dpcl verify runs/opacus_own_loop/certificates/*.json
+    dpcl verify runs/opacus_own_loop
 """
 
 from __future__ import annotations
@@ -35,17 +36,17 @@ EPSILON, DELTA, EPOCHS, BATCH = 1.0, 1e-5, 5, 32
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/opacus_own_loop", help="run directory (default: runs/opacus_own_loop)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model's initialisation (not of the noise)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out after its last certified task")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initialisation and split (never of the noise)")
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", message="Secure RNG turned off")  # see the noise assumption below
+    warnings.filterwarnings("ignore", message="Secure RNG turned off")  # dpcl seeds the noise from OS entropy
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # opacus' hooks on the first layer
 
     stream = class_incremental_stream(load_digits(), TASKS, seed=args.seed)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the initialisation only: attach gives opacus dpcl's noise generators
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    torch.seed()  # DP noise and Poisson sampling: torch's generator re-seeded from OS entropy
     certifier = Certifier(args.out, delta=DELTA, label_space="prior_const", prior_labels=list(range(10)),  # dpcl
-                          disjoint_units=True, method="opacus DP-SGD, 2-layer MLP")
+                          disjoint_units=True, method="opacus DP-SGD, 2-layer MLP", resume=args.resume)
     done = certifier.ledger.released_tasks()
     if done:  # resume: continue from the last released checkpoint
         model.load_state_dict(torch.load(certifier.checkpoints_dir / f"task{done[-1] + 1:03d}.pt"))
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), data_loader=DataLoader(data, BATCH),
             target_epsilon=EPSILON, target_delta=DELTA, epochs=EPOCHS, max_grad_norm=1.0,
         )
+        # dpcl: charge the schedule; DP noise and Poisson sampling from generators seeded from OS entropy
         dpcl.integrations.opacus.attach(engine, certifier.task(t), optimizer=optimizer, data_loader=loader,  # dpcl
                                         epochs=EPOCHS, unit_ids=task.train.unit_ids[keep])
         for _ in range(EPOCHS):
@@ -75,8 +77,8 @@ def main(argv: list[str] | None = None) -> None:
         release = certifier.release(t, checkpoint.getvalue(), filename=f"task{t + 1:03d}.pt",  # dpcl
                                     coverage=ReleaseCoverage.post_processing(
                                         "the weights are updated only by the charged DP-SGD steps"),
-                                    assumptions=["DP-SGD noise and Poisson sampling come from torch's default "
-                                                 "generator, seeded from OS entropy after the initialisation."])
+                                    assumptions=["Each digit image is one privacy unit; the initialisation and "
+                                                 "the label sets are public."])
         seen = stream.seen_test(t)
         with torch.no_grad():
             predicted = model(torch.tensor(seen.features)).argmax(dim=1).numpy()

@@ -192,6 +192,12 @@ def non_private_report(report: AuditReport) -> AuditReport:
     )
 
 
+def _no_unit(report: AuditReport) -> str:
+    """A checkpoint that is not private protects no unit: say so, with the units the scoped statements protect."""
+    scoped = "; ".join(f"scoped {s['name']}: {s['adjacency']} / {s['unit']}" for s in report.scoped_guarantees)
+    return "none: the checkpoint is not private" + (f" ({scoped})" if scoped else "")
+
+
 def _table_payload(report: AuditReport) -> dict[str, Any]:
     from dpcl.guarantees.audit_config import NOT_COVERED_PREFIX
 
@@ -210,7 +216,7 @@ def _table_payload(report: AuditReport) -> dict[str, Any]:
         "delta": report.delta,
         "across_tasks": report.across_tasks,
         "accountant": report.accountant,
-        "adjacency / unit": f"{report.adjacency} / {report.unit}",
+        "adjacency / unit": f"{report.adjacency} / {report.unit}" if report.private else _no_unit(report),
         "method": report.method,
     }
     if report.total_epsilon is not None:

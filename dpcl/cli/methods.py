@@ -1,10 +1,12 @@
-"""``dpcl methods [--json]``: the training methods this installation knows, with their config keys.
+"""``dpcl methods [--details] [--json]``: the training methods this installation knows, with their config keys.
 
 Lists the built-in methods and the plugins installed through the
 ``dpcl.methods`` entry-point group (:mod:`dpcl.guarantees.method_registry`),
-each with the keys its ``[method]`` section accepts (name, type, default, help)
--- read from the method specs, so nothing here imports torch. A plugin that is
-invalid or shadows a built-in name makes the command exit 2 naming it.
+one line each by default (name, origin, what it does, its ``[method]`` keys,
+required ones marked ``*``); ``--details`` prints every key's type, default and
+help, and ``--json`` everything -- read from the method specs, so nothing here
+imports torch. A plugin that is invalid or shadows a built-in name makes the
+command exit 2 naming it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "(name, type, default, help). Exit 2 when an installed plugin is invalid or reuses a built-in name."
         ),
     )
+    parser.add_argument("--details", action="store_true",
+                        help="one table per method: every [method] key with its type, default and help")
     add_json_flag(parser)
     parser.set_defaults(handler=run_methods)
+
+
+#: One line on what each built-in method does (a plugin's comes from its spec's docstring).
+SUMMARIES = {
+    "cosine": "DP Cosine Classifier (Tobaben et al., Alg. 1): Gaussian-noised per-class feature sums",
+    "peft_ensemble": "PEFT Ensemble (Tobaben et al., Alg. 2): one DP-SGD member per task",
+    "naive": "one adapter and head fine-tuned with DP-SGD on each task in turn (Alg. A2)",
+    "non_cl": "a fresh DP-SGD model on the union of the tasks so far at each release (Alg. A3)",
+    "l2dpml": "L2DP-ML (Lai et al., Lifelong DP): Laplace functional mechanism with an episodic memory (A-GEM)",
+    "pecl": "PeCL (Zhan et al.): continual language model with per-token noise on the input embeddings",
+}
+
+
+def _origin(method: dict[str, Any]) -> str:
+    if method["source"] == "built-in":
+        return "built-in"
+    return f"plugin {method['distribution']} {method['version'] or ''}".rstrip()
+
+
+def _summary(method: dict[str, Any]) -> str:
+    if method["source"] == "built-in" and method["name"] in SUMMARIES:
+        return SUMMARIES[method["name"]]
+    from dpcl.guarantees.method_registry import REGISTRY
+
+    doc = (type(REGISTRY.spec(method["name"])).__doc__ or "").strip()
+    return " ".join(doc.split("\n\n")[0].split()).rstrip(".") or "no description"
 
 
 def _type_name(kind: Any) -> str:
@@ -74,16 +104,21 @@ def run_methods(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         print_json({"methods": methods})
         return 0
+    if not getattr(args, "details", False):
+        for method in methods:
+            keys = ", ".join(k["name"] + ("*" if k["required"] else "") for k in method["keys"]) or "none"
+            print(f"{method['name']} ({_origin(method)}): {_summary(method)}. keys: {keys}")
+        print(f"{len(methods)} methods (* required); name one in a config's [method] name; every key's type, default "
+              "and help: dpcl methods --details (docs/plugins.md to add one).")
+        return 0
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     for method in methods:
-        origin = "built-in" if method["source"] == "built-in" else (
-            f"plugin {method['distribution']} {method['version'] or ''}".rstrip()
-        )
-        table = Table(title=escape(f"{method['name']} ({origin}; {method['method_class']})"), header_style="bold")
+        table = Table(title=escape(f"{method['name']} ({_origin(method)}; {method['method_class']})"),
+                      header_style="bold")
         for column in ("key", "type", "default", "help"):
             table.add_column(column, overflow="fold")
         for key in method["keys"]:

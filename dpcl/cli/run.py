@@ -1,8 +1,9 @@
 """``dpcl run CONFIG.toml --out DIR``: a certified continual-learning training run.
 
 Audits the config first (refused configs exit 3 before training), then trains
-task by task; every release gets a checkpoint and a verified certificate. Rerun
-with the same ``--out`` to resume after the last certified task.
+task by task; every release gets a checkpoint and a verified certificate. An
+``--out`` that already holds a run is refused (exit 2, nothing changed) unless
+``--resume`` asks to continue it after its last certified task.
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ def register(subparsers: Any) -> None:
             "DIR/ledger.json, DIR/run.json, DIR/checkpoints/ and DIR/certificates/ (one verified certificate per release) "
             "and DIR/curator/. Publish checkpoints/ and certificates/ only: curator/, ledger.json and run.json hold "
             "what the methods computed from the private data without noise and are not covered by any certificate. "
-            "Rerunning with the same --out resumes after the last certified task."
+            "An --out that already holds a run is refused (exit 2, nothing changed) unless --resume asks to continue "
+            "it after its last certified task (after a crash or an interruption)."
         ),
     )
     parser.add_argument("config", metavar="CONFIG.toml", help="training config ([privacy], [stream], [method], optional [run])")
-    parser.add_argument("--out", required=True, metavar="DIR", help="run directory (created; reused to resume)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="run directory (created; must not hold a run "
+                        "unless --resume)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run recorded in --out (its ledger, certificates and run.json) after its "
+                        "last certified task; without it an --out that holds a run is refused")
     parser.add_argument(
         "--seed", type=int, default=0,
         help="seed of initialisation, shuffles and the stream ([stream] seed unless the config sets it); default 0. "
@@ -121,7 +127,7 @@ def run_command(args: argparse.Namespace) -> int:
     nproc = parse_nproc(args.nproc)
     quiet_accounting_logs()
     options = {"seed": args.seed, "device": args.device, "quiet": args.quiet or args.json,
-               "reproducible_noise": args.reproducible_noise, "sign_key": args.sign}
+               "reproducible_noise": args.reproducible_noise, "sign_key": args.sign, "resume": args.resume}
     if launched_by_torchrun() and nproc == 1:
         result = run_under_torchrun(args.config, args.out, **options)
         if result is None:  # a rank > 0: rank 0 reports

@@ -144,6 +144,14 @@ class TrainingConfig:
         return _jsonable(self.raw)
 
 
+def _raw_feature_dataset(dataset: Any) -> bool:
+    """True for datasets whose features are raw pixels (digits, image folders, CIFAR, IDX files); the text datasets
+    are MiniLM features or texts for a pre-trained model (dpcl.data.registry)."""
+    return isinstance(dataset, str) and (
+        dataset == "digits" or dataset.startswith(("image_folder:", "cifar:", "idx:"))
+    )
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -392,6 +400,9 @@ def parse_config(
         # the plan names the public encoder it assumes (dpcl.guarantees.public_encoder), so audit and certificates
         # state which one; [method] cannot set this key itself (it is not a method key)
         method["encoder"] = stream["encoder"]
+    elif _raw_feature_dataset(stream.get("dataset")):
+        # no encoder at all: the plan must not claim a pre-trained one (dpcl.guarantees.public_encoder)
+        method["raw_features"] = True
     config = TrainingConfig(
         privacy=privacy, stream=stream, method=method, spec=spec, source=source, raw=dict(raw), run=run
     )

@@ -40,6 +40,7 @@ from dpcl.errors import ConfigError
 
 __all__ = [
     "PUBLIC_ENCODER_ASSUMPTION",
+    "RAW_FEATURES_ASSUMPTION",
     "ENCODER_MODALITIES",
     "PACKAGED_ENCODERS",
     "PACKAGED_PREFIX",
@@ -56,6 +57,12 @@ __all__ = [
 PUBLIC_ENCODER_ASSUMPTION = (
     "The pre-trained encoder (feature extractor) was trained on public data only and is not fitted "
     "on any task's data."
+)
+
+#: Stated instead when the features are the raw inputs (digits, image folders, CIFAR and IDX files without an encoder).
+RAW_FEATURES_ASSUMPTION = (
+    "The features are the raw inputs (pixel values scaled to [0, 1] by a fixed rule): no encoder or feature extractor "
+    "is involved, and nothing is fitted on any data before the method."
 )
 
 #: What an encoder directory can hold: an image model with its image processor, or a text encoder.
@@ -231,10 +238,13 @@ def encoder_fingerprint(path: Any) -> str:
     return digest.hexdigest()
 
 
-def public_encoder_assumption(path: Any = None) -> str:
-    """The sentence a plan states about its encoder; names the directory and its fingerprint when given."""
+def public_encoder_assumption(path: Any = None, *, raw_features: bool = False) -> str:
+    """The sentence a plan states about its encoder; names the directory and its fingerprint when given.
+
+    ``raw_features``: no encoder at all (the method sees the raw inputs), so no encoder is claimed.
+    """
     if path is None:
-        return PUBLIC_ENCODER_ASSUMPTION
+        return RAW_FEATURES_ASSUMPTION if raw_features else PUBLIC_ENCODER_ASSUMPTION
     packaged = packaged_encoder(path)
     if packaged is not None:
         weights = packaged_weights_file(path)

@@ -127,7 +127,7 @@ def acquire_run_lock(directory: "str | os.PathLike[str]", *, option: str = "--ou
         os.close(fd)
         raise RunDirectoryLockedError(
             f"{option} {str(directory)!r} is in use by {_describe(holder)}: two runs must not write one run "
-            "directory. Wait for that run to finish (rerunning then resumes it), or give another --out."
+            "directory. Wait for that run to finish (rerunning with --resume then continues it), or give another --out."
         ) from None
     stale = _read_holder(fd)
     record = {

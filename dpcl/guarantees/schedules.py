@@ -328,7 +328,8 @@ class CosineSpec:
                 "task_epsilon": achieved,
                 EMPTY_TASK_RELEASE_KEY: "noise-only class sums",
             },
-            assumptions=(public_encoder_assumption(method.get("encoder")), COSINE_SENSITIVITY_ASSUMPTION),
+            assumptions=(public_encoder_assumption(method.get("encoder"), raw_features=bool(method.get("raw_features"))),
+                         COSINE_SENSITIVITY_ASSUMPTION),
             release=COSINE_RELEASE,
             notes=(
                 f"task {task_index}: Gaussian noise sigma={sigma:.6g} on the per-class feature sums "
@@ -360,7 +361,8 @@ class DpSgdSpec:
         epochs = int(method_value(method, self.keys, "epochs", self.name))
         batch_size = int(method_value(method, self.keys, "batch_size", self.name))
         max_grad_norm = float(method_value(method, self.keys, "max_grad_norm", self.name))
-        assumptions = (public_encoder_assumption(method.get("encoder")), DPSGD_ASSUMPTION, TASK_SIZE_ASSUMPTION,
+        encoder = public_encoder_assumption(method.get("encoder"), raw_features=bool(method.get("raw_features")))
+        assumptions = (encoder, DPSGD_ASSUMPTION, TASK_SIZE_ASSUMPTION,
                        self.assumption)
         if n == 0:
             return TaskPlan(

@@ -31,6 +31,11 @@ higher sample rate raises :class:`~dpcl.certifier.UnchargedStepError` and the we
 updated. :meth:`dpcl.Certifier.release` reports recorded vs charged steps; its certificate accounts
 the whole charge (conservative when training stopped early). A task interrupted by a crash is
 retrained and charged again (the interrupted attempt may have leaked).
+
+Noise rule (dpcl owns it). opacus draws its noise and Poisson sampling from torch's default generator unless
+given one, so a ``torch.manual_seed`` for the initialisation would fix them. :func:`attach` installs
+generators seeded from OS entropy (:meth:`dpcl.Certifier.noise_generator`) in the optimizer and the sampler,
+and the certificates state it; ``reproducible_seed`` is the explicit, stated exception.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from dpcl.accounting.accountants import compute_epsilon
 from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, PrivacyEvent, RepeatedEvent
 from dpcl.accounting.validation import check_count
-from dpcl.certifier import CertifierTask, UnchargedStepError
+from dpcl.certifier import CertifierTask, UnchargedStepError, check_reproducible_seed
 from dpcl.errors import InvalidParameterError
 
 __all__ = ["MECHANISM", "DpclAccountant", "attach", "planned_steps"]
@@ -120,13 +125,20 @@ class DpclAccountant(IAccountant):
         epochs: int | None = None,
         steps: int | None = None,
         unit_ids: Any = None,
+        reproducible_seed: int | None = None,
     ):
-        """Charge the planned schedule of this training to ``task``, then record its steps there.
+        """Charge the planned schedule of this training to ``task``, give it dpcl's noise, then record its steps.
 
         ``optimizer`` and ``data_loader`` are the ones ``make_private`` (or ``make_private_with_epsilon``)
         returned; give ``epochs`` (steps = ``epochs * len(data_loader)``) or ``steps``. Returns the
         ledger charge. Steps taken by this accountant before any attach were charged nowhere: then
         :class:`~dpcl.certifier.UnchargedStepError` is raised.
+
+        dpcl owns the noise: the optimizer's noise generator and the loader's Poisson sampler get generators
+        seeded from OS entropy (:meth:`dpcl.Certifier.noise_generator`), replacing any generator given to
+        ``make_private`` and independent of ``torch.manual_seed``; the certificates state it. An engine in
+        opacus' ``secure_mode`` keeps its cryptographic generator (state it in your assumptions). ``reproducible_seed``
+        (research only) seeds both from that seed instead, and the certificates say so.
         """
         if not isinstance(task, CertifierTask):
             raise InvalidParameterError(
@@ -138,9 +150,40 @@ class DpclAccountant(IAccountant):
                 "Certifier task, so no ledger holds their budget; attach before training."
             )
         z, q, n = planned_steps(optimizer=optimizer, data_loader=data_loader, epochs=epochs, steps=steps)
+        device = _noise_device(optimizer)
+        sampler = _poisson_sampler(data_loader)
+        check_reproducible_seed(reproducible_seed)
         charge = task.plan_dpsgd(noise_multiplier=z, sample_rate=q, steps=n, unit_ids=unit_ids)
+        if not getattr(optimizer, "secure_mode", False):
+            sampling_seed = None if reproducible_seed is None else (int(reproducible_seed) + 1) % 2**64
+            optimizer.generator = task.certifier.noise_generator(
+                task.index, device=device, reproducible_seed=reproducible_seed)
+            sampler.generator = task.certifier.noise_generator(
+                task.index, device="cpu", reproducible_seed=sampling_seed)
         self.task = task
         return charge
+
+
+def _noise_device(optimizer: Any) -> Any:
+    """The device of the optimizer's parameters: opacus draws each parameter's noise there, with its generator."""
+    devices = {p.device for group in optimizer.param_groups for p in group["params"]}
+    if len(devices) != 1:
+        raise InvalidParameterError(
+            f"the optimizer's parameters lie on {len(devices)} devices ({', '.join(sorted(map(str, devices)))}): "
+            "opacus draws all noise with one generator, which lives on one device; keep the model on one device."
+        )
+    return devices.pop()
+
+
+def _poisson_sampler(data_loader: Any) -> Any:
+    """The Poisson sampler of opacus' DPDataLoader, whose generator draws which examples each step uses."""
+    sampler = getattr(data_loader, "batch_sampler", None)
+    if not hasattr(sampler, "generator"):
+        raise InvalidParameterError(
+            f"the data loader's batch sampler ({type(sampler).__name__}) has no generator to draw the Poisson "
+            "sampling with; use the DPDataLoader that make_private returned."
+        )
+    return sampler
 
 
 def planned_steps(*, optimizer: Any, data_loader: Any, epochs: int | None = None, steps: int | None = None):

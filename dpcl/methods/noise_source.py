@@ -54,15 +54,37 @@ REPRODUCIBLE_NOISE_ASSUMPTION = (
     "the noise is reproducible from that seed, so the release is differentially private only against an adversary "
     "who does not know the seed."
 )
+#: The same statements for runs whose events draw no Poisson sample (cosine, L2DP-ML, PeCL's per-token noise).
+OS_ENTROPY_NO_SAMPLING_ASSUMPTION = (
+    "The noise of every release was drawn from generators seeded with fresh operating-system entropy that is "
+    "recorded nowhere; the recorded seed controls only initialisation, shuffling and data splits, never the privacy "
+    "noise."
+)
+REPRODUCIBLE_NOISE_NO_SAMPLING_ASSUMPTION = (
+    "This run drew its privacy noise from the recorded seed (reproducible_noise = true): the noise is reproducible "
+    "from that seed, so the release is differentially private only against an adversary who does not know the seed."
+)
 FLOATING_POINT_ASSUMPTION = (
     "The noise samplers are treated as exact real-valued Gaussian/Laplace samplers; attacks on their floating-point "
     "implementation (Mironov 2012) are out of scope."
 )
 
 
-def noise_assumptions(reproducible: bool) -> tuple[str, ...]:
-    """The assumption sentences every certificate of a run with this noise source states."""
-    return (REPRODUCIBLE_NOISE_ASSUMPTION if reproducible else OS_ENTROPY_ASSUMPTION, FLOATING_POINT_ASSUMPTION)
+def noise_assumptions(reproducible: bool, *, subsampled: bool = True) -> tuple[str, ...]:
+    """The assumption sentences every certificate of a run with this noise source states; ``subsampled`` False
+    for runs whose events draw no Poisson sample (then no subsampling is claimed)."""
+    if subsampled:
+        source = REPRODUCIBLE_NOISE_ASSUMPTION if reproducible else OS_ENTROPY_ASSUMPTION
+    else:
+        source = REPRODUCIBLE_NOISE_NO_SAMPLING_ASSUMPTION if reproducible else OS_ENTROPY_NO_SAMPLING_ASSUMPTION
+    return (source, FLOATING_POINT_ASSUMPTION)
+
+
+def poisson_subsampled(events: Any) -> bool:
+    """True when any of ``events`` (dpcl.accounting.events, repeated or composed) is a Poisson-subsampled step."""
+    from dpcl.accounting.events import PoissonSampledGaussianEvent
+
+    return any(isinstance(leaf, PoissonSampledGaussianEvent) for event in events for leaf, _ in event.leaves())
 
 
 def _check(seed: Any, keys: tuple[Any, ...]) -> None:

@@ -26,7 +26,7 @@ Failure: the ledger is charged before a task trains and every file is written
 atomically, so a rank that dies leaves the run directory as an interrupted
 single-process run would (the task in progress stays charged, nothing of it is
 released); rank 0 reports :class:`~dpcl.errors.DistributedRunError` and a
-rerun with the same ``--out`` resumes after the last certified task (with any
+rerun with the same ``--out`` and ``--resume`` resumes after the last certified task (with any
 ``--nproc``: the process count is not part of the run's identity).
 
 Backends: ``gloo`` on the CPU, ``nccl`` on CUDA (rank ``r`` uses
@@ -86,10 +86,10 @@ def refuse_on_other_ranks() -> None:
 
 
 def run_training_options(*, seed: int, quiet: bool, stop_after_task: int | None, reproducible_noise: bool,
-                         sign_key: Any) -> dict[str, Any]:
+                         sign_key: Any, resume: bool = False) -> dict[str, Any]:
     """The keyword arguments rank 0 passes to :func:`~dpcl.runner.run.run_training` (besides the device)."""
     return {"seed": seed, "quiet": quiet, "stop_after_task": stop_after_task,
-            "reproducible_noise": reproducible_noise, "sign_key": sign_key}
+            "reproducible_noise": reproducible_noise, "sign_key": sign_key, "resume": resume}
 
 
 
@@ -187,7 +187,8 @@ def _lead(config_path: Any, out_dir: Any, *, device: str, run_options: dict[str,
             raise
         raise DistributedRunError(
             f"a rank of the data-parallel run failed ({str(exc).splitlines()[0][:200]}); every certified release "
-            f"and every charge stay in {str(out_dir)!r}: rerun the same command to resume after the last certified task."
+            f"and every charge stay in {str(out_dir)!r}: rerun the same command with --resume to continue after the "
+            "last certified task."
         ) from exc
     finally:
         try:
@@ -305,6 +306,7 @@ def run_data_parallel(
     stop_after_task: int | None = None,
     reproducible_noise: bool = False,
     sign_key: "str | Path | None" = None,
+    resume: bool = False,
 ) -> Any:
     """``dpcl run --nproc N``: the run of :func:`~dpcl.runner.run.run_training` on ``nproc`` local processes.
 
@@ -316,7 +318,7 @@ def run_data_parallel(
 
     world = check_nproc(nproc)
     options = run_training_options(seed=seed, quiet=quiet, stop_after_task=stop_after_task,
-                                   reproducible_noise=reproducible_noise, sign_key=sign_key)
+                                   reproducible_noise=reproducible_noise, sign_key=sign_key, resume=resume)
     if world == 1:
         return run_training(config_path, out_dir, device=device, **options)
     if launched_by_torchrun():
@@ -365,8 +367,9 @@ def _join(workers: Any) -> None:
     except mp.ProcessRaisedException as exc:
         raise DistributedRunError(f"a rank of the data-parallel run failed: {str(exc).strip().splitlines()[-1]}") from None
     except mp.ProcessExitedException as exc:
-        raise DistributedRunError(f"a rank of the data-parallel run died ({exc}); rerun the same command to resume.") \
-            from None
+        raise DistributedRunError(
+            f"a rank of the data-parallel run died ({exc}); rerun the same command with --resume to continue."
+        ) from None
 
 
 def _stop(workers: Any, grace_seconds: float = 30.0) -> None:
@@ -392,6 +395,7 @@ def run_under_torchrun(
     stop_after_task: int | None = None,
     reproducible_noise: bool = False,
     sign_key: "str | Path | None" = None,
+    resume: bool = False,
 ) -> Any:
     """One rank of ``torchrun --nproc-per-node N -m dpcl run CONFIG --out DIR``: rank 0's RunResult, else None."""
     import torch.distributed as dist
@@ -408,7 +412,7 @@ def run_under_torchrun(
         result = None
         if rank == 0:
             options = run_training_options(seed=seed, quiet=quiet, stop_after_task=stop_after_task,
-                                           reproducible_noise=reproducible_noise, sign_key=sign_key)
+                                           reproducible_noise=reproducible_noise, sign_key=sign_key, resume=resume)
             result = _lead(config_path, out_dir, device=rank_device, run_options=options)
             _meet_at_end()
         elif _follow(config_path, out_dir, device=rank_device, seed=seed, reproducible_noise=reproducible_noise):

@@ -306,6 +306,7 @@ class LoadedRun:
     sign_key: Any
     quiet: bool
     stop_after_task: int | None
+    resume: bool = False
 
     def identity(self, n_tasks: int) -> RunIdentity:
         """What ``run.json`` records of this run, and a resumed run must share (the config file's SHA-256...)."""
@@ -318,10 +319,11 @@ class LoadedRun:
 
 def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0, device: str | None = None,
              quiet: bool = False, stop_after_task: int | None = None, reproducible_noise: bool = False,
-             sign_key: Any = None) -> LoadedRun:
+             sign_key: Any = None, resume: bool = False) -> LoadedRun:
     """Stage ``load``: the arguments checked, the config loaded and validated, the device and method class found.
 
-    Refused on a rank > 0 of a process group (only rank 0 writes a run directory).
+    Refused on a rank > 0 of a process group (only rank 0 writes a run directory), and, unless ``resume``, on
+    an ``--out`` that already holds a run (:class:`~dpcl.errors.ExistingRunError`, before anything is written).
     """
     from dpcl.data import STREAM_KEYS
     from dpcl.guarantees.config import load_config
@@ -330,6 +332,10 @@ def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0,
     config_file = Path(config_path)
     config = load_config(config_file, data_stream_keys=STREAM_KEYS)
     out = check_run_directory(out_dir)
+    if not isinstance(resume, bool):
+        raise InvalidParameterError(f"--resume is a switch (true/false), got {resume!r}.")
+    if not resume:
+        _refuse_existing_run(out)
     options = run_options(config)
     resolved = resolve_device(device, config.method)
     from dpcl.runner.distributed import refuse_on_other_ranks
@@ -345,8 +351,21 @@ def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0,
         config=config, config_file=config_file, out=out, seed=seed, private=bool(options["private"]),
         reproducible=bool(reproducible_noise or options["reproducible_noise"]), device=resolved,
         method_name=config.method["name"], method_class=method_class(config.method["name"]), sign_key=key,
-        quiet=quiet, stop_after_task=stop_after_task,
+        quiet=quiet, stop_after_task=stop_after_task, resume=resume,
     )
+
+
+def _refuse_existing_run(out: Path) -> None:
+    """``--out`` must not hold a run unless ``--resume`` asks to continue it (a rerun would charge it again)."""
+    from dpcl.certifier import existing_run_files
+    from dpcl.errors import ExistingRunError
+
+    found = existing_run_files(out, run_state=True)
+    if found:
+        raise ExistingRunError(
+            f"--out {str(out)!r} already holds a run: {'; '.join(found)}. Nothing was changed. Continue that run "
+            "with `dpcl run CONFIG --out DIR --resume` (after a crash, or to finish it), or give a new --out."
+        )
 
 
 # -- stages "stream" and "audit" -------------------------------------------------------------------------------
@@ -448,7 +467,8 @@ class RunInProgress:
 
 def open_certifier(loaded: LoadedRun, report: Any, *, resume: bool) -> Any:
     """The :class:`~dpcl.Certifier` of the run directory: the config's privacy settings and the audit's adjacency
-    and unit, ``private = false`` without a headline ledger; ``resume`` when ``run.json`` lists releases."""
+    and unit, ``private = false`` without a headline ledger; ``resume`` when ``run.json`` lists releases (its
+    ledger must then exist). ``--resume`` (``loaded.resume``) lets it continue a run recorded there."""
     from dpcl.certifier import Certifier
 
     config = loaded.config
@@ -470,7 +490,8 @@ def open_certifier(loaded: LoadedRun, report: Any, *, resume: bool) -> Any:
         config=config.to_dict(),
         metadata={"config": config.to_dict(), "method": loaded.method_name, "seed": loaded.seed,
                   "reproducible_noise": loaded.reproducible},
-        resume=resume and loaded.private,
+        resume=loaded.resume,
+        expect_ledger=resume and loaded.private,
         driver="dpcl run",
     )
 
@@ -657,12 +678,14 @@ def commit_release(run: RunInProgress, t: int, plan: Any) -> tuple[Path, str]:
 
 
 def _certificate_assumptions(run: RunInProgress, plan: Any) -> list[str]:
-    from dpcl.methods.noise_source import noise_assumptions
+    from dpcl.methods.noise_source import noise_assumptions, poisson_subsampled
 
     assumptions = list(run.report.assumptions)
     assumptions += [a for a in plan.assumptions if a not in assumptions]
     if run.trains_plan:
-        assumptions += [a for a in noise_assumptions(run.loaded.reproducible) if a not in assumptions]
+        sampled = poisson_subsampled([*plan.events, *(e for s in plan.scoped for e in s.events)])
+        assumptions += [a for a in noise_assumptions(run.loaded.reproducible, subsampled=sampled)
+                        if a not in assumptions]
     assumptions.append(CURATOR_STATE_ASSUMPTION)
     return assumptions
 
@@ -782,8 +805,20 @@ def write_summary(run: RunInProgress) -> dict[str, Any]:
         title=f"{loaded.method_name} on {run.prepared.stream.dataset_name}"
         + (epsilon if loaded.private else " (not private)"),
         cumulative_epsilon=[r.cumulative_epsilon for r in releases],
+        chance=chance_levels(run.prepared.label_sets, len(releases)),
     )
     return metrics
+
+
+def chance_levels(label_sets: Sequence[Sequence[int]], n_releases: int) -> list[float]:
+    """Accuracy of a uniform guess among the public labels the model may output after each release: one over the
+    size of the union of the public label sets O_1..O_t (constant under ``prior_const``)."""
+    seen: set[int] = set()
+    levels = []
+    for labels in list(label_sets)[:n_releases]:
+        seen |= {int(y) for y in labels}
+        levels.append(1.0 / max(len(seen), 1))
+    return levels
 
 
 # -- the run ------------------------------------------------------------------------------------------------------
@@ -798,11 +833,14 @@ def run_training(
     stop_after_task: int | None = None,
     reproducible_noise: bool = False,
     sign_key: Any = None,
+    resume: bool = False,
 ) -> RunResult:
-    """Train, certify and evaluate the run ``config_path`` describes, into ``out_dir`` (resuming if possible).
+    """Train, certify and evaluate the run ``config_path`` describes, into ``out_dir``.
 
-    ``stop_after_task`` (0-based) stops once that task is certified, as an
-    interruption would; rerunning with the same ``out_dir`` resumes.
+    An ``out_dir`` that already holds a run is refused (:class:`~dpcl.errors.ExistingRunError`, nothing
+    written) unless ``resume``: then the run continues after its last certified task (and finishes a release a
+    crash interrupted). ``stop_after_task`` (0-based) stops once that task is certified, as an interruption
+    would; rerunning with the same ``out_dir`` and ``resume=True`` continues.
 
     ``seed`` drives initialisation, shuffles and the stream's own randomness
     (``[stream] seed`` unless the config sets it; ``split_seed`` stays as
@@ -817,7 +855,8 @@ def run_training(
     clock = StageClock()
     with clock.stage("load"):
         loaded = load_run(config_path, out_dir, seed=seed, device=device, quiet=quiet,
-                          stop_after_task=stop_after_task, reproducible_noise=reproducible_noise, sign_key=sign_key)
+                          stop_after_task=stop_after_task, reproducible_noise=reproducible_noise, sign_key=sign_key,
+                          resume=resume)
     with clock.stage("stream"):
         prepared = prepare_stream(loaded)
     with clock.stage("audit"):

@@ -112,7 +112,7 @@ def test_charges_are_on_disk_before_training_and_survive_a_crash(tmp_path):
     assert len(TaskLedger.load(run / "ledger.json").charges) == 2  # written before the task is trained
     del c  # the process dies while training task 1
 
-    resumed = _certifier(run)
+    resumed = _certifier(run, resume=True)
     assert len(resumed.ledger.charges) == 2 and len(resumed.ledger.releases) == 1
     resumed.charge(1, GaussianEvent(sigma=1.0))  # task 1 is trained again, and charged again (conservative)
     release = resumed.release(1, b"w1", coverage=COVERED, assumptions=ASSUMPTIONS)
@@ -131,7 +131,7 @@ def test_charges_are_on_disk_before_training_and_survive_a_crash(tmp_path):
 def test_resuming_with_other_settings_is_refused(tmp_path, change):
     _certifier(tmp_path / "run").charge(0, GaussianEvent(sigma=2.0))
     with pytest.raises(ConfigError, match="settings"):
-        _certifier(tmp_path / "run", **change)
+        _certifier(tmp_path / "run", resume=True, **change)
 
 
 def test_a_missing_ledger_next_to_certificates_is_refused(tmp_path):
@@ -140,7 +140,7 @@ def test_a_missing_ledger_next_to_certificates_is_refused(tmp_path):
     c.release(0, b"w", coverage=COVERED, assumptions=ASSUMPTIONS)
     (tmp_path / "run" / "ledger.json").unlink()
     with pytest.raises(LedgerCorruptError, match="missing"):
-        _certifier(tmp_path / "run")
+        _certifier(tmp_path / "run", resume=True)
 
 
 def test_the_privacy_filter_refuses_an_overspend_before_anything_is_recorded(tmp_path):
@@ -270,3 +270,66 @@ def test_sign_key_signs_every_certificate_and_verify_checks_the_issuer(tmp_path)
     wrong = subprocess.run([sys.executable, "-m", "dpcl", "verify", str(release.certificate),
                             "--public-key", str(other.public_key)], capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 3 and "signature" in wrong.stderr + wrong.stdout
+
+
+def test_noise_generators_are_recorded_and_stated(tmp_path):
+    """dpcl's noise generators: OS entropy by default (two draws differ), reproducible only when asked, stated."""
+    import numpy as np
+
+    certifier = _certifier(tmp_path / "run")
+    first = certifier.numpy_noise_generator(0).normal(size=4)
+    second = certifier.numpy_noise_generator(0).normal(size=4)
+    assert not np.array_equal(first, second)
+    same = [certifier.numpy_noise_generator(1, reproducible_seed=7).normal(size=4) for _ in range(2)]
+    assert np.array_equal(*same)
+    with pytest.raises(InvalidParameterError, match="reproducible_seed"):
+        certifier.numpy_noise_generator(1, reproducible_seed=-1)
+    assert certifier.noise_sources() == {0: "os_entropy", 1: "reproducible_seed"}
+    certifier.charge(0, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    certifier.release(0, b"t1", coverage=COVERED, assumptions=["Rows have norm at most 1."])
+    certifier.charge(1, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    certifier.charge(2, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    release = certifier.release(2, b"t3", coverage=COVERED, assumptions=["Rows have norm at most 1."])
+    data = json.loads(release.certificate.read_text())
+    text = " ".join(data["assumptions"])
+    assert "of task 1 was drawn from generators dpcl seeded from OS entropy" in text
+    assert "of task 2 was drawn from generators seeded with a seed the caller chose" in text
+    assert "dpcl did not draw the noise of task 3" in text
+    assert data["extra"]["certifier"]["noise_sources"] == {"1": "os_entropy", "2": "reproducible_seed"}
+    assert _verify_cli(release.certificate).returncode == 0
+
+
+def test_a_directory_that_holds_a_run_is_refused_unless_resume(tmp_path):
+    from dpcl.errors import ExistingRunError
+
+    certifier = _certifier(tmp_path / "run")
+    certifier.charge(0, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    certifier.release(0, b"t1", coverage=COVERED, assumptions=ASSUMPTIONS)
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with pytest.raises(ExistingRunError, match="ledger.json.*certificates/ \\(1 file: task001.cert.json\\)") as refused:
+        _certifier(tmp_path / "run")
+    assert "resume=True" in str(refused.value) and refused.value.exit_code == 2
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+    resumed = _certifier(tmp_path / "run", resume=True)
+    assert resumed.ledger.released_tasks() == [0] and len(resumed.ledger.charges) == 1
+    fresh = _certifier(tmp_path / "new", resume=True)  # resume on an empty directory starts a run
+    assert fresh.ledger.charges == []
+
+
+def test_certificates_state_whether_parameters_may_be_chosen_adaptively(tmp_path):
+    from dpcl.certifier import FIXED_PARAMETERS_ASSUMPTION
+
+    fixed = _certifier(tmp_path / "fixed")
+    fixed.charge(0, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    stated = json.loads(fixed.release(0, b"a", coverage=COVERED, assumptions=ASSUMPTIONS).certificate.read_text())
+    assert FIXED_PARAMETERS_ASSUMPTION in stated["assumptions"]
+    assert not any("Privacy filter" in a for a in stated["assumptions"])
+
+    filtered = _certifier(tmp_path / "filtered", across_tasks="sequential", disjoint_units=None, total_epsilon=2.0)
+    filtered.charge(0, GaussianEvent(sigma=4.0, sensitivity=1.0))
+    release = filtered.release(0, b"b", coverage=COVERED, assumptions=ASSUMPTIONS)
+    stated = json.loads(release.certificate.read_text())["assumptions"]
+    assert FIXED_PARAMETERS_ASSUMPTION not in stated
+    (sentence,) = [a for a in stated if a.startswith("Privacy filter over the whole stream")]
+    assert "total_epsilon = 2" in sentence and "chosen after seeing earlier releases" in sentence
+    assert _verify_cli(release.certificate).returncode == 0

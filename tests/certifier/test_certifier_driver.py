@@ -80,7 +80,7 @@ def test_an_uncommitted_charge_is_reused_after_a_crash_and_a_committed_one_never
     event = GaussianEvent(sigma=2.0)
     first = _certifier(tmp_path / "run")
     first.charge(0, event)
-    resumed = _certifier(tmp_path / "run")  # the process died before the commit: the charge is on disk
+    resumed = _certifier(tmp_path / "run", resume=True)  # the process died before the commit: the charge is on disk
     resumed.charge(0, event, reuse_uncommitted=True)
     assert len(resumed.ledger.charges) == 1
     resumed.commit(0, checkpoint_sha256="0" * 64)
@@ -153,7 +153,7 @@ def test_a_driver_s_run_state_and_its_resume_checks(tmp_path):
     with pytest.raises(LedgerCorruptError, match="task\\(s\\) 2"):
         certifier.require_released([0, 1], listed_by="run.json")
     with pytest.raises(LedgerCorruptError, match="missing"):
-        _certifier(tmp_path / "elsewhere", resume=True)
+        _certifier(tmp_path / "elsewhere", expect_ledger=True)
     with pytest.raises(InvalidParameterError, match="private must be"):
         _certifier(tmp_path / "x", private="no")
     with pytest.raises(InvalidParameterError, match="driver must be"):

@@ -206,3 +206,27 @@ def test_attach_refuses_a_loader_without_poisson_sampling(tmp_path):
     with pytest.raises(InvalidParameterError, match="Poisson"):
         dpcl_opacus.attach(engine, certifier.task(0), optimizer=optimizer, data_loader=loader, epochs=1)
     assert not certifier.ledger.charges
+
+
+def test_attach_gives_opacus_dpcl_noise_whatever_the_seed(tmp_path):
+    """attach replaces the generators torch.manual_seed (or make_private's noise_generator) fixed; only
+    reproducible_seed makes two runs equal, and the certificate states which source was used."""
+    def run(name: str, **attach_options) -> tuple[bytes, dict]:
+        torch.manual_seed(0)
+        certifier = Certifier(tmp_path / name, delta=DELTA, label_space="prior_const", prior_labels=[0, 1],
+                              across_tasks="sequential")
+        engine, model = PrivacyEngine(accountant="dpcl"), nn.Linear(4, 2)
+        private, optimizer, loader = _make_private(engine, model, noise_generator=torch.Generator().manual_seed(1))
+        dpcl_opacus.attach(engine, certifier.task(0), optimizer=optimizer, data_loader=loader, epochs=2,
+                           **attach_options)
+        assert optimizer.generator is not None and loader.batch_sampler.generator is not None
+        _train(private, optimizer, loader, 2)
+        release = certifier.release(0, _checkpoint(private.to_standard_module()), coverage=COVERED,
+                                    assumptions=["The 64 examples are the only private data."])
+        return release.checkpoint.read_bytes(), json.loads(release.certificate.read_text())
+
+    (a, cert_a), (b, _) = run("a"), run("b")
+    assert a != b and cert_a["extra"]["certifier"]["noise_sources"] == {"1": "os_entropy"}
+    (c, cert_c), (d, _) = run("c", reproducible_seed=5), run("d", reproducible_seed=5)
+    assert c == d and cert_c["extra"]["certifier"]["noise_sources"] == {"1": "reproducible_seed"}
+    assert any("does not know that seed" in s for s in cert_c["assumptions"])

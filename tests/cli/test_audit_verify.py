@@ -322,8 +322,9 @@ def test_verify_legacy_non_private_statement_exit_3(tmp_path, capsys):
 def test_verify_missing_or_wrong_input_files_exit_2(certificate, tmp_path, capsys):
     """Nothing can be checked without the files: exit 2, one line naming the file, nothing on stdout."""
     path, ckpt = certificate
+    (tmp_path / "empty").mkdir()
     for argv, needle in [
-        ((str(path.parent),), "is a directory"),
+        ((str(tmp_path / "empty"),), "is a directory without certificates"),  # a run directory gives its certificates
         ((str(tmp_path / "none.json"),), "does not exist"),
         ((str(path), "--checkpoint", str(tmp_path / "none.ckpt")), "--checkpoint"),
         ((str(path), "--checkpoint", str(tmp_path)), "--checkpoint"),

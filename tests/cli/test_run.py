@@ -43,9 +43,31 @@ def test_run_json_reports_every_release_and_the_certificates_verify(tmp_path):
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_second_run_into_the_same_out_is_refused_unless_resume(tmp_path):
+    """Running again into a run directory would charge every task again: refused (exit 2, nothing changed)."""
+    config = write_config(tmp_path, "cosine", tasks="[[0, 1], [2, 3]]")
+    out = tmp_path / "out"
+    assert dpcl("run", str(config), "--out", str(out), "--quiet").returncode == 0
+    before = _snapshot(out)
+    again = dpcl("run", str(config), "--out", str(out), "--quiet")
+    assert again.returncode == 2, again.stderr
+    assert "already holds a run" in again.stderr and "ledger.json" in again.stderr and "--resume" in again.stderr
+    assert "certificates/ (2 files" in again.stderr and "Traceback" not in again.stderr
+    assert _snapshot(out) == before
+    resumed = dpcl("run", str(config), "--out", str(out), "--quiet", "--json", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["complete"]
+    assert len(TaskLedger.load(out / "ledger.json").charges) == 2  # nothing charged again
+    assert sorted(p.name for p in (out / "certificates").iterdir()) == ["task001.cert.json", "task002.cert.json"]
+
+
 def test_reproducible_noise_flag_repeats_the_run_and_the_certificate_says_so(tmp_path):
     from dpcl.guarantees.certificates import read_certificate
-    from dpcl.methods.noise_source import REPRODUCIBLE_NOISE_ASSUMPTION
+    from dpcl.methods.noise_source import REPRODUCIBLE_NOISE_NO_SAMPLING_ASSUMPTION as REPRODUCIBLE_NOISE_ASSUMPTION
 
     config = write_config(tmp_path, "cosine", tasks="[[0, 1], [2, 3]]")
     runs = [dpcl("run", str(config), "--out", str(tmp_path / name), "--json", "--reproducible-noise")
@@ -125,7 +147,7 @@ def test_killed_run_resumes_with_its_spent_budget(tmp_path):
     charges_before = len(TaskLedger.load(out / "ledger.json").charges)
     assert released_before >= 1 and charges_before >= released_before
 
-    done = dpcl("run", str(config), "--out", str(out), "--json")
+    done = dpcl("run", str(config), "--out", str(out), "--json", "--resume")
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
     assert payload["complete"] and len(payload["releases"]) == 5

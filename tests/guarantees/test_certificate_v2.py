@@ -179,7 +179,7 @@ def test_cli_verify_not_private_exits_0_and_says_so(tmp_path, capsys):
         scoped={"inputs": (SCOPE, scoped)},
     )
     path = write_certificate(tmp_path / "c.cert.json", cert)
-    assert main(["verify", str(path)]) == 0
+    assert main(["verify", str(path), "--details"]) == 0
     out = capsys.readouterr().out
     assert "NOT PRIVATE" in out and "[run] private = false" in out and "scoped inputs" in out
     assert "check scoped[inputs].epsilon" in out  # rich markup escaped in keys too

@@ -91,7 +91,7 @@ def test_dp_pecl_killed_after_task_one_resumes_without_retraining_or_recharging_
         return original_fit(self, task_index, *args, **kwargs)
 
     monkeypatch.setattr(ContinualLM, "fit_task", spy_fit)
-    resumed = run_training(config, out, seed=SEED, quiet=True, reproducible_noise=True)
+    resumed = run_training(config, out, seed=SEED, quiet=True, reproducible_noise=True, resume=True)
     assert resumed.complete
     assert trained == [1], "the resumed run trained task 1 again or skipped task 2"
     # one DP-SGD charge per task, and one per-token charge per task in the scoped ledger: task 1 charged once

@@ -65,7 +65,7 @@ def _release_files(out: Path) -> dict[str, object]:
 def _check_resumed_equals_clean(config: Path, tmp_path: Path, clean: Path, step: str, task: int) -> None:
     out = tmp_path / f"killed_{step}"
     _killed_run(config, out, step, task)
-    resumed = run_training(config, out, seed=3, quiet=True, reproducible_noise=True)
+    resumed = run_training(config, out, seed=3, quiet=True, reproducible_noise=True, resume=True)
     assert resumed.complete
     assert _release_files(out) == _release_files(clean), step
     assert not list(out.rglob("*.pending")), step

@@ -116,7 +116,7 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, method):
     whole = run_training(config, tmp_path / "whole", seed=1, quiet=True, reproducible_noise=True)
     first = run_training(config, tmp_path / "split", seed=1, quiet=True, stop_after_task=0, reproducible_noise=True)
     assert not first.complete
-    second = run_training(config, tmp_path / "split", seed=1, quiet=True, reproducible_noise=True)
+    second = run_training(config, tmp_path / "split", seed=1, quiet=True, reproducible_noise=True, resume=True)
     assert second.resumed_after == 0 and second.complete
     assert second.metrics["accuracy_matrix"] == whole.metrics["accuracy_matrix"]
     for name in ("checkpoint", "curator_state"):
@@ -142,12 +142,12 @@ def test_resume_refuses_a_missing_or_edited_curator_file(tmp_path, capsys, damag
     else:
         curator.write_bytes(curator.read_bytes() + b"\0")
     capsys.readouterr()
-    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 2
+    assert main(["run", str(config), "--out", str(out), "--quiet", "--resume"]) == 2
     err = capsys.readouterr().err
     assert "curator/task001.state.pt" in err and ("missing" if damage == "missing" else "modified") in err
     assert "start the run over" in err and "Traceback" not in err
     with pytest.raises(LedgerCorruptError, match="task001.state.pt"):
-        run_training(config, out, quiet=True)
+        run_training(config, out, quiet=True, resume=True)
     # nothing was trained or charged on the refused resume
     assert json.loads((out / "run.json").read_text())["releases"][-1]["task_index"] == 0
 
@@ -163,7 +163,7 @@ def test_l2dpml_curator_file_of_another_release_is_refused(tmp_path):
     state["releases"][1]["curator_sha256"] = older["curator_sha256"]
     (out / "run.json").write_text(json.dumps(state))
     with pytest.raises(LedgerCorruptError, match="task index 0"):
-        run_training(config, out, quiet=True)
+        run_training(config, out, quiet=True, resume=True)
 
 
 def test_run_state_of_version_1_is_refused_by_name(tmp_path, capsys):
@@ -175,6 +175,6 @@ def test_run_state_of_version_1_is_refused_by_name(tmp_path, capsys):
     state["version"] = 1
     (out / "run.json").write_text(json.dumps(state))
     capsys.readouterr()
-    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 2
+    assert main(["run", str(config), "--out", str(out), "--quiet", "--resume"]) == 2
     err = capsys.readouterr().err
     assert "version 1" in err and "new --out directory" in err

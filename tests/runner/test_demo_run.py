@@ -69,7 +69,7 @@ def test_demo_output_files_are_readable(tmp_path):
     demo = certified_demo_run(tmp_path / "demo")
     run = tmp_path / "demo" / "run"
     with Image.open(run / "accuracy.png") as image:
-        assert image.format == "PNG" and image.size == (768, 480)  # 6.4 x 4.0 inches at 120 dpi
+        assert image.format == "PNG" and image.size == (912, 480)  # 7.6 x 4.0 inches at 120 dpi
         pixels = np.asarray(image.convert("RGB"))
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20  # lines, markers, text: not an empty canvas
     metrics = json.loads((run / "metrics.json").read_text())

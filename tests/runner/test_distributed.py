@@ -153,7 +153,7 @@ def test_a_rank_that_dies_leaves_a_consistent_ledger_and_a_rerun_resumes(tmp_pat
     ledger = json.loads((out / "ledger.json").read_text())
     assert [c["tasks"] for c in ledger["charges"]] == [[0], [1]]  # task 1 stays charged, it was not released
     verify_certificate(out / "certificates" / "task001.cert.json").raise_if_invalid()
-    resumed = run_data_parallel(config, out, nproc=2, seed=3, quiet=True)
+    resumed = run_data_parallel(config, out, nproc=2, seed=3, quiet=True, resume=True)
     assert resumed.resumed_after == 0 and resumed.complete
     # the attempt at task 1 committed nothing: the retrained task reuses its charge (charged once, never twice)
     assert [c["tasks"] for c in json.loads((out / "ledger.json").read_text())["charges"]] == [[0], [1]]

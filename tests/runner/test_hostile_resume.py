@@ -52,7 +52,7 @@ class _RunsCode:
 
 
 def _resume(capsys, config, out):
-    code = main(["run", str(config), "--out", str(out), "--quiet"])
+    code = main(["run", str(config), "--out", str(out), "--quiet", "--resume"])
     stdout, err = capsys.readouterr()
     return code, stdout, err
 

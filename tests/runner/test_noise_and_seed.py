@@ -12,8 +12,10 @@ from dpcl.errors import ConfigError  # noqa: E402
 from dpcl.guarantees.certificates import read_certificate, verify_certificate  # noqa: E402
 from dpcl.methods.noise_source import (  # noqa: E402
     FLOATING_POINT_ASSUMPTION,
-    OS_ENTROPY_ASSUMPTION,
-    REPRODUCIBLE_NOISE_ASSUMPTION,
+    OS_ENTROPY_NO_SAMPLING_ASSUMPTION as OS_ENTROPY_ASSUMPTION,  # cosine and PeCL's per-token noise: no sampling
+    REPRODUCIBLE_NOISE_NO_SAMPLING_ASSUMPTION as REPRODUCIBLE_NOISE_ASSUMPTION,
+    noise_assumptions,
+    poisson_subsampled,
 )
 from dpcl.runner import run_training  # noqa: E402
 from dpcl.runner.checkpoints import load_checkpoint  # noqa: E402
@@ -39,6 +41,10 @@ def test_default_runs_with_the_same_seed_draw_different_noise_and_say_so(tmp_pat
     cert = read_certificate(a.last_certificate)
     assert OS_ENTROPY_ASSUMPTION in cert["assumptions"] and FLOATING_POINT_ASSUMPTION in cert["assumptions"]
     assert REPRODUCIBLE_NOISE_ASSUMPTION not in cert["assumptions"]
+    assert not any("subsampl" in a for a in cert["assumptions"])  # cosine draws no Poisson sample
+    from dpcl.certifier import FIXED_PARAMETERS_ASSUMPTION
+
+    assert FIXED_PARAMETERS_ASSUMPTION in cert["assumptions"]  # no filter: the config fixed every parameter
     assert cert["extra"]["reproducible_noise"] is False
     assert a.metrics["reproducible_noise"] is False
 
@@ -63,7 +69,18 @@ def test_resume_refuses_to_switch_the_noise_source(tmp_path):
     config = write_config(tmp_path, "cosine", epsilon=1.0, tasks=TWO_TASKS)
     run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
     with pytest.raises(ConfigError, match="reproducible_noise"):
-        run_training(config, tmp_path / "out", quiet=True, reproducible_noise=True)
+        run_training(config, tmp_path / "out", quiet=True, reproducible_noise=True, resume=True)
+
+
+def test_noise_assumptions_claim_subsampling_only_for_subsampled_events():
+    from dpcl.accounting.events import GaussianEvent, PoissonSampledGaussianEvent, RepeatedEvent
+
+    step = PoissonSampledGaussianEvent(noise_multiplier=1.0, sample_rate=0.01)
+    assert poisson_subsampled([GaussianEvent(sigma=1.0), RepeatedEvent(step, 10)])
+    assert not poisson_subsampled([GaussianEvent(sigma=1.0), RepeatedEvent(GaussianEvent(sigma=2.0), 3)])
+    for reproducible in (False, True):
+        assert "Poisson subsampling" in noise_assumptions(reproducible, subsampled=True)[0]
+        assert "subsampling" not in noise_assumptions(reproducible, subsampled=False)[0]
 
 
 def test_reproducible_noise_must_be_a_boolean(tmp_path):
@@ -174,7 +191,7 @@ def test_scoped_ledger_is_resumed_with_the_run_and_never_forgotten(tmp_path):
     first = run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
     assert not first.complete
     shutil.copytree(tmp_path / "out", tmp_path / "lost")
-    second = run_training(config, tmp_path / "out", quiet=True)
+    second = run_training(config, tmp_path / "out", quiet=True, resume=True)
     assert second.resumed_after == 0 and second.complete and _all_verify(second)
     (scoped,) = read_certificate(second.last_certificate)["scoped_guarantees"]
     assert [c["tasks"] for c in scoped["events"]] == [[0], [1]]
@@ -182,7 +199,7 @@ def test_scoped_ledger_is_resumed_with_the_run_and_never_forgotten(tmp_path):
     assert [c["tasks"] for c in earlier["events"]] == [[0]]
     (tmp_path / "lost" / "scoped" / "input_embeddings.ledger.json").unlink()
     with pytest.raises(LedgerCorruptError, match="input_embeddings.ledger.json"):
-        run_training(config, tmp_path / "lost", quiet=True)
+        run_training(config, tmp_path / "lost", quiet=True, resume=True)
 
 
 def test_private_run_of_the_papers_pecl_is_refused_before_training(tmp_path):

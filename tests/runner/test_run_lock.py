@@ -90,7 +90,7 @@ def test_two_runs_on_one_directory_and_a_killed_run(tmp_path, capsys):
     try:
         holder = _wait_for_holder(out / LOCK_NAME, first)
         assert holder["pid"] == first.pid
-        code = main(["run", str(config), "--out", str(out), "--quiet", "--json"])
+        code = main(["run", str(config), "--out", str(out), "--quiet", "--json", "--resume"])
         stdout, err = capsys.readouterr()
         assert code == 2 and err.count("\n") == 1 and f"pid {first.pid}" in err and "in use" in err
         assert json.loads(stdout)["exit_code"] == 2
@@ -102,7 +102,7 @@ def test_two_runs_on_one_directory_and_a_killed_run(tmp_path, capsys):
             first.kill()
             first.wait(timeout=30)
     assert json.loads((out / LOCK_NAME).read_text())["pid"] == first.pid  # left behind by the killed run
-    code = main(["run", str(config), "--out", str(out)])
+    code = main(["run", str(config), "--out", str(out), "--resume"])
     stdout, err = capsys.readouterr()
     assert code == 0, err
     assert "taking it over" in err and str(first.pid) in err

@@ -76,14 +76,14 @@ def test_interrupted_run_resumes_after_the_last_certified_task(tmp_path):
     first = run_training(config, tmp_path / "split", seed=3, quiet=True, stop_after_task=1, reproducible_noise=True)
     assert not first.complete and [r.task_index for r in first.releases] == [0, 1]
     assert len(TaskLedger.load(tmp_path / "split" / "ledger.json").charges) == 2
-    second = run_training(config, tmp_path / "split", seed=3, quiet=True, reproducible_noise=True)
+    second = run_training(config, tmp_path / "split", seed=3, quiet=True, reproducible_noise=True, resume=True)
     assert second.resumed_after == 1 and second.complete
     assert _verified(second)
     assert len(TaskLedger.load(tmp_path / "split" / "ledger.json").charges) == 5
     # per-task noise generators derived from (seed, task): resuming reproduces the uninterrupted run
     assert second.metrics["accuracy_matrix"] == whole.metrics["accuracy_matrix"]
     # a finished run rerun does nothing new
-    third = run_training(config, tmp_path / "split", seed=3, quiet=True, reproducible_noise=True)
+    third = run_training(config, tmp_path / "split", seed=3, quiet=True, reproducible_noise=True, resume=True)
     assert third.resumed_after == 4 and len(TaskLedger.load(tmp_path / "split" / "ledger.json").charges) == 5
 
 
@@ -110,7 +110,7 @@ def test_crash_after_the_ledger_commits_a_release_finishes_it_without_retraining
     committed = TaskLedger.load(tmp_path / "out" / "ledger.json")
     assert committed.released_tasks() == [0, 1]
     monkeypatch.setattr(certificates, "write_certificate", real_write)
-    result = run_training(config, tmp_path / "out", quiet=True)
+    result = run_training(config, tmp_path / "out", quiet=True, resume=True)
     assert result.resumed_after == 0 and result.complete and _verified(result)
     ledger = TaskLedger.load(tmp_path / "out" / "ledger.json")
     assert [c.tasks for c in ledger.charges] == [(0,), (1,), (2,)]  # task 2 charged once
@@ -138,7 +138,7 @@ def test_crash_before_the_commit_reuses_the_charge_and_removes_the_attempts_file
     stale = tmp_path / "out" / "checkpoints" / "task002.pt.pending"
     stale.write_bytes(b"an attempt that never committed")
     monkeypatch.setattr(CosineClassifier, "fit_task", real_fit)
-    result = run_training(config, tmp_path / "out", quiet=True)
+    result = run_training(config, tmp_path / "out", quiet=True, resume=True)
     assert result.resumed_after == 0 and result.complete and _verified(result)
     assert [c.tasks for c in TaskLedger.load(tmp_path / "out" / "ledger.json").charges] == [(0,), (1,), (2,)]
     assert not list((tmp_path / "out").rglob("*.pending"))
@@ -156,16 +156,16 @@ def test_resume_refuses_a_missing_or_older_ledger(tmp_path):
     out = tmp_path / "out"
     run_training(config, out, quiet=True, stop_after_task=0)
     shutil.copy(out / "ledger.json", tmp_path / "ledger_after_task1.json")
-    run_training(config, out, quiet=True, stop_after_task=1)
+    run_training(config, out, quiet=True, stop_after_task=1, resume=True)
     shutil.copy(out / "ledger.json", tmp_path / "ledger_after_task2.json")
     (out / "ledger.json").unlink()
     with pytest.raises(LedgerCorruptError, match="missing"):
-        run_training(config, out, quiet=True)
+        run_training(config, out, quiet=True, resume=True)
     shutil.copy(tmp_path / "ledger_after_task1.json", out / "ledger.json")
     with pytest.raises(LedgerCorruptError, match="no record of the release\\(s\\) of task\\(s\\) 2"):
-        run_training(config, out, quiet=True)
+        run_training(config, out, quiet=True, resume=True)
     shutil.copy(tmp_path / "ledger_after_task2.json", out / "ledger.json")
-    resumed = run_training(config, out, quiet=True)
+    resumed = run_training(config, out, quiet=True, resume=True)
     whole = run_training(config, tmp_path / "whole", quiet=True)
     assert len(TaskLedger.load(out / "ledger.json").charges) == 5
     assert resumed.metrics["final_epsilon"] == pytest.approx(whole.metrics["final_epsilon"], rel=1e-9)
@@ -178,17 +178,17 @@ def test_resume_refuses_a_modified_checkpoint(tmp_path):
     checkpoint = tmp_path / "out" / "checkpoints" / "task001.pt"
     checkpoint.write_bytes(checkpoint.read_bytes() + b"tampered")
     with pytest.raises(VerificationError, match="modified after release"):
-        run_training(config, tmp_path / "out", quiet=True)
+        run_training(config, tmp_path / "out", quiet=True, resume=True)
 
 
 def test_resume_refuses_another_config_or_seed(tmp_path):
     config = write_config(tmp_path, "cosine", epsilon=1.0)
     run_training(config, tmp_path / "out", quiet=True, stop_after_task=0)
     with pytest.raises(ConfigError, match="seed"):
-        run_training(config, tmp_path / "out", seed=1, quiet=True)
+        run_training(config, tmp_path / "out", seed=1, quiet=True, resume=True)
     other = write_config(tmp_path, "cosine", epsilon=4.0, name="other.toml")
     with pytest.raises(ConfigError, match="config"):
-        run_training(other, tmp_path / "out", quiet=True)
+        run_training(other, tmp_path / "out", quiet=True, resume=True)
 
 
 def test_refused_config_is_not_trained(tmp_path):
