@@ -329,8 +329,9 @@ def _single_step_points(z: float, interval: float) -> float:
     Its privacy loss (x - 1/2) / z^2 is discretised for x within ~10 z of the mean on
     either side: width (2 * 10 z + 1) / z^2 in loss units. Subsampling only narrows it.
     """
-    with np.errstate(over="ignore"):
-        return (2.0 * _PLD_GAUSSIAN_TAIL_SIGMAS / z + 1.0 / (z * z)) / interval + 1.0
+    z = np.float64(z)  # numpy float: a tiny z gives inf points (refused as too large), not a ZeroDivisionError
+    with np.errstate(over="ignore", divide="ignore"):
+        return float((2.0 * _PLD_GAUSSIAN_TAIL_SIGMAS / z + 1.0 / (z * z)) / interval + 1.0)
 
 
 def _composed_points(pld: Any, count: int) -> float:
@@ -678,6 +679,12 @@ def _pld_pieces(
     notes: list[str] = []
     if mech.gauss_mus:
         mu = mech.gaussian_mu_total()
+        if not mu > 0:
+            raise UnsupportedEventError(
+                "the Gaussian mechanisms' composed mu (sensitivity / sigma) underflows to 0 in float64 (sigma beyond "
+                "~1e154 per unit of sensitivity): dp-accounting's PLD cannot discretise it; use accountant 'exact' "
+                "or 'rdp'."
+            )
         pieces.append((
             lambda h, mu=mu: _single_gaussian_pld(1.0 / mu, h, 1.0, False),
             1, _single_step_points(1.0 / mu, 1.0), f"one Gaussian with mu = {mu:.3g}",
@@ -1489,6 +1496,11 @@ def _basic(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
             f"for the Gaussian mechanisms; got {delta!r}."
         )
     share = remaining / n * (1.0 - 1e-12)  # shares sum to <= remaining after rounding
+    if not share > 0:
+        raise UnsupportedEventError(
+            f"delta={delta!r} is too small to split between {n} mechanisms in float64 (each share underflows to 0); "
+            "use a larger delta or another accountant."
+        )
     eps = _profile_epsilons(mu, q, np.array(share))
     total = fixed_eps + math.fsum(eps * counts)
     return total, (
@@ -1530,8 +1542,17 @@ def _advanced(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     grid_size = 33 if mu.size * 33 <= 2_000_000 else 5
     s = 1.0 / (1.0 + np.exp(-np.linspace(-9.0, 9.0, grid_size)))
     # slack and shares both lowered by 1e-12 relative, so their float rounding cannot push the total over delta
-    log_slack = np.log(-np.expm1(s * budget)) + math.log1p(-1e-12)
+    with np.errstate(divide="ignore"):
+        log_slack = np.log(-np.expm1(s * budget)) + math.log1p(-1e-12)
     share = -np.expm1((1.0 - s) * budget / n) * (1.0 - 1e-12)
+    keep = np.isfinite(log_slack) & (share > 0)  # a tiny delta's shares can underflow to 0 in float64
+    if not np.any(keep):
+        raise UnsupportedEventError(
+            f"delta={delta!r} is too small to split between the slack and {n} mechanisms in float64 (each share "
+            "underflows to 0); use a larger delta or another accountant."
+        )
+    s, log_slack, share = s[keep], log_slack[keep], share[keep]
+    grid_size = int(s.size)
     eps_rows = _profile_epsilons(mu[None, :], q[None, :], share[:, None])  # (grid, k)
     eps_all = np.concatenate([eps_rows, np.broadcast_to(fixed_eps, (grid_size, fixed_eps.size))], axis=1)
     weights = np.concatenate([counts.astype(np.float64), fixed_w])
