@@ -70,14 +70,19 @@ def _functions() -> dict[str, Callable[..., Any]]:
 FUNCTIONS = _functions()
 
 
-def _cases() -> list[Any]:
+#: Functions whose every call is a search taking seconds (the calibrations): their extremes run in thorough mode.
+SEARCHES = ("dpsgd_noise_multiplier",)
+
+
+def _cases(searches: bool) -> list[Any]:
     cases = []
     for name, fn in FUNCTIONS.items():
+        if (name in SEARCHES) != searches:
+            continue
         params = [p for p in inspect.signature(fn).parameters.values()
                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in NOT_NUMBERS]
         for p in params:
-            marks = [pytest.mark.thorough] if name == "dpsgd_noise_multiplier" else []
-            cases.append(pytest.param(name, p.name, marks=marks, id=f"{name}-{p.name}"))
+            cases.append(pytest.param(name, p.name, id=f"{name}-{p.name}"))
     return cases
 
 
@@ -131,12 +136,24 @@ def _with_extremes(test: Callable[..., Any]) -> Callable[..., Any]:
     return test
 
 
-@pytest.mark.parametrize("name,param", _cases())
+NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**500), 10**500),
+                    st.sampled_from(EXTREMES))
+
+
+@pytest.mark.parametrize("name,param", _cases(searches=False))
 @settings(max_examples=THOROUGH_EXAMPLES if os.environ.get("DPCL_THOROUGH") == "1" else 3)
-@given(value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**500), 10**500),
-                       st.sampled_from(EXTREMES)))
+@given(value=NUMBERS)
 @_with_extremes
 def test_every_public_function_answers_any_number_soundly_or_refuses_it(name, param, value):
+    _call(name, param, value)
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("name,param", _cases(searches=True))
+@settings(max_examples=5)
+@given(value=NUMBERS)
+@_with_extremes
+def test_every_calibration_answers_any_number_soundly_or_refuses_it(name, param, value):
     _call(name, param, value)
 
 
