@@ -912,6 +912,9 @@ def _dense_self_compose(pmf: Any, count: int) -> Any:
     probs = pmf._probs  # noqa: SLF001 (read only)
     lower, upper = _self_convolve_bounds(probs, count, _PLD_TAIL_MASS_TRUNCATION)
     output_len = upper - lower + 1
+    limit = max(PLD_MAX_GRID_POINTS, PLD_MAX_SELF_COMPOSED_POINTS)  # read at call time (tests scale the limits)
+    if output_len > limit:  # the sizing's estimate fell short (found by the probe: 4.8e9 points, q = 1e-9, T = 7.9e8)
+        raise _pld_too_large(float(output_len), pmf._discretization, f"{count} self-compositions", limit)  # noqa: SLF001
     if output_len > _LEAN_SELF_COMPOSE_POINTS:
         composed = _lean_self_convolve(probs, count, lower, output_len)
     else:
