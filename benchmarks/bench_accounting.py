@@ -363,4 +363,8 @@ def run_benchmarks(quick: bool = False) -> dict[str, Any]:
             ),
             "calibration": bench_calibration(repeats=1, reference_sample=20),
         }
-    return {"dpsgd": bench_dpsgd(), "composition": bench_composition(), "calibration": bench_calibration()}
+    from dpcl.progress import progress  # noqa: PLC0415 - the caller puts the repository on sys.path
+
+    sections = {"dpsgd": bench_dpsgd, "composition": bench_composition, "calibration": bench_calibration}
+    return {name: run() for name, run in progress(sections.items(), desc="accounting benchmarks", unit="section",
+                                                  total=len(sections))}

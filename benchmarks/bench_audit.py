@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_sigma  # noqa: E402
 from dpcl.audit.blackbox import audit_sampler, audit_scores  # noqa: E402
 from dpcl.audit.mechanisms import GaussianMechanism, LaplaceMechanism, audit_mechanism  # noqa: E402
+from dpcl.progress import progress  # noqa: E402
 
 
 
@@ -145,7 +146,9 @@ def bench_canary(quick: bool) -> list[dict]:
 
 def measure(quick: bool = False) -> dict[str, Any]:
     """All three audit benchmarks: ``{"speed": [...], "power": [...], "canary": [...]}`` (see the module docstring)."""
-    return {"speed": bench_speed(quick), "power": bench_power(quick), "canary": bench_canary(quick)}
+    sections = {"speed": bench_speed, "power": bench_power, "canary": bench_canary}
+    return {name: run(quick) for name, run in progress(sections.items(), desc="audit benchmarks", unit="section",
+                                                       total=len(sections))}
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:

@@ -289,10 +289,11 @@ def measure(n_tasks: int, charges_per_task: int, journal_tasks: int) -> dict[str
             raise SystemExit(f"dpcl audit failed (exit {audit['rc']}): {audit['stderr']}")
         report = json.loads(audit["stdout"])
         calibration = _calibration_seconds()
-        ledgers = {
-            "tasks": _stage(workdir, "ledger", str(n_tasks), "1", "tasks"),
-            "events": _stage(workdir, "ledger", str(n_tasks), str(charges_per_task), "events"),
-        }
+        from dpcl.progress import progress  # noqa: PLC0415
+
+        ledgers = {name: _stage(workdir, "ledger", str(n_tasks), charges, name)
+                   for name, charges in progress([("tasks", "1"), ("events", str(charges_per_task))],
+                                                 desc="bookkeeping ledgers", unit="ledger")}
         verify = {}
         for name, led in ledgers.items():
             for which, cert in led["certificates"].items():

@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dpcl.progress import progress  # noqa: E402
 COMMANDS = {
     "import scipy.special, numpy": [sys.executable, "-c", "import scipy.special, numpy"],
     "dpcl calibrate gaussian": [sys.executable, "-m", "dpcl", "calibrate", "gaussian", "--epsilon", "1", "--delta", "1e-5"],
@@ -51,7 +54,7 @@ def measure(repeats: int) -> dict[str, float]:
     env = _environment()
     for name, cmd in COMMANDS.items():  # warm the file cache and write the bytecode once
         subprocess.run(cmd, capture_output=True, cwd=ROOT, check=True, env=env)
-    for _ in range(repeats):
+    for _ in progress(range(repeats), desc="bench_cli_startup repeats", unit="repeat"):
         for name, cmd in COMMANDS.items():
             start = time.perf_counter()
             subprocess.run(cmd, capture_output=True, cwd=ROOT, check=True, env=env)

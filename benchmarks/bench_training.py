@@ -221,8 +221,10 @@ def bench_method(method: str, max_tasks: int | None, seed: int = 0) -> MethodThr
 
 def bench_methods(max_tasks: int | None, methods: Sequence[str] = METHODS, repeats: int = 3) -> list[MethodThroughput]:
     """Each method's stream trained ``repeats`` times from scratch; the run with the median fit time is kept."""
+    from dpcl.progress import progress
+
     rows = []
-    for method in methods:
+    for method in progress(methods, desc="training benchmarks", unit="method"):
         try:
             runs = [bench_method(method, max_tasks) for _ in range(repeats)]
             median = sorted(runs, key=lambda r: r.fit_seconds)[len(runs) // 2]

@@ -50,6 +50,7 @@ from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.base import MethodSetup, TrainingData
 from dpcl.methods.l2dpml import AGEMClassifier, DPSGDAGEMClassifier, L2DPMLMethod
 from dpcl.metrics.continual import average_accuracy_curve
+from dpcl.progress import progress
 
 L2DPML = {"hidden_sizes": [16, 8], "batch_size": 512, "epochs": 200, "learning_rate": 0.5,
           "memory_batches_per_task": 1, "reference_gradient": "memory_mean"}
@@ -68,7 +69,7 @@ def build_stream(kind: str, n_tasks: int, seed: int):
 def run_method(method, stream, plan_of) -> np.ndarray:
     n = len(stream.tasks)
     acc = np.full((n, n), np.nan)
-    for t, task in enumerate(stream.tasks):
+    for t, task in progress(list(enumerate(stream.tasks)), desc=type(method).__name__, unit="task"):
         data = TrainingData(task.train.features, task.train.labels, task.train.unit_ids)
         method.fit_task(t, data, task.labels, plan_of(t, len(data)))
         acc[t, : t + 1] = [method.accuracy(u.test.features, u.test.labels) for u in stream.tasks[: t + 1]]

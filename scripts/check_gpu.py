@@ -112,6 +112,16 @@ def _run_config(config: Path, out: Path, device: str) -> dict:
     }
 
 
+def _missing_data(config: Path) -> str | None:
+    """Why ``config`` cannot run on this machine (its path dataset is absent, e.g. the fmnist configs without
+    the Debian package dataset-fashion-mnist), else None."""
+    import tomllib
+
+    from dpcl.data.registry import missing_dataset_folder
+
+    return missing_dataset_folder(tomllib.loads(config.read_text(encoding="utf-8")).get("stream", {}).get("dataset"))
+
+
 def _script(args: list[str]) -> dict:
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT)
@@ -139,8 +149,13 @@ def main() -> int:
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dpcl-check-gpu-"))
     report: dict = {"device": device, "gpu": torch.cuda.get_device_name(torch.device(device)),
                     "torch": torch.__version__, "configs": {}}
-    for config in configs:
-        report["configs"][config.name] = _run_config(config, base / config.stem, device)
+    from dpcl.progress import progress
+
+    for config in progress(configs, desc="check_gpu configs", unit="config"):
+        missing = _missing_data(config)
+        report["configs"][config.name] = (
+            {"ok": True, "skipped": missing} if missing else _run_config(config, base / config.stem, device)
+        )
     report["tdp_kernel_check"] = _script([str(ROOT / "scripts" / "check_tdp_triton.py")])
     report["tdp_benchmark"] = _script([str(ROOT / "benchmarks" / "pecl_tdp.py"), "--device", "cuda"])
     print(json.dumps(report, indent=1))

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic  # noqa: E402
 from dpcl.methods.pecl.experiment import fortunes_text_stream  # noqa: E402
+from dpcl.progress import progress  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
 
 
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     token_noise = {"clipped_embedding_norm_mean": float(norms.mean()), "width": width, **noise}
     print(json.dumps(token_noise), flush=True)
     rows = []
-    for k, task in enumerate(tasks):
+    for k, task in progress(list(enumerate(tasks)), desc="pecl_learning_diagnosis tasks", unit="task"):
         train, test = pooled_features(learner, task.train_texts), pooled_features(learner, task.test_texts)
         probe = LogisticRegression(C=1.0, max_iter=5000).fit(train.numpy(), task.train_labels)
         words = TfidfVectorizer().fit(task.train_texts)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up dpcl in ./.venv on a fresh machine (Python 3.11, package registries only).
 #   bash scripts/setup.sh          -> runtime + training extras (enough for `dpcl demo`, `dpcl run`)
-#   bash scripts/setup.sh --test   -> also the test tools and the Debian `fortunes` package the tests read
+#   bash scripts/setup.sh --test   -> also the test tools and the Debian packages the tests read: `fortunes`
+#                                     (text) and `dataset-fashion-mnist` (images, /usr/share/datasets/fashion-mnist)
 # torch is pinned to the CPU wheel 2.13.0 and installed first, so that no CUDA build is pulled in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,11 +28,18 @@ fi
 extras="train"
 if [ "$with_tests" = 1 ]; then
   extras="train,test"
-  if [ ! -d /usr/share/games/fortunes ]; then
+  # Debian packages the tests use: fortune texts, Fashion-MNIST images (the fmnist_* configs) and headless
+  # Chromium (renders `dpcl report`'s page)
+  missing=()
+  [ -d /usr/share/games/fortunes ] || missing+=(fortunes)
+  [ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)
+  command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 \
+    || missing+=(chromium-headless-shell)
+  if [ "${#missing[@]}" -gt 0 ]; then
     sudo_cmd=""
     [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq fortunes >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"

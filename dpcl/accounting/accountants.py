@@ -311,9 +311,9 @@ class _PldTooLarge(UnsupportedEventError):
 #: this keeps one PLD computation under ~1.3 GB.
 PLD_MAX_GRID_POINTS = 1.2e7
 #: Largest grid of one PMF of a PLD that is one piece self-composed (e.g. a DP-SGD run at one noise multiplier and
-#: sampling rate), which dpcl composes itself above :data:`_LEAN_SELF_COMPOSE_POINTS` in ~24 bytes a point
-#: (:func:`_lean_self_convolve`): a process computing a 2.6e7-point PLD this way peaks at 1.13 GB (q = 0.1, T = 1e6,
-#: z = 1 at 1e-4, measured 2026-11-27), ~1.3 GB at this size; tests/accounting/test_bounded_work.py runs it under
+#: sampling rate), which dpcl composes itself above :data:`_LEAN_SELF_COMPOSE_POINTS` in ~32 bytes a point
+#: (:func:`_lean_self_convolve`): a process computing a 2.6e7-point PLD this way peaks at 1.35 GB (q = 0.1, T = 1e6,
+#: z = 1 at 1e-4, measured 2026-11-28 with the round-off bound; 1.13 GB before), ~1.6 GB at this size; tests/accounting/test_bounded_work.py runs it under
 #: the 2 GiB address-space limit of every public function (issue 18).
 PLD_MAX_SELF_COMPOSED_POINTS = 3e7
 #: dp-accounting's default tail mass truncated per self-composition (``DensePLDPmf.self_compose``).
@@ -878,8 +878,8 @@ def _self_compose_uncached(pld: Any, count: int) -> Any:
     every PMF of two or more loss values once count > 1000 (``count > 9`` already
     for two values); dpcl takes the same path without the power: the PMF is
     converted to dense (``to_dense_pmf``) and self-composed as dp-accounting's dense
-    FFT does (:func:`_dense_self_compose`): the same arrays up to 1e6 points, equal to
-    rounding above.
+    FFT does (:func:`_dense_self_compose`): the same arrays up to 1e6 points; above, each
+    point a proven upper bound of the exact composition (:func:`_lean_self_convolve`).
     Dense PMFs, and counts of at most :data:`_SPARSE_SELF_COMPOSE_BLOCK`, take the
     direct path unchanged; a PMF of one loss value (which dp-accounting keeps sparse and
     composes one copy at a time) is composed in blocks of that many copies.
@@ -905,23 +905,26 @@ def _dense_self_compose(pmf: Any, count: int) -> Any:
     order, with the truncation bounds of :func:`_self_convolve_bounds` (equal to ``compute_self_convolve_bounds``,
     whose 40 ``scipy.special.logsumexp`` calls cost more than the FFT for grids under ~1e5 points). Up to
     :data:`_LEAN_SELF_COMPOSE_POINTS` output points it gives dp-accounting's arrays; above, the same convolution
-    in less memory (:func:`_lean_self_convolve`), equal to rounding. Both checked in tests/accounting/test_fast_pld.py."""
+    in less memory with its round-off bounded (:func:`_lean_self_convolve`), never below the exact one, its aliasing
+    counted at infinity. Both checked in tests/accounting/test_fast_pld.py."""
     from dp_accounting.pld import pld_pmf
     from scipy import fft
 
     probs = pmf._probs  # noqa: SLF001 (read only)
     lower, upper = _self_convolve_bounds(probs, count, _PLD_TAIL_MASS_TRUNCATION)
     output_len = upper - lower + 1
+    alias = 0.0
     limit = max(PLD_MAX_GRID_POINTS, PLD_MAX_SELF_COMPOSED_POINTS)  # read at call time (tests scale the limits)
     if output_len > limit:  # the sizing's estimate fell short (found by the probe: 4.8e9 points, q = 1e-9, T = 7.9e8)
         raise _pld_too_large(float(output_len), pmf._discretization, f"{count} self-compositions", limit)  # noqa: SLF001
     if output_len > _LEAN_SELF_COMPOSE_POINTS:
         composed = _lean_self_convolve(probs, count, lower, output_len)
+        alias = _PLD_TAIL_MASS_TRUNCATION  # what the cyclic FFT folds into the window, bounded by the truncation
     else:
         fast_len = fft.next_fast_len(max(output_len, len(probs)))
         composed = np.real(fft.ifft(fft.fft(probs, fast_len) ** count))
         composed = np.array(np.roll(composed, -lower)[:output_len])
-    infinity = _PLD_TAIL_MASS_TRUNCATION - math.expm1(count * math.log1p(-pmf._infinity_mass))  # noqa: SLF001
+    infinity = _PLD_TAIL_MASS_TRUNCATION + alias - math.expm1(count * math.log1p(-pmf._infinity_mass))  # noqa: SLF001
     return pld_pmf.DensePLDPmf(
         pmf._discretization, pmf._lower_loss * count + lower, composed, infinity, pmf._pessimistic_estimate,  # noqa: SLF001
     )
@@ -935,28 +938,27 @@ _LEAN_SELF_COMPOSE_POINTS = 1e6
 
 
 def _lean_self_convolve(probs: np.ndarray, count: int, lower: int, output_len: int) -> np.ndarray:
-    """``probs`` convolved with itself ``count`` times on ``output_len`` points from index ``lower``, in ~24 bytes a point.
+    """An upper bound of ``probs`` convolved with itself ``count`` times at each of ``output_len`` points from index
+    ``lower``, in ~32 bytes a point (:func:`dpcl.accounting.fft_bound.bounded_self_convolve`).
 
     dp-accounting's ``DensePLDPmf.self_compose`` (and :func:`_dense_self_compose` below this size) takes the complex
     FFT of the real PMF, raises it to ``count`` into a new array, inverts it, rolls and copies: about 50 bytes a
     point per PMF, ~100 for a PLD's two, which is why dpcl refuses grids above :data:`PLD_MAX_GRID_POINTS`. The PMF is
-    real, so its real FFT holds the same spectrum in half the memory; the power is taken in place, and the window
-    [lower, lower + output_len) of the cyclic convolution is copied out without a roll. The same convolution in
-    exact arithmetic; in floating point it agrees with the complex FFT to rounding (checked in
-    tests/accounting/test_fast_pld.py). Why hand-written: neither dp-accounting nor scipy offers a self-convolution
-    whose peak memory is that of one real spectrum.
+    real, so its real FFT holds the same spectrum in half the memory; the power is taken in place. Its result
+    carries a rounding noise that can fall below the exact composition where epsilon is read at a small delta,
+    so each point is returned as a proven upper bound of the exact value: the FFT's round-off bounded
+    rigorously and added, and exponentially tilted FFTs making the upper tail as accurate as the bulk. With the
+    cyclic aliasing counted at infinity by the caller, the PLD is never below dp-accounting's pessimistic one at the
+    same interval in exact arithmetic (tests/accounting/test_fast_pld.py). Why hand-written: neither dp-accounting
+    nor scipy offers a self-convolution with a bound on its round-off, or whose peak memory is that of one real
+    spectrum.
     """
     from scipy import fft
 
+    from dpcl.accounting.fft_bound import bounded_self_convolve
+
     fast_len = fft.next_fast_len(max(output_len, len(probs)), real=True)
-    spectrum = fft.rfft(probs, fast_len)
-    np.power(spectrum, count, out=spectrum)
-    cyclic = fft.irfft(spectrum, fast_len)
-    del spectrum
-    start = lower % fast_len  # the window of np.roll(cyclic, -lower)[:output_len]
-    if start + output_len <= fast_len:
-        return np.array(cyclic[start : start + output_len])
-    return np.concatenate((cyclic[start:], cyclic[: output_len - (fast_len - start)]))
+    return bounded_self_convolve(probs, count, lower, output_len, fast_len)
 
 
 #: ``auto`` refines its PLD until one refinement changes epsilon by at most this (relative) ...

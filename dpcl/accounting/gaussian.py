@@ -27,8 +27,11 @@ The tests cross-check this module against dp-accounting's PLD accountant.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from scipy.special import erfinv, log_ndtr, ndtri
@@ -42,6 +45,7 @@ __all__ = [
     "gaussian_delta",
     "gaussian_epsilon",
     "gaussian_sigma",
+    "gaussian_sigma_stream",
     "gdp_delta",
     "gdp_epsilon",
     "gdp_mu",
@@ -86,8 +90,9 @@ def _calibrated_mu(
     accurate there (tiny mu), instead of always paying the absolute margin (~19 % of
     epsilon at epsilon = 1e-12, delta = 1e-20).
     """
-    mu = _mu_from_epsilon(epsilon * (1.0 - _CALIBRATION_MARGIN), delta, verify=verify)
-    absolute = 4e-15 * (1.0 + np.abs(np.log(delta)))
+    terms = _delta_terms(delta)
+    mu = _mu_from_epsilon(epsilon * (1.0 - _CALIBRATION_MARGIN), delta, verify=verify, terms=terms)
+    absolute = 4e-15 * (1.0 + np.abs(terms[0]))
     check = np.flatnonzero(absolute > 1e-3 * _CALIBRATION_MARGIN * epsilon)
     if check.size == 0:
         return mu
@@ -97,7 +102,12 @@ def _calibrated_mu(
     redo = check[fails]
     if redo.size:
         sub_verify = None if verify is None else (lambda m, j: verify(m, redo[j]))
-        mu[redo] = _mu_from_epsilon(_calibration_target(epsilon[redo], delta[redo]), delta[redo], verify=sub_verify)
+        mu[redo] = _mu_from_epsilon(
+            _calibration_target(epsilon[redo], delta[redo]),
+            delta[redo],
+            verify=sub_verify,
+            terms=tuple(term[redo] for term in terms),  # type: ignore[arg-type]
+        )
     return mu
 
 
@@ -131,36 +141,95 @@ def _log_delta(epsilon: np.ndarray, mu: np.ndarray) -> tuple[np.ndarray, np.ndar
     So the value returned is never below the exact delta: about 1e-13 relative
     above it in ordinary regimes and ~1e-11 or better for tiny mu.
     """
+    log_delta, b, _ = _log_delta_x1(epsilon, mu)
+    return log_delta, b
+
+
+def _log_delta_x1(epsilon: np.ndarray, mu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_log_delta` and ``x1 = mu/2 - epsilon/mu``, computed with as few temporaries as the formula allows.
+
+    Every value is formed by the same float operations, in the same order, as the
+    expressions in :func:`_log_delta`'s docstring (only temporaries are reused and
+    each branch of log1mexp is evaluated where it is selected), so the results are
+    bit-identical to evaluating them literally.
+    """
+    epsilon, mu = np.broadcast_arrays(np.asarray(epsilon, dtype=np.float64), np.asarray(mu, dtype=np.float64))
+    shape = epsilon.shape
+    if not shape:  # ufuncs return scalars for 0-d operands; the in-place steps need arrays
+        epsilon, mu = epsilon.reshape(1), mu.reshape(1)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = epsilon / mu
-        x1 = mu / 2.0 - ratio
-        x2 = -mu / 2.0 - ratio
+        half = mu / 2.0
+        x1 = half - ratio
+        x2 = -half
+        x2 -= ratio  # -mu/2 - epsilon/mu
         a = log_ndtr(x1)
         log_phi2 = log_ndtr(x2)
         b = epsilon + log_phi2
-        t = mu / 2.0 + ratio
-        float_error = 8.0 * _UNIT_ROUNDOFF * (np.abs(a) + np.abs(b) + epsilon + 2.0 * t * (t + 1.0))
-        diff = (b - a) - float_error
+        t = np.add(half, ratio, out=ratio)  # mu/2 + epsilon/mu
+        # float_error = 8 u (|a| + |b| + epsilon + 2 t (t + 1))
+        err = np.abs(a)
+        err += np.abs(b)
+        err += epsilon
+        t1 = t + 1.0
+        t *= 2.0
+        t *= t1
+        err += t
+        err *= 8.0 * _UNIT_ROUNDOFF
+        diff = b - a
+        diff -= err
         # (2): trapezoid bound with lambda(x) = exp(-x^2/2 - log sqrt(2 pi) - log Phi(x)).
         # Float error: each exponent to 8 u (x^2 + |log Phi| + 1), lambda at a rounded x moves by
         # at most 2 u (|x| + 1) since 0 < -lambda' < 1 (Sampford 1953), then the sums.
-        lam1 = np.exp(-0.5 * x1 * x1 - _LOG_SQRT_2PI - a)
-        lam2 = np.exp(-0.5 * x2 * x2 - _LOG_SQRT_2PI - log_phi2)
-        trap = 0.5 * mu * (lam1 + lam2)
-        exp_error = 8.0 * _UNIT_ROUNDOFF * (np.maximum(x1 * x1, x2 * x2) + np.abs(log_phi2) + 1.0)
-        trap_error = (
-            trap * (exp_error + 12.0 * _UNIT_ROUNDOFF)
-            + 4.0 * _UNIT_ROUNDOFF * (epsilon + mu * (np.abs(x1) + np.abs(x2) + 2.0))
-        )
-        diff = np.fmax(diff, epsilon - trap - trap_error)
+        lam1 = np.multiply(-0.5, x1, out=t1)
+        lam1 *= x1
+        lam1 -= _LOG_SQRT_2PI
+        lam1 -= a
+        np.exp(lam1, out=lam1)
+        lam2 = np.multiply(-0.5, x2, out=err)
+        lam2 *= x2
+        lam2 -= _LOG_SQRT_2PI
+        lam2 -= log_phi2
+        np.exp(lam2, out=lam2)
+        lam1 += lam2
+        trap = np.multiply(0.5, mu, out=t)
+        trap *= lam1  # 0.5 mu (lambda1 + lambda2)
+        sq1 = np.multiply(x1, x1, out=lam1)
+        sq2 = np.multiply(x2, x2, out=lam2)
+        exp_error = np.maximum(sq1, sq2, out=sq1)
+        exp_error += np.abs(log_phi2)
+        exp_error += 1.0
+        exp_error *= 8.0 * _UNIT_ROUNDOFF
+        # trap_error = trap (exp_error + 12 u) + 4 u (epsilon + mu (|x1| + |x2| + 2))
+        exp_error += 12.0 * _UNIT_ROUNDOFF
+        exp_error *= trap
+        spread = np.abs(x1, out=sq2)
+        spread += np.abs(x2, out=x2)
+        spread += 2.0
+        spread *= mu
+        spread += epsilon
+        spread *= 4.0 * _UNIT_ROUNDOFF
+        exp_error += spread
+        bound = np.subtract(epsilon, trap, out=trap)
+        bound -= exp_error  # epsilon - trap - trap_error
+        np.fmax(diff, bound, out=diff)
         # exact b < a (delta > 0). Should the lowered difference still be >= 0 (an error bound
         # failed), fall back to a itself: delta <= Phi(mu/2 - epsilon/mu) always, so that stays an
         # upper bound (reporting delta = 0 would not be).
-        # log(1 - e^d) as log(-expm1(d)) near 0 and log1p(-e^d) below -log 2 (Maechler 2012, "log1mexp")
-        d = np.minimum(diff, 0.0)
-        log1mexp = np.where(d > -_LOG_2, np.log(-np.expm1(d)), np.log1p(-np.exp(d)))
-        log_delta = np.where(diff < 0, a + log1mexp, a)
-    return log_delta, b
+        # log(1 - e^d) as log(-expm1(d)) near 0 and log1p(-exp(d)) below -log 2 (Maechler 2012, "log1mexp")
+        negative = diff < 0
+        near = negative & (diff > -_LOG_2)
+        far = negative & ~near
+        log1mexp = np.zeros_like(diff)
+        np.expm1(diff, out=log1mexp, where=near)
+        np.negative(log1mexp, out=log1mexp, where=near)
+        np.log(log1mexp, out=log1mexp, where=near)
+        np.exp(diff, out=log1mexp, where=far)
+        np.negative(log1mexp, out=log1mexp, where=far)
+        np.log1p(log1mexp, out=log1mexp, where=far)
+        log_delta = a
+        np.add(a, log1mexp, out=log_delta, where=negative)
+    return log_delta.reshape(shape), b.reshape(shape), x1.reshape(shape)
 
 
 def _scalar_or_array(value: np.ndarray, scalar: bool) -> float | np.ndarray:
@@ -202,40 +271,64 @@ def _solve_safe_root(
     result = safe.copy()
     toward_safe = -1.0 if increasing else 1.0
     tiny = np.finfo(float).tiny
-    active = np.arange(x.size)
+    everything = np.arange(x.size)
+    active = everything
     for _ in range(max_iter):
         if active.size == 0:
             break
-        xa = x[active]
-        g, g1, g2 = fun(xa, active)
+        # while every element is active (the first step), slices replace the index gathers
+        sel: slice | np.ndarray = slice(None) if active.size == x.size else active
+        xa = x[sel]
+        g, g1, g2 = fun(xa, sel)
         is_safe = g <= 0
-        safe[active[is_safe]] = xa[is_safe]
-        unsafe[active[~is_safe]] = xa[~is_safe]
+        if active.size == x.size:
+            np.copyto(safe, xa, where=is_safe)
+            np.copyto(unsafe, xa, where=~is_safe)
+        else:
+            safe[active[is_safe]] = xa[is_safe]
+            unsafe[active[~is_safe]] = xa[~is_safe]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             newton = g / g1
-            correction = 0.5 * newton * g2 / g1
+            correction = 0.5 * newton
+            correction *= g2
+            correction /= g1  # 0.5 newton g2 / g1
             # Halley's correction is trusted only near the root (|correction| < 1/2);
             # farther out it can even reverse the step, so plain Newton is used.
-            use_halley = np.abs(correction) < 0.5
-            step = np.where(use_halley, newton / (1.0 - np.where(use_halley, correction, 0.0)), newton)
+            newton_only = ~(np.abs(correction) < 0.5)
+            step = np.subtract(1.0, correction, out=correction)
+            np.divide(newton, step, out=step)
+            np.copyto(step, newton, where=newton_only)
             candidate = xa - step
-        s_a, u_a = safe[active], unsafe[active]
+        s_a, u_a = safe[sel], unsafe[sel]
         lo, hi = np.minimum(s_a, u_a), np.maximum(s_a, u_a)
-        scale = np.maximum(np.abs(xa), tiny)
-        bad = ~np.isfinite(candidate) | (candidate <= lo) | (candidate >= hi)
-        close = ~bad & (np.abs(step) <= 1e-6 * scale)
-        narrow = np.isfinite(u_a) & (hi - lo <= _RTOL * np.maximum(np.abs(s_a), tiny))
-        # bisect geometrically across decades (all roots here are of positive
-        # quantities), arithmetically otherwise; double while the bracket is open.
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            geometric = np.sqrt(lo) * np.sqrt(hi)  # not sqrt(lo * hi): that overflows for roots ~1e300
-        wide = (lo > 0) & (hi > 4.0 * lo)
-        bisect = np.where(wide, geometric, 0.5 * (s_a + u_a))
-        fallback = np.where(np.isfinite(u_a), bisect, 2.0 * np.abs(s_a) + tiny)
-        candidate = np.where(bad, fallback, candidate)
+        scale = np.abs(xa)
+        np.maximum(scale, tiny, out=scale)
+        bad = ~np.isfinite(candidate)
+        bad |= candidate <= lo
+        bad |= candidate >= hi
+        close = np.abs(step) <= 1e-6 * scale
+        close &= ~bad
+        narrow = hi - lo <= _RTOL * np.maximum(np.abs(s_a), tiny)
+        narrow &= np.isfinite(u_a)
+        if bad.any():
+            # bisect geometrically across decades (all roots here are of positive
+            # quantities), arithmetically otherwise; double while the bracket is open.
+            b = np.flatnonzero(bad)
+            lo_b, hi_b, s_b, u_b = lo[b], hi[b], s_a[b], u_a[b]
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                geometric = np.sqrt(lo_b) * np.sqrt(hi_b)  # not sqrt(lo * hi): that overflows for roots ~1e300
+            wide = (lo_b > 0) & (hi_b > 4.0 * lo_b)
+            bisect = np.where(wide, geometric, 0.5 * (s_b + u_b))
+            candidate[b] = np.where(np.isfinite(u_b), bisect, 2.0 * np.abs(s_b) + tiny)
         finished = close | narrow
-        result[active] = np.where(close, candidate + toward_safe * _RTOL * scale, s_a)
-        x[active] = candidate
+        # an element that goes on is written again when it finishes, or gets its safe end after the loop
+        if finished.any():
+            answer = np.where(close, candidate + toward_safe * _RTOL * scale, s_a)
+            if active.size == x.size:
+                np.copyto(result, answer, where=finished)
+            else:
+                result[active[finished]] = answer[finished]
+        x[sel] = candidate
         active = active[~finished]
     # Elements still active after max_iter keep their verified safe end (result = safe).
     if active.size:
@@ -244,9 +337,9 @@ def _solve_safe_root(
     if verify is None:
         def verify(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
             return fun(x, idx)[0]
-    check = np.arange(result.size)
+    check = everything
     for k in range(12):
-        g = verify(result[check], check)
+        g = verify(result if k == 0 else result[check], slice(None) if k == 0 else check)
         failed = ~(g <= 0)
         if not np.any(failed):
             return result
@@ -333,30 +426,72 @@ def _asymptotic_mu(epsilon: np.ndarray, log_target: np.ndarray, mu0: np.ndarray)
     the bracket and the verification do not rely on it.
     """
     mu = mu0.copy()
+    # Each step is, literally:
+    #   t1 = epsilon/mu - mu/2;  t2 = epsilon/mu + mu/2
+    #   f = -0.5 t1 t1 - log sqrt(2 pi) + log(mu) - log(t1 t2) - log_target
+    #   dt1 = -epsilon/mu^2 - 1/2;  dt2 = -epsilon/mu^2 + 1/2
+    #   df = -t1 dt1 + 1/mu - dt1/t1 - dt2/t2;  mu = mu - f/df
+    # evaluated below in that order with reused buffers.
+    t1, t2, f, df, dt2, tmp = (np.empty_like(mu) for _ in range(6))
     with np.errstate(all="ignore"):
         for _ in range(3):
-            t1 = epsilon / mu - mu / 2.0
-            t2 = epsilon / mu + mu / 2.0
-            f = -0.5 * t1 * t1 - _LOG_SQRT_2PI + np.log(mu) - np.log(t1 * t2) - log_target
-            dt1 = -epsilon / (mu * mu) - 0.5
-            dt2 = -epsilon / (mu * mu) + 0.5
-            df = -t1 * dt1 + 1.0 / mu - dt1 / t1 - dt2 / t2
-            mu = mu - f / df
+            ratio = np.divide(epsilon, mu, out=df)
+            half = np.divide(mu, 2.0, out=tmp)
+            np.subtract(ratio, half, out=t1)
+            np.add(ratio, half, out=t2)
+            np.multiply(-0.5, t1, out=f)
+            f *= t1
+            f -= _LOG_SQRT_2PI
+            f += np.log(mu, out=tmp)
+            np.multiply(t1, t2, out=tmp)
+            f -= np.log(tmp, out=tmp)
+            f -= log_target
+            dt1 = np.multiply(mu, mu, out=tmp)
+            np.divide(epsilon, dt1, out=dt1)
+            np.negative(dt1, out=dt1)  # -epsilon / mu^2
+            np.add(dt1, 0.5, out=dt2)
+            dt1 -= 0.5
+            np.negative(t1, out=df)
+            df *= dt1
+            np.divide(dt1, t1, out=dt1)  # dt1 / t1 (dt1 is not needed after this)
+            np.divide(1.0, mu, out=t1)  # t1 is not needed after this
+            df += t1
+            df -= dt1
+            np.divide(dt2, t2, out=dt2)
+            df -= dt2
+            np.divide(f, df, out=f)
+            mu -= f
         t1 = epsilon / mu - mu / 2.0
         ok = np.isfinite(mu) & (mu > mu0) & (t1 > 2.0)
     return np.where(ok, mu, mu0)
+
+
+def _delta_terms(delta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(log delta, z = -Phi^{-1}(delta), mu_tv)`` of :func:`_mu_from_epsilon`, elementwise.
+
+    ``mu_tv = 2 sqrt(2) erfinv(delta)``, lowered by 1e-12 relative (see there). Per-token
+    budgets share one delta: a flat array of equal deltas gets each term computed once
+    (the same value, bit for bit, that every element would get).
+    """
+    delta = np.asarray(delta, dtype=np.float64)
+    if delta.ndim == 1 and delta.size > 1 and np.all(delta == delta[0]):
+        return tuple(np.full(delta.shape, term[0]) for term in _delta_terms(delta[:1]))  # type: ignore[return-value]
+    return np.log(delta), -ndtri(delta), 2.0 * np.sqrt(2.0) * erfinv(delta) * (1.0 - 1e-12)
 
 
 def _mu_from_epsilon(
     epsilon: np.ndarray,
     delta: np.ndarray,
     verify: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Largest mu (to within rounding, on the safe side) with delta(epsilon; mu) <= delta."""
+    """Largest mu (to within rounding, on the safe side) with delta(epsilon; mu) <= delta.
+
+    ``terms`` is :func:`_delta_terms` of ``delta`` when the caller has it already.
+    """
     epsilon = np.asarray(epsilon, dtype=np.float64)
     delta = np.asarray(delta, dtype=np.float64)
-    log_target = np.log(delta)
-    z = -ndtri(delta)
+    log_target, z, mu_tv = _delta_terms(delta) if terms is None else terms
     # Same tail bound: at mu0 = -z + sqrt(z^2 + 2 eps), P[L > eps] = delta, so mu0 is safe.
     # For z > 0 that difference cancels (to 0 once 2 eps < ulp(z^2), e.g. eps = 1e-20), so
     # it is evaluated there as 2 eps / (z + sqrt(z^2 + 2 eps)), which has no cancellation.
@@ -366,17 +501,15 @@ def _mu_from_epsilon(
     # Second safe point, from delta(epsilon) <= delta(0) = 2 Phi(mu/2) - 1 = erf(mu / (2 sqrt 2)):
     # mu_tv = 2 sqrt(2) erfinv(delta), lowered by 1e-12 relative for erfinv's rounding. It is the
     # root itself as epsilon -> 0, where mu_tail -> 0 (the bracket could not grow from 0 in time).
-    mu_tv = 2.0 * np.sqrt(2.0) * erfinv(delta) * (1.0 - 1e-12)
     mu0 = np.maximum(mu_tail, mu_tv)
 
     def fun(mu: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         e = epsilon.ravel()[idx]
-        log_d, _ = _log_delta(e, mu)
+        log_d, _, x1 = _log_delta_x1(e, mu)  # x1 = mu/2 - eps/mu
         # d delta / d mu = phi(mu/2 - eps/mu) (the two phi terms of the derivative merge
         # because exp(eps) phi(-mu/2 - eps/mu) = phi(mu/2 - eps/mu)).
         # delta''(mu) = -x1 (1/2 + eps/mu^2) phi(x1). Derivatives of log delta:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            x1 = mu / 2.0 - e / mu
             d1 = np.exp(-0.5 * x1 * x1 - _LOG_SQRT_2PI - log_d)
             d2 = -x1 * (0.5 + e / (mu * mu)) * d1 - d1 * d1
         return log_d - log_target.ravel()[idx], d1, d2
@@ -466,7 +599,88 @@ def gdp_mu(epsilon: Any, delta: Any) -> float | np.ndarray:
 GDP_MU_MAX_EPSILON = 1e307
 
 
-def gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> float | np.ndarray:
+def _sigma_block(eps: np.ndarray, dlt: np.ndarray, sens: np.ndarray) -> np.ndarray:
+    """sigma for one block of flat, equally long float64 arrays (the vectorised calibration kernel).
+
+    Every operation is elementwise, so an element's sigma does not depend on the
+    block it is computed in: blocks of any size give bit-identical results.
+    """
+
+    def verify(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        # check the sigma we will return, at the requested epsilon (not the margin one)
+        sens_i = sens[idx]
+        log_d, _ = _log_delta(eps[idx], sens_i / (sens_i / mu))
+        return np.exp(log_d) - dlt[idx]
+
+    def returned_mu(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        sens_i = sens[idx]
+        return sens_i / (sens_i / mu)
+
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        mu = _calibrated_mu(eps, dlt, verify=verify, returned_mu=returned_mu)
+        return sens / mu
+
+
+#: Most budgets calibrated per block: large inputs are processed in blocks of at
+#: most this many elements, so the working memory (~0.35 KB per element of a block,
+#: ~12 MB per thread) does not grow with the input, and a block's arrays stay in cache.
+_BLOCK = 1 << 15
+#: Fewest budgets per block (a block costs ~0.3 ms of interpreter overhead).
+_MIN_BLOCK = 1 << 11
+#: Threads that calibrate blocks concurrently (numpy and scipy ufuncs release the
+#: GIL). Results do not depend on it: every element is computed by the same
+#: elementwise operations whichever block and thread computes it.
+_WORKERS = min(2, os.cpu_count() or 1)
+
+
+def _flat_operand(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``value`` as a flat float64 array: a view when it already has ``shape``, length 1 when it is one number.
+
+    Only an operand that truly broadcasts (neither full-size nor a single number) is copied.
+    """
+    value = np.asarray(value, dtype=np.float64)
+    if value.size == 1:
+        return value.reshape(1)
+    if value.shape == shape:
+        return value.reshape(-1)  # a view for C-contiguous input (memmaps included)
+    return np.broadcast_to(value, shape).reshape(-1)
+
+
+def _block_of(flat: np.ndarray, start: int, stop: int) -> np.ndarray:
+    if flat.size == 1:
+        return np.full(stop - start, flat[0])
+    return np.ascontiguousarray(flat[start:stop])
+
+
+def _calibrate_blocks(
+    eps: np.ndarray, dlt: np.ndarray, sens: np.ndarray, out: np.ndarray, workers: int
+) -> int:
+    """Fill the flat ``out`` with sigmas block by block; return the first index without a finite sigma, or -1."""
+    n = out.size
+    # at least ~16 blocks, so the working memory stays a small fraction of the output's
+    block = min(_BLOCK, max(_MIN_BLOCK, -(-n // 16)))
+
+    def run(start: int) -> int:
+        stop = min(start + block, n)
+        sig = _sigma_block(_block_of(eps, start, stop), _block_of(dlt, start, stop), _block_of(sens, start, stop))
+        out[start:stop] = sig
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.isfinite(sig) & (sig > 0))
+        return start + int(np.argmax(bad)) if bad.any() else -1
+
+    starts = range(0, n, block)
+    if workers <= 1 or len(starts) <= 1:
+        firsts = [run(s) for s in starts]
+    else:
+        with ThreadPoolExecutor(max_workers=min(workers, len(starts))) as pool:
+            firsts = list(pool.map(run, starts))
+    bad = [i for i in firsts if i >= 0]
+    return bad[0] if bad else -1
+
+
+def gaussian_sigma(
+    epsilon: Any, delta: Any, sensitivity: Any = 1.0, *, out: np.ndarray | None = None
+) -> float | np.ndarray:
     """Analytic Gaussian calibration: the smallest sigma (up to ~1e-10 relative) that is (epsilon, delta)-DP.
 
     Balle & Wang (2018), Alg. 1 / Thm 8, solved here for mu = Delta / sigma by the
@@ -476,36 +690,73 @@ def gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> float | 
     ``epsilon`` lowered by ~1e-10 relative (:func:`_calibration_target`) so that ``gaussian_epsilon(sigma, delta)`` never
     exceeds ``epsilon`` after rounding. Valid for every epsilon > 0, unlike
     :func:`classic_gaussian_sigma`.
+
+    Arrays are calibrated in fixed-size blocks, so the working memory beyond the
+    inputs and the output is bounded (~12 MB per thread) whatever their size; the
+    result is the same, bit for bit, for every block size and thread count.
+    ``out`` (a writable C-contiguous float64 array of the broadcast shape, e.g. a
+    ``numpy.memmap``) receives the sigmas instead of a new array and is returned,
+    so 10^8 budgets can be calibrated from one memory-mapped file into another.
     """
+    if (
+        out is None
+        and _plain_number(epsilon)
+        and _plain_number(delta)
+        and _plain_number(sensitivity)
+        and epsilon > 0
+        and 0 < delta < 1
+        and sensitivity > 0
+    ):
+        try:
+            return _s_sigma(float(epsilon), float(delta), float(sensitivity))
+        except (_LeaveFastPath, ZeroDivisionError, OverflowError, ValueError, FloatingPointError):
+            pass  # the vectorised code below answers (and raises the typed errors)
     eps = check_positive("epsilon", epsilon)
     dlt = check_delta("delta", delta)
     sens = check_positive("sensitivity", sensitivity)
-    (eps, dlt, sens), scalar = broadcast_together(("epsilon", "delta", "sensitivity"), eps, dlt, sens)
-    eps_flat, sens_flat, dlt_flat = (np.ravel(a) for a in (eps, sens, dlt))
-
-    def verify(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        # check the sigma we will return, at the requested epsilon (not the margin one)
-        sens_i = sens_flat[idx] if sens_flat.size > 1 else sens_flat
-        log_d, _ = _log_delta(eps_flat[idx], sens_i / (sens_i / mu))
-        return np.exp(log_d) - dlt_flat[idx]
-
-    def returned_mu(mu: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        sens_i = sens_flat[idx] if sens_flat.size > 1 else sens_flat
-        return sens_i / (sens_i / mu)
-
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        mu = _calibrated_mu(eps_flat, dlt_flat, verify=verify, returned_mu=returned_mu).reshape(np.shape(eps))
-        sigma = sens / mu
-    bad = ~(np.isfinite(sigma) & (sigma > 0))
-    if np.any(bad):
-        i = int(np.flatnonzero(np.ravel(bad))[0])
+    names = ("epsilon", "delta", "sensitivity")
+    try:
+        shape = np.broadcast_shapes(*(np.shape(a) for a in (eps, dlt, sens)))
+    except ValueError:
+        broadcast_together(names, eps, dlt, sens)  # raises the typed error naming the shapes
+        raise
+    scalar = all(np.ndim(a) == 0 for a in (eps, dlt, sens)) and out is None
+    if out is None:
+        result = np.empty(shape, dtype=np.float64)
+    else:
+        result = _check_out(out, shape)
+    flats = [_flat_operand(a, shape) for a in (eps, dlt, sens)]
+    first_bad = _calibrate_blocks(*flats, result.reshape(-1), _WORKERS)
+    if first_bad >= 0:
+        e, d, s = (float(f[first_bad] if f.size > 1 else f[0]) for f in flats)
         raise InvalidParameterError(
-            "no finite positive sigma reaches "
-            f"epsilon={float(np.ravel(eps)[i])!r}, delta={float(np.ravel(dlt)[i])!r} "
-            f"(sensitivity={float(np.ravel(sens)[i] if np.size(sens) > 1 else np.ravel(sens)[0])!r}) in floating point; "
+            f"no finite positive sigma reaches epsilon={e!r}, delta={d!r} (sensitivity={s!r}) in floating point; "
             "use a smaller epsilon or a smaller sensitivity."
         )
-    return _scalar_or_array(sigma, scalar)
+    return float(result.reshape(-1)[0]) if scalar else result
+
+
+def _check_out(out: Any, shape: tuple[int, ...]) -> np.ndarray:
+    if not isinstance(out, np.ndarray) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise InvalidParameterError(
+            "out must be a C-contiguous float64 numpy array (or numpy.memmap); "
+            f"got {type(out).__name__}{'' if not isinstance(out, np.ndarray) else ' of dtype ' + str(out.dtype)}."
+        )
+    if out.shape != shape:
+        raise InvalidParameterError(f"out must have the broadcast shape {shape} of epsilon, delta and sensitivity; got {out.shape}.")
+    if not out.flags.writeable:
+        raise InvalidParameterError("out must be writable (open a memmap with mode 'w+' or 'r+').")
+    return out
+
+
+def gaussian_sigma_stream(epsilons: Iterable[Any], delta: Any, sensitivity: Any = 1.0) -> Iterator[np.ndarray]:
+    """Calibrate a stream of budget chunks: yields :func:`gaussian_sigma` of each chunk, in order.
+
+    For token streams that never exist as one array; each yielded sigma is the one
+    :func:`gaussian_sigma` gives that budget in any other call (bit for bit).
+    """
+    for chunk in epsilons:
+        yield np.asarray(gaussian_sigma(chunk, delta, sensitivity), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -539,3 +790,228 @@ def classic_gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> 
     if scalar:
         return ClassicGaussian(sigma=float(sigma), valid=bool(valid))
     return ClassicGaussian(sigma=sigma, valid=valid)
+
+
+# ---------------------------------------------------------------------------
+# one scalar calibration without array overhead
+# ---------------------------------------------------------------------------
+# A call with three numbers spends ~0.4 ms on numpy's per-array overhead (hundreds of
+# ufunc calls on 1-element arrays, index gathers, error-state contexts). The functions
+# below repeat the vectorised calibration for one budget with Python floats: every
+# elementary step is the same IEEE operation in the same order (+, -, *, / and sqrt are
+# correctly rounded in both), and every transcendental function is the *same* numpy or
+# scipy ufunc (numpy's exp and log are its own SIMD code, not the C library's, so
+# ``math.exp`` could differ in the last bit). Whenever a step leaves the ordinary path
+# (a division by zero, a non-finite value, a rare branch such as the tiny-epsilon
+# re-solve or a failed verification), the scalar code gives up and the vectorised code
+# answers. So a scalar call returns exactly the bits of the vectorised calibration;
+# the tests compare the two on thousands of random budgets.
+class _LeaveFastPath(Exception):
+    """The budget needs a branch that only the vectorised calibration implements."""
+
+
+_TINY = float(np.finfo(float).tiny)
+_C = float(_LOG_SQRT_2PI)
+_8U = 8.0 * _UNIT_ROUNDOFF
+_12U = 12.0 * _UNIT_ROUNDOFF
+_4U = 4.0 * _UNIT_ROUNDOFF
+_SQRT2_2 = float(2.0 * np.sqrt(2.0))
+_np_exp, _np_log, _np_expm1, _np_log1p = np.exp, np.log, np.expm1, np.log1p
+
+
+def _exp(x: float) -> float:
+    """numpy's exp of one float; an argument that would overflow (and warn) leaves the fast path."""
+    if x > 709.0:
+        raise _LeaveFastPath
+    return float(_np_exp(x))
+
+
+def _finite(x: float) -> float:
+    if not math.isfinite(x):
+        raise _LeaveFastPath
+    return x
+
+
+def _s_log_delta(eps: float, mu: float) -> tuple[float, float, float]:
+    """:func:`_log_delta_x1` for one (epsilon, mu): ``(log delta, b, x1)``."""
+    ratio = eps / mu
+    half = mu / 2.0
+    x1 = half - ratio
+    x2 = -half - ratio
+    a = float(log_ndtr(x1))
+    log_phi2 = float(log_ndtr(x2))
+    b = eps + log_phi2
+    t = half + ratio
+    err = (abs(a) + abs(b) + eps + (2.0 * t) * (t + 1.0)) * _8U
+    diff = (b - a) - err
+    lam1 = _exp(-0.5 * x1 * x1 - _C - a)
+    lam2 = _exp(-0.5 * x2 * x2 - _C - log_phi2)
+    trap = (0.5 * mu) * (lam1 + lam2)
+    exp_error = (max(x1 * x1, x2 * x2) + abs(log_phi2) + 1.0) * _8U
+    exp_error = (exp_error + _12U) * trap + ((abs(x1) + abs(x2) + 2.0) * mu + eps) * _4U
+    bound = (eps - trap) - exp_error
+    _finite(diff)
+    _finite(bound)
+    diff = max(diff, bound)
+    if diff < 0:
+        if diff > -_LOG_2:
+            return a + float(_np_log(-float(_np_expm1(diff)))), b, x1
+        return a + float(_np_log1p(-_exp(diff))), b, x1
+    return a, b, x1
+
+
+def _s_mills_log(t1: float, t2: float, mu: float) -> tuple[float, float]:
+    """``log(mu) - log(t1 t2)`` of the Mills-ratio starts; where numpy's value would be NaN the start is not used."""
+    if not t1 * t2 > 0 or not mu > 0:
+        raise _NoStart if (t1 * t2 < 0 or mu < 0) else _LeaveFastPath
+    return float(_np_log(mu)), float(_np_log(t1 * t2))
+
+
+class _NoStart(Exception):
+    """A NaN in the Mills-ratio start: the vectorised code keeps the safe point (NaN persists to its end)."""
+
+
+def _s_asymptotic_mu(eps: float, log_target: float, mu0: float) -> float:
+    """:func:`_asymptotic_mu` for one budget."""
+    mu = mu0
+    try:
+        for _ in range(3):
+            ratio = eps / mu
+            half = mu / 2.0
+            t1 = ratio - half
+            t2 = ratio + half
+            log_mu, log_t = _s_mills_log(t1, t2, mu)
+            f = -0.5 * t1 * t1 - _C + log_mu - log_t - log_target
+            q = -(eps / (mu * mu))
+            dt1 = q - 0.5
+            dt2 = q + 0.5
+            df = -t1 * dt1 + 1.0 / mu - dt1 / t1 - dt2 / t2
+            mu = _finite(mu - f / df)
+    except _NoStart:
+        return mu0
+    t1 = eps / mu - mu / 2.0
+    return mu if (mu > mu0 and t1 > 2.0) else mu0
+
+
+def _s_asymptotic_epsilon(mu: float, log_target: float, eps0: float) -> float:
+    """:func:`_asymptotic_epsilon` for one budget."""
+    eps = eps0
+    try:
+        for _ in range(3):
+            t1 = eps / mu - mu / 2.0
+            t2 = eps / mu + mu / 2.0
+            log_mu, log_t = _s_mills_log(t1, t2, mu)
+            f = -0.5 * t1 * t1 - _C + log_mu - log_t - log_target
+            df = -t1 / mu - 1.0 / (mu * t1) - 1.0 / (mu * t2)
+            eps = _finite(eps - f / df)
+    except _NoStart:
+        return eps0
+    t1 = eps / mu - mu / 2.0
+    return eps if (eps > 0 and eps < eps0 and t1 > 2.0) else eps0
+
+
+def _s_solve(
+    fun: Callable[[float], tuple[float, float, float]], x0: float, unsafe0: float, start: float, toward_safe: float
+) -> float:
+    """:func:`_solve_safe_root` for one element: ``(result before its verification, verified safe end)``."""
+    safe, unsafe, x = x0, unsafe0, start
+    for _ in range(100):
+        g, g1, g2 = fun(x)
+        if g <= 0:
+            safe = x
+        else:
+            unsafe = x
+        newton = g / g1
+        correction = 0.5 * newton * g2 / g1
+        step = newton / (1.0 - correction) if abs(correction) < 0.5 else newton
+        candidate = x - step
+        lo, hi = min(safe, unsafe), max(safe, unsafe)
+        scale = max(abs(x), _TINY)
+        bad = not math.isfinite(candidate) or candidate <= lo or candidate >= hi
+        close = not bad and abs(step) <= 1e-6 * scale
+        bounded = math.isfinite(unsafe)
+        if bad:
+            if not bounded:
+                candidate = 2.0 * abs(safe) + _TINY
+            elif lo > 0 and hi > 4.0 * lo:
+                candidate = math.sqrt(lo) * math.sqrt(hi)
+            else:
+                candidate = 0.5 * (safe + unsafe)
+        if close:
+            return candidate + toward_safe * _RTOL * scale, safe
+        if bounded and hi - lo <= _RTOL * max(abs(safe), _TINY):
+            return safe, safe
+        x = _finite(candidate)
+    return safe, safe
+
+
+def _s_verified(found: tuple[float, float], excess: Callable[[float], float], toward_safe: float) -> float:
+    """The verification of :func:`_solve_safe_root`: nudge toward the safe side until ``excess <= 0``."""
+    result, safe = found
+    for k in range(12):
+        if excess(result) <= 0:
+            return result
+        result = result + toward_safe * (_RTOL * 4.0**k * max(abs(result), _TINY))
+    return safe
+
+
+def _s_epsilon_within(mu: float, delta: float, log_target: float, z: float, eps: float) -> bool:
+    """``_epsilon_from_mu(mu, delta) <= eps`` for one element (the check of :func:`_calibrated_mu`)."""
+    at_zero, _, _ = _s_log_delta(0.0, mu)
+    if not at_zero > log_target:
+        return 0.0 <= eps
+    eps0 = _finite(max(mu * z + 0.5 * mu * mu, 0.0))
+
+    def fun(e: float) -> tuple[float, float, float]:
+        log_d, log_b, x1 = _s_log_delta(e, mu)
+        d1 = -_exp(log_b - log_d)
+        d2 = d1 + _exp(-0.5 * x1 * x1 - _C - log_d) / mu - d1 * d1
+        return log_d - log_target, d1, d2
+
+    def excess(e: float) -> float:
+        return _exp(_s_log_delta(e, mu)[0]) - delta
+
+    found = _s_solve(fun, eps0, 0.0, _s_asymptotic_epsilon(mu, log_target, eps0), 1.0)
+    return _s_verified(found, excess, 1.0) <= eps
+
+
+def _s_sigma(eps: float, delta: float, sens: float) -> float:
+    """:func:`gaussian_sigma` of one budget (Python floats in range), or :class:`_LeaveFastPath`."""
+    log_target = float(_np_log(delta))
+    z = -float(ndtri(delta))
+    mu_tv = _SQRT2_2 * float(erfinv(delta)) * (1.0 - 1e-12)
+    e = eps * (1.0 - _CALIBRATION_MARGIN)
+    root = math.sqrt(z * z + 2.0 * e)
+    mu_tail = 2.0 * e / (z + root) if z > 0 else root - z
+    mu0 = _finite(max(mu_tail, mu_tv))
+
+    def fun(x: float) -> tuple[float, float, float]:
+        log_d, _, x1 = _s_log_delta(e, x)
+        d1 = _exp(-0.5 * x1 * x1 - _C - log_d)
+        d2 = -x1 * (0.5 + e / (x * x)) * d1 - d1 * d1
+        return log_d - log_target, d1, d2
+
+    def excess(m: float) -> float:
+        # verification at the requested epsilon, of the sigma that is returned
+        return _exp(_s_log_delta(eps, sens / (sens / m))[0]) - delta
+
+    mu = _s_verified(_s_solve(fun, mu0, math.inf, _s_asymptotic_mu(e, log_target, mu0), -1.0), excess, -1.0)
+    sigma = sens / mu
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise _LeaveFastPath  # the vectorised code raises the typed error
+    reported = sens / sigma
+    if 4e-15 * (1.0 + abs(log_target)) > 1e-3 * _CALIBRATION_MARGIN * eps:
+        # tiny epsilon: _calibrated_mu checks the round trip and re-solves if it fails
+        if not _s_epsilon_within(reported, delta, log_target, z, eps):
+            raise _LeaveFastPath
+    return sigma
+
+
+def _plain_number(x: Any) -> bool:
+    """A Python or numpy float, or a Python int, that is finite as a float64 (anything else: the general path)."""
+    if not (type(x) is float or type(x) is int or isinstance(x, (np.float64, np.float32, np.float16))):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:  # an int beyond float64
+        return False

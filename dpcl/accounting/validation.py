@@ -10,17 +10,34 @@ from __future__ import annotations
 import math
 import sys
 from numbers import Integral, Real
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from dpcl.errors import InvalidParameterError
 
 
-#: Most elements an array parameter may have (80 MB as float64): every accountant and mechanism vectorises over
-#: its arrays with a few temporaries each, and a public call stays within 2 GiB (issue 18). A larger array (such
-#: as ``np.broadcast_to(1.0, (10**10,))``, which costs nothing until it is read) is refused before it is read.
-MAX_ARRAY_ELEMENTS = 10**7
+#: Large arrays are checked in chunks of this many elements, so a check's temporary
+#: masks stay small (a mask of the whole array is formed only to report an error).
+_CHUNK = 1 << 20
+
+
+def _any(array: np.ndarray, bad: Callable[[np.ndarray], np.ndarray]) -> bool:
+    """``np.any(bad(array))`` without a mask of the whole array when it is large and contiguous."""
+    if array.size <= _CHUNK or not array.flags.c_contiguous:
+        return bool(np.any(bad(array)))
+    flat = array.reshape(-1)
+    return any(bool(np.any(bad(flat[i : i + _CHUNK]))) for i in range(0, flat.size, _CHUNK))
+
+
+def _not_finite(a: np.ndarray) -> np.ndarray:
+    return ~np.isfinite(a)
+
+
+#: Most elements an array parameter may have (800 MB as float64; the checks above read large arrays in chunks). A
+#: larger array (such as ``np.broadcast_to(1.0, (10**10,))``, which costs nothing until it is read) is refused
+#: before it is read.
+MAX_ARRAY_ELEMENTS = 10**8
 
 
 def describe_number(value: Any) -> str:
@@ -89,7 +106,7 @@ def _as_float_array(name: str, value: Any) -> tuple[np.ndarray, bool]:
         raise _too_large(name, int(array.size))
     if array.size == 0:
         raise InvalidParameterError(f"{name} is empty; give at least one value.")
-    if not np.all(np.isfinite(array)):
+    if _any(array, _not_finite):
         bad = float(array[~np.isfinite(array)].ravel()[0])
         where = "" if array.ndim == 0 else f" (element {int(np.flatnonzero(~np.isfinite(array))[0])} of the flattened array)"
         raise InvalidParameterError(f"{name} must be finite, got {bad!r}{where}.")
@@ -128,28 +145,29 @@ def broadcast_together(names: Sequence[str], *arrays: Any) -> tuple[list[np.ndar
 def check_positive(name: str, value: Any) -> float | np.ndarray:
     """Finite and > 0 (epsilon, sigma, sensitivity, scale)."""
     array, scalar = _as_float_array(name, value)
-    bad = array <= 0
-    if np.any(bad):
-        raise InvalidParameterError(f"{name} must be > 0 and finite, got {_describe(array, bad)}.")
+    if _any(array, lambda a: a <= 0):
+        raise InvalidParameterError(f"{name} must be > 0 and finite, got {_describe(array, array <= 0)}.")
     return _ret(array, scalar)
 
 
 def check_nonnegative(name: str, value: Any) -> float | np.ndarray:
     """Finite and >= 0."""
     array, scalar = _as_float_array(name, value)
-    bad = array < 0
-    if np.any(bad):
-        raise InvalidParameterError(f"{name} must be >= 0 and finite, got {_describe(array, bad)}.")
+    if _any(array, lambda a: a < 0):
+        raise InvalidParameterError(f"{name} must be >= 0 and finite, got {_describe(array, array < 0)}.")
     return _ret(array, scalar)
 
 
 def check_delta(name: str, value: Any, *, allow_zero: bool = False) -> float | np.ndarray:
     """delta in (0, 1) (or [0, 1) with ``allow_zero``)."""
     array, scalar = _as_float_array(name, value)
-    bad = (array < 0) | (array >= 1) | ((array == 0) & (not allow_zero))
-    if np.any(bad):
+
+    def outside(a: np.ndarray) -> np.ndarray:
+        return (a < 0) | (a >= 1) | ((a == 0) & (not allow_zero))
+
+    if _any(array, outside):
         allowed = "[0, 1)" if allow_zero else "(0, 1)"
-        raise InvalidParameterError(f"{name} must lie in {allowed}, got {_describe(array, bad)}.")
+        raise InvalidParameterError(f"{name} must lie in {allowed}, got {_describe(array, outside(array))}.")
     return _ret(array, scalar)
 
 

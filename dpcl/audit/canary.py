@@ -53,6 +53,7 @@ import torch
 
 from dpcl.accounting.validation import check_positive_scalar
 from dpcl.audit.blackbox import AuditResult, audit_scores, check_confidence
+from dpcl.audit.one_run import check_count
 from dpcl.errors import InvalidParameterError
 
 SCORES = ("loss", "gradient")
@@ -91,12 +92,6 @@ class CanaryAuditResult:
         out["ratio"] = self.ratio
         return out
 
-
-
-def _integer(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
 
 
 def per_example_gradients(weights: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -243,15 +238,15 @@ def audit_dpsgd_canary(
     q = check_positive_scalar("sample_rate", sample_rate)
     if q > 1:
         raise InvalidParameterError(f"sample_rate must lie in (0, 1], got {sample_rate!r}.")
-    t = _integer("steps", steps, 1)
-    runs = _integer("shadow_runs", shadow_runs, 16)
+    t = check_count("steps", steps, 1)
+    runs = check_count("shadow_runs", shadow_runs, 16)
     c = check_positive_scalar("clip_norm", clip_norm)
     lr = check_positive_scalar("learning_rate", learning_rate)
-    n = _integer("n_examples", n_examples, 2)
-    d = _integer("dim", dim, 1)
+    n = check_count("n_examples", n_examples, 2)
+    d = check_count("dim", dim, 1)
     b = check_positive_scalar("canary_norm", canary_norm)
     conf = check_confidence(confidence)
-    seed_ = _integer("seed", seed, 0)
+    seed_ = check_count("seed", seed, 0)
     try:
         dlt = float(delta)
     except (TypeError, ValueError):

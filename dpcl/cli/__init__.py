@@ -30,10 +30,12 @@ COMMAND_MODULES = (
     "run",
     "audit",
     "verify",
+    "report",
     "methods",
     "calibrate",
     "epsilon",
     "audit_mechanism",
+    "audit_run",
     "keygen",
     "sign",
 )

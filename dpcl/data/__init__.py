@@ -8,8 +8,10 @@ Datasets (:class:`LabelledDataset`: features ``float32 [n, d]``, labels ``int64`
   text classes, with (or without) MiniLM embeddings cached on disk by content hash.
 * :func:`load_image_folder` -- ``root/<class>/<image>.png|jpg``.
 * :func:`load_cifar` -- CIFAR-10/100 python pickled batches.
+* :func:`load_idx` -- MNIST-format IDX files (Fashion-MNIST, MNIST, KMNIST, EMNIST), gzipped or not.
 * :func:`load_dataset` ``(name, **options)`` with names from :data:`DATASETS`
-  (``"digits"``, ``"fortunes"``, ``"fortunes_texts"``, ``"image_folder:<path>"``, ``"cifar:<path>"``).
+  (``"digits"``, ``"fortunes"``, ``"fortunes_texts"``, ``"image_folder:<path>"``, ``"cifar:<path>"``,
+  ``"idx:<path>"``).
 
 ``[stream] encoder = "PATH"`` (:mod:`dpcl.data.pretrained`): the features of a local Hugging Face
 image model or text encoder, computed offline on the run's device and cached by content hash
@@ -39,6 +41,7 @@ from dpcl.data.cifar import load_cifar
 from dpcl.data.dataset import LabelledDataset, concatenate
 from dpcl.data.digits import load_digits
 from dpcl.data.fortunes import DEFAULT_FORTUNE_CATEGORIES, load_fortunes, load_fortunes_texts
+from dpcl.data.idx import load_idx
 from dpcl.data.image_folder import load_image_folder
 from dpcl.data.registry import DATASETS, dataset_labels, load_dataset
 from dpcl.data.splits import stratified_split
@@ -77,6 +80,7 @@ __all__ = [
     "load_digits",
     "load_fortunes",
     "load_fortunes_texts",
+    "load_idx",
     "load_image_folder",
     "parse_stream_section",
     "permuted_stream",

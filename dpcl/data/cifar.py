@@ -240,12 +240,15 @@ def load_cifar(path: str | os.PathLike[str], *, split: str = "all", label_kind: 
     features = data.astype(np.float32)
     features /= np.float32(255.0)
     features.setflags(write=False)  # fresh and frozen: the dataset keeps it without another copy
+    meta = {"image_shape": (3, side, side), "layout": "CHW", "variant": variant, "split": split,
+            "privacy_unit": "image"}
+    if split == "all":  # where test_batch starts: a stream with holdout = "dataset" tests on it
+        meta["own_test_start"] = int(parts[0][1].shape[0])
     return LabelledDataset(
         features=features,
         labels=labels,
         unit_ids=np.concatenate([p[2] for p in parts]),
         name=f"cifar:{Path(path).expanduser()}",
         class_names=_class_names(folder, meta_file, names_field, n_classes),
-        meta={"image_shape": (3, side, side), "layout": "CHW", "variant": variant, "split": split,
-              "privacy_unit": "image"},
+        meta=meta,
     )

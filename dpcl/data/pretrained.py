@@ -48,7 +48,13 @@ import numpy as np
 from dpcl.data.cache import cached_array_path, content_key, load_cached_array, save_cached_array
 from dpcl.data.dataset import LabelledDataset
 from dpcl.errors import InvalidParameterError, MissingDependencyError
-from dpcl.guarantees.public_encoder import encoder_directory, encoder_fingerprint, encoder_modality
+from dpcl.guarantees.public_encoder import (
+    encoder_directory,
+    encoder_fingerprint,
+    encoder_modality,
+    packaged_encoder,
+    packaged_weights_file,
+)
 
 __all__ = [
     "ENCODER_BATCH_SIZE",
@@ -129,6 +135,9 @@ def _channels_to(images: np.ndarray, channels: int, name: str) -> np.ndarray:
 def _model_channels(encoder: Any) -> int:
     import json  # noqa: PLC0415
 
+    if packaged_encoder(encoder) is not None:
+        return 3  # the packaged encoders are RGB ImageNet models
+
     config = json.loads((encoder_directory(encoder) / "config.json").read_text(encoding="utf-8"))
     return int(config["num_channels"])
 
@@ -137,6 +146,7 @@ def encoder_training_inputs(dataset: LabelledDataset, encoder: Any) -> LabelledD
     """The dataset as a method that runs the encoder itself trains on (PEFT Ensemble's ``film`` variant):
     an image encoder gets pixel rows (:func:`encoder_pixel_inputs`), a text encoder the raw texts alone
     (``features`` None: the stream is a raw-text stream, tokenised by the method with :func:`text_tokens`)."""
+    _refuse_packaged_inside(encoder)
     modality = check_encoder_for_dataset(encoder, _dataset_modality(dataset))
     if modality == "image":
         return encoder_pixel_inputs(dataset, encoder)
@@ -149,11 +159,20 @@ def encoder_training_inputs(dataset: LabelledDataset, encoder: Any) -> LabelledD
     )
 
 
+def _refuse_packaged_inside(encoder: Any) -> None:
+    if packaged_encoder(encoder) is not None:
+        raise InvalidParameterError(
+            f"[stream] encoder {encoder!r} is a packaged encoder: it gives features (PEFT Ensemble variant = "
+            "'adapter'), nothing trains inside it; training inside an encoder needs a Hugging Face model directory."
+        )
+
+
 def encoder_pixel_inputs(dataset: LabelledDataset, encoder: Any) -> LabelledDataset:
     """The dataset's images as the pixel rows a method that runs the encoder itself trains on (PEFT
     Ensemble's ``film`` variant): ``float32 [n, C * S * S]`` in [0, 1], channel-major, with the encoder's
     channel count ``C``; images must be square (``S x S``). Resizing and normalisation happen on the
     device, batch by batch (:func:`to_pixel_values`)."""
+    _refuse_packaged_inside(encoder)
     check_encoder_for_dataset(encoder, _dataset_modality(dataset) or "image")
     images = _channels_to(image_array(dataset), _model_channels(encoder), dataset.name)
     if images.shape[2] != images.shape[3]:
@@ -200,7 +219,12 @@ class PixelSettings:
 
 
 def pixel_settings(encoder: Any) -> PixelSettings:
-    """Read the image processor saved in ``encoder`` (transformers' ``AutoImageProcessor``, offline)."""
+    """Read the image processor saved in ``encoder`` (transformers' ``AutoImageProcessor``, offline); a
+    packaged encoder's input settings are its own (:class:`~dpcl.guarantees.public_encoder.PackagedEncoder`)."""
+    packaged = packaged_encoder(encoder)
+    if packaged is not None:  # images in [0, 1], resized to the square input, normalised per channel
+        return PixelSettings(channels=3, height=packaged.image_size, width=packaged.image_size, resize=True, crop=None,
+                             scale=1.0, normalize=True, mean=packaged.mean, std=packaged.std)
     _offline()
     from transformers import AutoImageProcessor  # noqa: PLC0415
 
@@ -268,7 +292,10 @@ def to_pixel_values(images: Any, settings: PixelSettings) -> Any:
 
 def image_embedding(model: Any, pixel_values: Any) -> Any:
     """The image feature: the ``[CLS]`` token of the last hidden state (the model's final layer norm
-    applied), or ``pooler_output`` for models without a token sequence."""
+    applied), or ``pooler_output`` for models without a token sequence; for a packaged CNN encoder, the
+    global average of its last feature map."""
+    if getattr(model, "dpcl_pooled_features", False):
+        return model.extract_features(pixel_values).mean(dim=(2, 3))
     output = model(pixel_values=pixel_values)
     hidden = getattr(output, "last_hidden_state", None)
     if hidden is not None and hidden.dim() == 3:
@@ -283,6 +310,8 @@ def _offline() -> None:
 
 def load_pretrained(encoder: Any, device: str = "cpu") -> tuple[Any, Any]:
     """``(model, tokenizer_or_None)`` from the directory, offline, in eval mode on ``device``, loaded once per process."""
+    if packaged_encoder(encoder) is not None:
+        return _load_packaged(str(encoder), encoder_fingerprint(encoder), str(device)), None
     folder = encoder_directory(encoder)
     return _load_cached(str(folder), encoder_fingerprint(folder), str(device))
 
@@ -318,6 +347,28 @@ def _load_cached(folder: str, fingerprint: str, device: str) -> tuple[Any, Any]:
     return model.to(device).eval(), tokenizer
 
 
+@lru_cache(maxsize=2)
+def _load_packaged(spec: str, fingerprint: str, device: str) -> Any:  # fingerprint: reload on change
+    """A packaged encoder built from its package's model code and the weights file (``weights_only`` load,
+    every tensor required: a weights file that does not fit the architecture is refused)."""
+    import importlib  # noqa: PLC0415
+
+    torch = _torch()
+    packaged = packaged_encoder(spec)
+    weights = packaged_weights_file(spec)
+    try:
+        code = importlib.import_module(packaged.code_module)
+        with torch.random.fork_rng(devices=[]):  # building the model draws initial weights: keep the run's RNG
+            model = code.EfficientNet.from_name(packaged.architecture)
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True), strict=True)
+    except (ImportError, AttributeError, OSError, RuntimeError) as exc:
+        raise InvalidParameterError(f"[stream] encoder {spec!r} cannot be loaded: {exc}") from None
+    model.requires_grad_(False)
+    model.dpcl_pooled_features = True  # image_embedding: global average of the last feature map
+    model.dpcl_feature_dim = packaged.feature_dim
+    return model.to(device).eval()
+
+
 def _batches(n: int, batch_size: int, progress: bool, unit: str):
     from tqdm.auto import tqdm  # noqa: PLC0415
 
@@ -337,7 +388,8 @@ def _encode_images(images: np.ndarray, encoder: Any, device: str, batch_size: in
         for start, stop in _batches(images.shape[0], batch_size, progress, "image"):
             batch = torch.tensor(images[start:stop], device=device)  # a copy: dataset arrays are read-only
             parts.append(image_embedding(model, to_pixel_values(batch, settings)).float().cpu().numpy())
-    return np.concatenate(parts) if parts else np.zeros((0, int(model.config.hidden_size)), dtype=np.float32)
+    width = getattr(model, "dpcl_feature_dim", None) or int(model.config.hidden_size)
+    return np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.float32)
 
 
 def text_tokens(tokenizer: Any, texts: Any, device: Any) -> tuple[Any, Any]:
@@ -401,7 +453,8 @@ def encode_with_encoder(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidParameterError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
     modality = check_encoder_for_dataset(encoder, _dataset_modality(dataset))
-    folder = encoder_directory(encoder)
+    # a packaged encoder is named by its spec ("package:NAME"), a model directory by its resolved path
+    folder = encoder if packaged_encoder(encoder) is not None else encoder_directory(encoder)
     fingerprint = encoder_fingerprint(folder)
     device_kind = str(device).split(":")[0]
     if modality == "image":

@@ -14,7 +14,8 @@ import numpy as np
 from dpcl.data.dataset import LabelledDataset
 from dpcl.errors import InvalidParameterError
 
-__all__ = ["DATASETS", "load_dataset", "dataset_labels", "dataset_modality"]
+__all__ = ["DATASETS", "load_dataset", "dataset_labels", "dataset_modality", "dataset_own_test_start",
+           "missing_dataset_folder"]
 
 #: Dataset names (path-based ones end in ``:<path>``) -> what they are.
 DATASETS: dict[str, str] = {
@@ -25,6 +26,9 @@ DATASETS: dict[str, str] = {
     "image_folder:<path>": "images in <path>/<class>/*.png|jpg; options: mode ('L' or 'RGB'), size [height, width].",
     "cifar:<path>": "CIFAR-10/100 python pickled batches in <path>; options: split ('all', 'train', 'test'), "
     "label_kind ('fine' or 'coarse', CIFAR-100).",
+    "idx:<path>": "MNIST-format IDX files (Fashion-MNIST, MNIST, KMNIST, EMNIST; gzipped or not) in <path>: "
+    "train-* and t10k-* images and labels; options: split ('all', 'train', 'test'), prefix (e.g. "
+    "'emnist-balanced-'), class_names. With split 'all', [stream] holdout = \"dataset\" tests on the t10k files.",
 }
 
 
@@ -65,7 +69,15 @@ _LOADERS: dict[str, Callable[..., LabelledDataset]] = {
     "fortunes": _fortunes,
     "fortunes_texts": _fortunes_texts,
 }
-_PATH_LOADERS: dict[str, Callable[..., LabelledDataset]] = {"image_folder": _image_folder, "cifar": _cifar}
+def _idx(path: str, **options: Any) -> LabelledDataset:
+    from dpcl.data.idx import load_idx  # noqa: PLC0415
+
+    return load_idx(path, **options)
+
+
+_PATH_LOADERS: dict[str, Callable[..., LabelledDataset]] = {
+    "image_folder": _image_folder, "cifar": _cifar, "idx": _idx,
+}
 
 
 def _resolve(name: Any) -> tuple[Callable[..., LabelledDataset], tuple[str, ...], Callable[..., Any]]:
@@ -88,6 +100,7 @@ def _check_options(name: str, loader: Callable[..., Any], options: dict[str, Any
         _fortunes_texts: "dpcl.data.fortunes:load_fortunes_texts",
         _image_folder: "dpcl.data.image_folder:load_image_folder",
         _cifar: "dpcl.data.cifar:load_cifar",
+        _idx: "dpcl.data.idx:load_idx",
     }[loader]
     import importlib  # noqa: PLC0415
 
@@ -100,6 +113,19 @@ def _check_options(name: str, loader: Callable[..., Any], options: dict[str, Any
         raise InvalidParameterError(
             f"dataset {name!r} has no option(s) {', '.join(unknown)}; allowed: {', '.join(allowed) or 'none'}."
         )
+
+
+def missing_dataset_folder(name: str) -> str | None:
+    """Why the path-based dataset ``name`` (``"idx:/usr/share/datasets/fashion-mnist"``) cannot be read on this
+    machine (its folder is absent, with the Debian package to install where one ships it), else None. For
+    skipping a bundled config on a machine without its data; loading it would raise InvalidParameterError."""
+    from pathlib import Path  # noqa: PLC0415
+
+    prefix, sep, path = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if not sep or prefix not in _PATH_LOADERS or Path(path).expanduser().exists():
+        return None
+    hint = " (apt-get install dataset-fashion-mnist)" if Path(path).name == "fashion-mnist" else ""
+    return f"dataset {name} is not on this machine{hint}"
 
 
 def dataset_modality(name: str) -> str:
@@ -138,5 +164,29 @@ def dataset_labels(name: str, **options: Any) -> tuple[np.ndarray, np.ndarray, i
         check_image_options(options.get("mode", "L"), options.get("size"))
         class_names, _, labels = image_folder_index(args[0])
         return labels, np.arange(labels.shape[0], dtype=np.int64), len(class_names)
+    if loader is _idx:
+        from dpcl.data.idx import idx_labels  # noqa: PLC0415
+
+        return idx_labels(args[0], **options)
     dataset = loader(*args, **options)
     return dataset.labels, dataset.unit_ids, dataset.n_classes
+
+
+def dataset_own_test_start(name: str, **options: Any) -> int | None:
+    """Where the dataset's own held-out test examples start in :func:`load_dataset`'s order (its
+    training examples come first), or None when it has none with these options. Equal to the loaded
+    dataset's ``meta["own_test_start"]``; reads labels only (what ``dpcl audit`` needs for
+    ``[stream] holdout = "dataset"``)."""
+    loader, args, _ = _resolve(name)
+    _check_options(name, loader, options)
+    if loader is _idx:
+        from dpcl.data.idx import idx_own_test_start  # noqa: PLC0415
+
+        return idx_own_test_start(args[0], **options)
+    if loader is _cifar:
+        from dpcl.data.cifar import cifar_labels  # noqa: PLC0415
+
+        if options.get("split", "all") != "all":
+            return None
+        return int(cifar_labels(args[0], **{**options, "split": "train"}).size)
+    return None

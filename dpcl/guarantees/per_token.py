@@ -246,7 +246,8 @@ def analytic_token_sigmas(
 
     Distinct budgets are calibrated once each (scores of a batch share few
     distinct values only by accident, but ``np.unique`` keeps repeated work out
-    of the root finder when they do).
+    of the root finder when they do), in blocks of at most 2^20 budgets, so the
+    working memory is bounded whatever the number of tokens.
     """
     eps = check_positive("epsilons", epsilons)
     d = check_delta("delta", delta)
@@ -254,9 +255,14 @@ def analytic_token_sigmas(
     sens = embedding_sensitivity(clip_norm) * math.sqrt(n)
     if np.ndim(eps) == 0:
         return float(gaussian_sigma(float(eps), d, sensitivity=sens))
-    unique, inverse = np.unique(np.asarray(eps), return_inverse=True)
-    sig = np.asarray(gaussian_sigma(unique, d, sensitivity=sens), dtype=np.float64)
-    return sig[inverse].reshape(np.shape(eps))
+    # blockwise, so the working memory stays bounded (the sigmas are gaussian_sigma's, bit for bit)
+    flat = np.ravel(eps)
+    out = np.empty(flat.size, dtype=np.float64)
+    step = max(1 << 16, min(1 << 20, flat.size // 16))
+    for start in range(0, flat.size, step):
+        unique, inverse = np.unique(flat[start : start + step], return_inverse=True)
+        out[start : start + step] = np.asarray(gaussian_sigma(unique, d, sensitivity=sens))[inverse]
+    return out.reshape(np.shape(eps))
 
 
 def true_token_epsilons(sigmas: Any, delta: float, clip_norm: float, releases: int = 1) -> np.ndarray | float:

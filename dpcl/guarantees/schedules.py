@@ -20,7 +20,10 @@ Event structure of each method (derived from the paper's algorithms):
   the standard deviation. An empty task still releases noise-only sums.
 * **PEFT Ensemble** (Alg. 2): per task, a fresh adapter + head (``variant =
   "adapter"``) or fresh FiLM parameters of the encoder's layer norms + head
-  (``variant = "film"``, :func:`peft_variant`) trained with DP-SGD (Alg. A1) on D_t only. Poisson sampling rate q = batch_size / n_t,
+  (``variant = "film"``, :func:`peft_variant`) trained with DP-SGD (Alg. A1) on D_t only. The head predicts every
+  public label of the stream (``head = "label_space"``, S_prior^const as in the paper's experiments) or the task's
+  own public labels (``head = "task"``); either set is public and fixed before training, so it changes neither the
+  data DP-SGD reads (D_t) nor the clipped per-example sensitivity. Poisson sampling rate q = batch_size / n_t,
   T = epochs * ceil(n_t / batch_size) steps, noise multiplier calibrated so that
   the T-fold subsampled Gaussian meets the per-task epsilon
   (:func:`dpcl.accounting.dpsgd.dpsgd_noise_multiplier`). An empty task
@@ -52,7 +55,12 @@ from typing import Any, Mapping
 from dpcl.accounting.events import Adjacency, GaussianEvent
 from dpcl.errors import ConfigError, InvalidParameterError, UnsupportedEventError
 from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
-from dpcl.guarantees.public_encoder import PUBLIC_ENCODER_ASSUMPTION, encoder_modality, public_encoder_assumption
+from dpcl.guarantees.public_encoder import (
+    PUBLIC_ENCODER_ASSUMPTION,
+    encoder_modality,
+    packaged_encoder,
+    public_encoder_assumption,
+)
 from dpcl.guarantees.method_schema import (
     REQUIRED,
     TORCH_DEVICE_FORMS,
@@ -60,6 +68,7 @@ from dpcl.guarantees.method_schema import (
     ReleaseCoverage,
     TaskPlan,
     method_value,
+    nonnegative,
     nonnegative_int,
     one_of,
     positive,
@@ -76,6 +85,7 @@ __all__ = [
     "DpSgdSpec",
     "PeftEnsembleSpec",
     "PEFT_VARIANTS",
+    "PEFT_HEADS",
     "peft_variant",
     "cosine_sensitivity",
     "dpsgd_schedule",
@@ -148,6 +158,8 @@ DPSGD_KEYS: tuple[MethodKey, ...] = (
 
 #: ``[method] variant`` of PEFT Ensemble: what each task's member trains.
 PEFT_VARIANTS = ("auto", "adapter", "film")
+#: What each PEFT Ensemble member's head predicts (``[method] head``).
+PEFT_HEADS = ("label_space", "task")
 
 PEFT_KEYS: tuple[MethodKey, ...] = DPSGD_KEYS + (
     MethodKey("aggregation", str, "argmax", "ensemble prediction rule: 'argmax' (eq. 10), 'median' (eq. A41) "
@@ -156,6 +168,13 @@ PEFT_KEYS: tuple[MethodKey, ...] = DPSGD_KEYS + (
               "layer norms plus a head, as in the paper; needs an image or text encoder), 'adapter' (a residual "
               "adapter and head on precomputed features) or 'auto' (film when [stream] encoder is given, else "
               "adapter)", one_of(*PEFT_VARIANTS)),
+    MethodKey("head", str, "label_space", "labels of each member's head: 'label_space' (every public label of the "
+              "stream, as S_prior^const in the paper's experiments; the labels a task lacks are the member's "
+              "negatives) or 'task' (the task's own public labels O_t only, Sec. 6.3)", one_of(*PEFT_HEADS)),
+    MethodKey("normalize_features", bool, True, "adapter variant: l2-normalise each feature vector before the "
+              "member, as the cosine classifier does (a fixed per-example map; no privacy cost)"),
+    MethodKey("weight_decay", float, 0.0, "L2 penalty of Adam on the member's parameters, added after clipping and "
+              "noise (post-processing; no privacy cost)", nonnegative),
 )
 
 #: DP-SGD keys a cosine config may carry (e.g. when switching methods); the cosine classifier does not
@@ -383,8 +402,14 @@ def peft_variant(method: Mapping[str, Any]) -> str:
     encoder = method.get("encoder")
     if encoder is not None:
         encoder_modality(encoder)  # a model directory dpcl can load (image or text), else ConfigError
-    if requested == "auto":
-        return "film" if encoder is not None else "adapter"
+    packaged = encoder is not None and packaged_encoder(encoder) is not None
+    if requested == "auto":  # a packaged encoder is not a Hugging Face model: FiLM cannot train inside it
+        return "film" if encoder is not None and not packaged else "adapter"
+    if requested == "film" and packaged:
+        raise ConfigError(
+            f"[method] variant = 'film' trains the layer norms of a Hugging Face encoder; {encoder!r} is a packaged "
+            "encoder, whose features PEFT Ensemble uses with variant = 'adapter' (or 'auto')."
+        )
     if requested == "film" and encoder is None:
         raise ConfigError(
             "[method] variant = 'film' trains the layer norms of a pre-trained encoder: set [stream] encoder "
@@ -410,12 +435,23 @@ class PeftEnsembleSpec(DpSgdSpec):
             "per task, the scale and shift of every layer norm of the frozen pre-trained encoder plus a zero-initialised "
             "head, with per-example gradients from opacus (LayerNorm and Linear grad samplers)"
             if variant == "film"
-            else "per task, a residual adapter and a zero-initialised head on precomputed (frozen) features"
+            else "per task, a residual adapter (none when adapter_dim = 0) and a zero-initialised head on "
+            "precomputed (frozen) features"
+        )
+        head = str(method_value(method, PEFT_KEYS, "head", "peft_ensemble"))
+        labels = (
+            "every public label of the stream (the labels the task lacks are its negatives)"
+            if head == "label_space"
+            else "the task's own public labels"
         )
         return dataclasses.replace(
             plan,
             noise={**plan.noise, "peft_variant": variant},
-            notes=(*plan.notes, f"PEFT Ensemble variant {variant!r}: DP-SGD trains {what}."),
+            notes=(
+                *plan.notes,
+                f"PEFT Ensemble variant {variant!r}: DP-SGD trains {what}; the head predicts {labels} (public, "
+                "fixed before training: the same data, clipping and noise whatever its size).",
+            ),
         )
 
 

@@ -162,6 +162,7 @@ def _dp_optimizer(
     learning_rate: float,
     generator: torch.Generator | None,
     world: int = 1,
+    weight_decay: float = 0.0,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """``(model to run, optimizer)`` for one training run: Adam over ``params`` and, for a private schedule,
     opacus' per-example gradients (:class:`opacus.GradSampleModule`, hooks mode, summed loss) with its
@@ -172,9 +173,10 @@ def _dp_optimizer(
     and divides by the expected batch size ``q n``. ``world`` ranks (:func:`_train_data_parallel`):
     :class:`~opacus.optimizers.DistributedDPOptimizer` with ``q n / world`` per rank and the noise added
     by the rank whose ``generator`` is given (rank 0; the others pass None). A non-private schedule
-    gets plain Adam and ``model`` itself.
+    gets plain Adam and ``model`` itself. ``weight_decay`` is Adam's L2 penalty: it adds ``weight_decay * p``
+    to the gradient after clipping and noise, a function of the parameters alone (post-processing).
     """
-    optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=learning_rate)
+    optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=learning_rate, weight_decay=weight_decay)
     if not schedule.private:
         return model, optimizer
     from opacus import GradSampleModule
@@ -203,6 +205,7 @@ def train_classifier(
     learning_rate: float,
     generator: torch.Generator,
     progress: ProgressCallback | None = None,
+    weight_decay: float = 0.0,
 ) -> None:
     """Train ``model`` in place with cross-entropy for ``schedule.steps`` Poisson-sampled steps.
 
@@ -218,12 +221,13 @@ def train_classifier(
     ranks = data_parallel_world()
     if ranks is not None:
         _train_data_parallel(model, inputs, targets, schedule, learning_rate=learning_rate, generator=generator,
-                             progress=progress, rank=ranks[0], world=ranks[1])
+                             progress=progress, rank=ranks[0], world=ranks[1], weight_decay=weight_decay)
         return
     n = int(inputs[0].shape[0])
     device = inputs[0].device
     params = [p for p in model.parameters() if p.requires_grad]
-    train_model, optimizer = _dp_optimizer(model, params, schedule, n, learning_rate=learning_rate, generator=generator)
+    train_model, optimizer = _dp_optimizer(model, params, schedule, n, learning_rate=learning_rate, generator=generator,
+                                           weight_decay=weight_decay)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     train_model.train()
     for _ in range(schedule.steps):
@@ -322,6 +326,7 @@ def _train_data_parallel(
     progress: ProgressCallback | None,
     rank: int,
     world: int,
+    weight_decay: float = 0.0,
 ) -> None:
     """:func:`train_classifier` on ``world`` ranks: rank 0's Poisson masks, every rank a shard, noise once (rank 0).
 
@@ -359,7 +364,7 @@ def _train_data_parallel(
     train_model, optimizer = _dp_optimizer(
         wrapped, params, schedule, n, learning_rate=learning_rate,
         generator=generator if rank == 0 else None,  # only rank 0 adds noise
-        world=world,
+        world=world, weight_decay=weight_decay,
     )
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     train_model.train()

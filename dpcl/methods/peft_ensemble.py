@@ -1,12 +1,24 @@
 """PEFT Ensemble (Tobaben et al., Alg. 2, eq. 10, App. H.2).
 
 For every task ``t`` a fresh task model ``f_t`` — a parameter-efficient adapter
-plus a zero-initialised head over the task's public labels ``O_t`` — is trained
-on that task's data only, with DP-SGD as the task's plan prescribes
+(or none: ``adapter_dim = 0``) plus a zero-initialised head — is trained on that
+task's data only, with DP-SGD as the task's plan prescribes
 (:mod:`dpcl.methods.dpsgd_training`, opacus). The encoder stays frozen and
 public: the adapter works on its output features (MiniLM sentence embeddings
-for text, raw pixels for digits). The ensemble ``{f_1, ..., f_t}`` predicts by
-one of three aggregation rules over the labels released so far:
+for text, raw pixels for digits), l2-normalised when ``normalize_features``.
+
+``head = "label_space"`` (default): the head predicts every public label of the
+stream, as the members of the paper's experiments (S_prior^const, "an output
+layer of size 100/200", Sec. 6.3); the labels the task lacks are its negatives,
+so the rows of its own labels also score how much an input resembles the task,
+which makes the members' logits comparable under eq. 10. ``head = "task"``: the
+task's own labels ``O_t`` only (Sec. 6.3's S_prior members). A two-label head
+trained from zero has logits ``(z, -z)`` (the two rows' gradients cancel), so
+eq. 10 then picks the most confident member whatever the input's task. Both
+label sets are public and fixed before training: the member reads the same
+data with the same clipping and noise, so the plan and its events do not depend
+on the choice. The ensemble ``{f_1, ..., f_t}`` predicts by one of three
+aggregation rules over the labels released so far:
 
 * ``argmax`` (eq. 10): the label of the largest logit of any model;
 * ``median`` (eq. A41): each model's logits minus that model's median logit
@@ -27,8 +39,7 @@ same way. (With a text encoder the ``film`` variant below reads the raw texts.)
 
 An empty task (no example left after label filtering) gets a plan with no
 steps and no charge: its member is released at its data-independent
-initialisation (zero head over ``O_t``), still a proper classifier over the
-task's labels (Prop. F.1). A private plan with steps on empty data (not what
+initialisation (a zero head), still a proper classifier (Prop. F.1). A private plan with steps on empty data (not what
 the spec plans) would take noise-only DP-SGD steps.
 
 Variants (``[method] variant``, resolved by :func:`dpcl.guarantees.schedules.peft_variant`
@@ -49,7 +60,9 @@ Both variants run the same DP-SGD plan (sampling rate, steps, noise multiplier,
 clipping norm), so the variant never changes the privacy cost.
 
 Hyper-parameters read from the ``[method]`` section: ``learning_rate``,
-``adapter_dim`` (adapter variant), ``aggregation``, ``variant``, and
+``adapter_dim`` (adapter variant), ``aggregation``, ``variant``, ``head``,
+``normalize_features``, ``weight_decay`` (Adam's L2 penalty, applied after
+clipping and noise: post-processing), and
 ``max_grad_norm`` / ``batch_size`` / ``epochs`` (the last three enter the plan).
 """
 
@@ -62,7 +75,7 @@ import torch
 
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
-from dpcl.guarantees.schedules import peft_variant
+from dpcl.guarantees.schedules import PEFT_HEADS, peft_variant
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
 from dpcl.methods.dpsgd_training import AdapterClassifier, schedule_from_plan, seeded_adapter, train_classifier
 
@@ -139,6 +152,13 @@ class PeftEnsemble(ContinualMethod):
         self.adapter_dim = int(method_option(method, "adapter_dim", 64))
         self.learning_rate = float(method_option(method, "learning_rate", 1e-3))
         self.aggregation = str(method_option(method, "aggregation", "argmax"))
+        self.head = str(method_option(method, "head", "label_space"))
+        if self.head not in PEFT_HEADS:
+            raise ConfigError(f"[method] head must be one of {', '.join(map(repr, PEFT_HEADS))}; got {self.head!r}.")
+        self.normalize_features = bool(method_option(method, "normalize_features", True))
+        self.weight_decay = float(method_option(method, "weight_decay", 0.0))
+        if not np.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ConfigError(f"[method] weight_decay must be a finite number >= 0, got {self.weight_decay}.")
         if self.aggregation not in AGGREGATION_RULES:
             raise ConfigError(
                 f"[method] aggregation must be one of {', '.join(AGGREGATION_RULES)}; got {self.aggregation!r}."
@@ -168,8 +188,13 @@ class PeftEnsemble(ContinualMethod):
             self._text_encoder = LoraTextEncoder(self.adapter_dim).to(self.device)
         return self._text_encoder
 
-    def _features(self, data: TrainingData) -> torch.Tensor:
-        return torch.tensor(np.asarray(data.features), dtype=torch.float32, device=self.device)
+    def _features(self, features: np.ndarray) -> torch.Tensor:
+        """What an adapter member reads: the feature rows, l2-normalised when ``normalize_features`` (as the
+        cosine classifier, Alg. 1, line 13), so that no member's logits grow with the scale of its inputs."""
+        x = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
+        if self.normalize_features:
+            x = torch.nn.functional.normalize(x, dim=1)
+        return x
 
     def _train(self, task_index: int, model: Any, inputs: Any, targets: np.ndarray, schedule: Any,
                progress: ProgressCallback | None) -> None:
@@ -182,6 +207,7 @@ class PeftEnsemble(ContinualMethod):
             learning_rate=self.learning_rate,
             generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
             progress=progress,
+            weight_decay=self.weight_decay,
         )
 
     def _fit_text_member(self, task_index: int, data: TrainingData, targets: np.ndarray, n_outputs: int,
@@ -300,24 +326,18 @@ class PeftEnsemble(ContinualMethod):
                 f"task {task_index}'s plan is for PEFT variant {planned!r} but this ensemble trains {self.variant!r}."
             )
         schedule = schedule_from_plan(plan, self.setup.method, len(data))
-        order = np.argsort(task_labels)
-        targets = order[np.searchsorted(task_labels[order], labels)]
+        # the member's head: every public label (S_prior^const, the default) or the task's own O_t
+        member_labels = np.asarray(self.label_space if self.head == "label_space" else np.sort(task_labels))
+        targets = np.searchsorted(member_labels, labels)  # member_labels is sorted and holds every task label
         if self.variant == "film":
-            self._fit_film_member(task_index, data, targets, task_labels.size, schedule, progress)
-            self.model_labels.append(tuple(int(o) for o in task_labels))
-            self.mark_released(output_labels)
-            self.tasks_fitted += 1
-            return
-        if self.text_mode:
-            self._fit_text_member(task_index, data, targets, task_labels.size, schedule, progress)
-            self.model_labels.append(tuple(int(o) for o in task_labels))
-            self.mark_released(output_labels)
-            self.tasks_fitted += 1
-            return
-        model = self._new_model(task_labels.size)
-        self._train(task_index, model, self._features(data), targets, schedule, progress)
-        self.models.append(model)
-        self.model_labels.append(tuple(int(o) for o in task_labels))
+            self._fit_film_member(task_index, data, targets, member_labels.size, schedule, progress)
+        elif self.text_mode:
+            self._fit_text_member(task_index, data, targets, member_labels.size, schedule, progress)
+        else:
+            model = self._new_model(member_labels.size)
+            self._train(task_index, model, self._features(data.features), targets, schedule, progress)
+            self.models.append(model)
+        self.model_labels.append(tuple(int(o) for o in member_labels))
         self.mark_released(output_labels)
         self.tasks_fitted += 1
 
@@ -351,7 +371,7 @@ class PeftEnsemble(ContinualMethod):
                 logits[i][:, positions] = (pooled @ weight.T + bias).double().cpu().numpy()
                 masks[i, positions] = True
             return logits, masks
-        x = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
+        x = self._features(features)
         logits = np.zeros((len(self.models), x.shape[0], n_labels))
         masks = np.zeros((len(self.models), n_labels), dtype=bool)
         with torch.no_grad():
@@ -374,8 +394,10 @@ class PeftEnsemble(ContinualMethod):
         return {"peft_ensemble": extra}
 
     def scores(self, features: np.ndarray) -> np.ndarray:
+        """Eq. 10 (or A41, or the entropy rule) over the labels released so far: a member's logits for labels
+        no task has released yet take no part (its head may predict them, ``head = "label_space"``)."""
         logits, masks = self.member_logits(features)
-        return aggregate(logits, masks, self.seen_labels, self.aggregation)
+        return aggregate(logits, masks & self.seen_labels[None, :], self.seen_labels, self.aggregation)
 
     def state_dict(self) -> dict[str, Any]:
         return {

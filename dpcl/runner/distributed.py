@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcl.errors import ConfigError, DistributedRunError, InvalidParameterError
+from dpcl.runner.threads import usable_cores
 
 #: Methods that train by DP-SGD through :func:`dpcl.methods.dpsgd_training.train_classifier` (data-parallel ready).
 DATA_PARALLEL_METHODS = ("peft_ensemble", "naive", "non_cl")
@@ -91,12 +92,6 @@ def run_training_options(*, seed: int, quiet: bool, stop_after_task: int | None,
             "reproducible_noise": reproducible_noise, "sign_key": sign_key}
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def check_nproc(nproc: Any, name: str = "nproc") -> int:
@@ -164,7 +159,7 @@ def _share_cpu_threads(world: int) -> int:
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(max(1, usable_cores() // world))
     return before
 
 

@@ -133,6 +133,7 @@ from dpcl.runner.tasks import (
     task_plan,
     trains_plan,
 )
+from dpcl.runner.threads import use_usable_cores
 
 __all__ = [
     "CRASH_HOOK_ENV",
@@ -366,6 +367,8 @@ class PreparedStream:
 def prepare_stream(run: LoadedRun) -> PreparedStream:
     """Stage ``stream``: build the stream, filter every task by its public label set, check declared sizes
     (``[stream] task_sizes``) and declared disjointness."""
+    if run.config.stream.get("encoder") is not None:  # the encoder runs now, on torch
+        use_usable_cores()
     stream = build_run_stream(run.config, run.method_class, seed=run.seed, device=run.device, quiet=run.quiet)
     sets = label_sets(run.config, len(stream))
     tasks, reports = prepare_tasks(stream, sets, bool(getattr(run.method_class, "needs_texts", False)))
@@ -511,6 +514,7 @@ def open_run(loaded: LoadedRun, prepared: PreparedStream, report: Any, clock: St
     ledgers), build the method and restore the last listed release; finish a release the ledger committed after
     the last listed one, and remove the files of attempts that committed nothing."""
     out = loaded.out
+    use_usable_cores()  # training starts here: torch's threads at most the cores this process may use
     _make_run_directory(out)
     lock = acquire_run_lock(out)  # refuses (exit 2) while another live run holds --out; released on return
     if lock.took_over and not loaded.quiet:

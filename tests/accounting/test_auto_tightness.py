@@ -93,8 +93,11 @@ def test_rdp_keeps_the_orders_dp_accounting_drops() -> None:
 def test_pld_is_sized_by_its_composed_grid_not_by_epsilon() -> None:
     # the issue's point: refused before (RDP epsilon 151 / interval 1e-4 > 1e6 points); the composed
     # grid has ~2.2e6 points (dp-accounting answers in ~2 s), so it answers as dp-accounting does
+    # (above 1e6 points dpcl's self-composition bounds each point of the exact composition from above, where
+    # dp-accounting's carries its FFT's rounding noise: 139.0313749 against dp-accounting's 139.0313573, which is
+    # below the exact 139.0313746 of its own discretisation (its tails tilted, tests/accounting/test_fast_pld.py))
     r = dpsgd_epsilon(1.0, 0.01, 1_000_000, DELTA, "pld")
-    assert r.epsilon == pytest.approx(dpa_pld(1.0, 0.01, 1_000_000), rel=1e-9)
+    assert r.epsilon == pytest.approx(dpa_pld(1.0, 0.01, 1_000_000), rel=1e-6)
     assert r.epsilon == pytest.approx(139.0, rel=5e-3)
 
 
@@ -211,4 +214,4 @@ def test_issue_point_where_pld_is_refused_auto_answers_within_memory() -> None:
 def test_quality_bar_pld_answers_where_dp_accounting_does() -> None:
     answer = cli_epsilon(1.0, 0.01, "1e6", "--accountant", "pld")
     assert answer["epsilon"] == pytest.approx(139.0, rel=5e-3)
-    assert answer["epsilon"] == pytest.approx(dpa_pld(1.0, 0.01, 1_000_000), rel=1e-9)
+    assert answer["epsilon"] == pytest.approx(dpa_pld(1.0, 0.01, 1_000_000), rel=1e-6)  # see the test above

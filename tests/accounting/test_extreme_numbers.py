@@ -39,7 +39,7 @@ VALID: dict[str, Any] = {
     "delta_budget": 1e-5, "epsilon0": 1.0,
 }
 #: Parameters that are not numbers (events, names, choices).
-NOT_NUMBERS = {"accountant", "adjacency", "unit", "event", "events", "data", "rule", "self"}
+NOT_NUMBERS = {"accountant", "adjacency", "unit", "event", "events", "data", "rule", "self", "out"}
 
 
 def _privacy_filter_gdp(epsilon_budget: Any, delta_budget: Any) -> float | None:

@@ -48,8 +48,19 @@ def test_pecl_paper_config_is_the_papers_method():
     assert PAPER_CONFIG in CONFIGS and _is_paper_pecl(PAPER_CONFIG)
 
 
+def _missing_data(path: Path) -> str | None:
+    """Why the config at ``path`` cannot be audited here: its path-based dataset's folder is absent (the
+    ``fmnist_*`` configs read the Debian package dataset-fashion-mnist), else None."""
+    from dpcl.data.registry import missing_dataset_folder
+
+    missing = missing_dataset_folder(tomllib.loads(path.read_text())["stream"]["dataset"])
+    return f"{path.name}: {missing}" if missing else None
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_bundled_config_passes_audit(capsys, path):
+    if _missing_data(path):
+        pytest.skip(_missing_data(path))
     code, payload, err = _audit(capsys, path)
     if _is_paper_pecl(path):  # a private run of it is a privacy violation (test below)
         assert code == 3 and payload["private"] is False and payload["covered"] is False, err

@@ -8,9 +8,58 @@ end-to-end runs take seconds.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
+
+
+def encoder_config_text(method: str, dataset: str, encoder: str, *, method_lines: str = "",
+                        stream_lines: str = "") -> str:
+    """A two-task run config (epsilon 2, public label sets, disjoint units) of ``method`` on ``dataset`` with
+    ``[stream] encoder = encoder``; ``stream_lines`` / ``method_lines`` are added to ``[stream]`` / ``[method]``."""
+    return textwrap.dedent(
+        f"""
+        [privacy]
+        epsilon = 2.0
+        delta = 1e-5
+        accountant = "rdp"
+        [stream]
+        {stream_lines}
+        dataset = "{dataset}"
+        encoder = "{encoder}"
+        tasks = [[0, 1], [2, 3]]
+        label_space = "prior_const"
+        prior_labels = [[0, 1], [2, 3]]
+        disjoint_units = true
+        [method]
+        name = "{method}"
+        """
+    ) + method_lines
+
+
+def audit_in_fresh_process(config: Path, env: dict | None = None,
+                           heavy: tuple[str, ...] = ("torch", "transformers", "opacus")) -> tuple[int, dict, list[str]]:
+    """``(exit code, JSON report, heavy modules imported)`` of ``dpcl audit CONFIG --json`` in a new interpreter."""
+    import json
+    import subprocess
+    import sys
+
+    code = textwrap.dedent(
+        f"""
+        import contextlib, io, json, sys
+        from dpcl.cli import main
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["audit", {str(config)!r}, "--json"])
+        print(json.dumps({{"rc": rc, "report": json.loads(out.getvalue()),
+                          "heavy": [m for m in {list(heavy)!r} if m in sys.modules]}}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["rc"], result["report"], result["heavy"]
 
 
 def write_tiny_vit(directory: Path, *, seed: int = 0) -> Path:

@@ -21,6 +21,7 @@ from dpcl.data import (
     task_sizes,
 )
 from dpcl.data.cifar import read_cifar_batch
+from dpcl.data.registry import dataset_own_test_start
 from dpcl.data.fortunes import available_fortune_categories, read_fortune_file
 from dpcl.errors import InvalidParameterError, MissingDependencyError
 
@@ -181,6 +182,9 @@ def test_cifar10_batches(tmp_path: Path) -> None:
     labels, units, n_classes = dataset_labels(f"cifar:{tmp_path}")
     assert labels.tolist() == ds.labels.tolist() and n_classes == 10
     assert units.tolist() == ds.unit_ids.tolist()
+    # test_batch is the dataset's own held-out split ([stream] holdout = "dataset")
+    assert ds.meta["own_test_start"] == 8 == dataset_own_test_start(f"cifar:{tmp_path}")
+    assert dataset_own_test_start(f"cifar:{tmp_path}", split="train") is None
 
 
 def test_cifar_batches_naming_the_legacy_numpy_module(tmp_path: Path) -> None:
@@ -407,7 +411,7 @@ def test_default_fortunes_are_separable_by_class_means(tmp_path: Path) -> None:
 
 
 def test_registry_names_and_errors() -> None:
-    assert {"digits", "fortunes", "fortunes_texts", "image_folder:<path>", "cifar:<path>"} <= set(DATASETS)
+    assert {"digits", "fortunes", "fortunes_texts", "image_folder:<path>", "cifar:<path>", "idx:<path>"} <= set(DATASETS)
     with pytest.raises(InvalidParameterError, match="unknown dataset 'mnist'"):
         load_dataset("mnist")
     with pytest.raises(InvalidParameterError, match="needs a path"):

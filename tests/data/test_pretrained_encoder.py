@@ -23,6 +23,8 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrained_helpers import (  # noqa: E402
     TEXT_CATEGORIES,
+    audit_in_fresh_process,
+    encoder_config_text,
     write_digits_folder,
     write_text_fortunes,
     write_tiny_bert,
@@ -62,26 +64,8 @@ def stream_section(images: Path, encoder: Path, **extra):
 
 
 def config_text(method: str, images: Path, encoder: Path) -> str:
-    text = textwrap.dedent(
-        f"""
-        [privacy]
-        epsilon = 2.0
-        delta = 1e-5
-        accountant = "rdp"
-        [stream]
-        dataset = "image_folder:{images}"
-        encoder = "{encoder}"
-        tasks = [[0, 1], [2, 3]]
-        label_space = "prior_const"
-        prior_labels = [[0, 1], [2, 3]]
-        disjoint_units = true
-        [method]
-        name = "{method}"
-        """
-    )
-    if method == "peft_ensemble":
-        text += "epochs = 2\nbatch_size = 8\nmax_grad_norm = 1.0\nlearning_rate = 0.01\n"
-    return text
+    extra = "epochs = 2\nbatch_size = 8\nmax_grad_norm = 1.0\nlearning_rate = 0.01\n" if method == "peft_ensemble" else ""
+    return encoder_config_text(method, f"image_folder:{images}", str(encoder), method_lines=extra)
 
 
 def test_features_are_the_encoders_and_cached_by_model_and_data(assets, tmp_path, monkeypatch):
@@ -177,22 +161,10 @@ def test_dpcl_audit_checks_the_encoder_without_torch(assets, tmp_path):
     encoder, images = assets
     config = tmp_path / "film.toml"
     config.write_text(config_text("peft_ensemble", images, encoder), encoding="utf-8")
-    code = textwrap.dedent(
-        f"""
-        import contextlib, io, json, sys
-        from dpcl.cli import main
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            rc = main(["audit", {str(config)!r}, "--json"])
-        report = json.loads(out.getvalue())
-        print("RC", rc, "VARIANT", report["per_task"][0]["noise"]["peft_variant"])
-        print("NAMED", any({str(encoder.resolve())!r} in a for a in report["assumptions"]))
-        print("HEAVY", [m for m in ("torch", "transformers", "opacus") if m in sys.modules])
-        """
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=OFFLINE_ENV)
-    assert "RC 0 VARIANT film" in done.stdout and "NAMED True" in done.stdout, done.stdout + done.stderr
-    assert "HEAVY []" in done.stdout, done.stdout + done.stderr
+    rc, report, heavy = audit_in_fresh_process(config, OFFLINE_ENV)
+    assert rc == 0 and report["per_task"][0]["noise"]["peft_variant"] == "film"
+    assert any(str(encoder.resolve()) in a for a in report["assumptions"])
+    assert heavy == []
 
 
 def test_bad_encoder_directories_are_refused_by_name(assets, tmp_path):
@@ -275,27 +247,11 @@ def test_dpcl_run_certifies_film_inside_a_local_text_encoder_without_network(tmp
     encoder = write_tiny_bert(tmp_path / "bert")
     fortunes = write_text_fortunes(tmp_path / "fortunes")
     config = tmp_path / "film_text.toml"
-    config.write_text(textwrap.dedent(
-        f"""
-        [privacy]
-        epsilon = 2.0
-        delta = 1e-5
-        accountant = "rdp"
-        [stream]
-        dataset = "fortunes_texts"
-        dataset_options = {{ fortunes_path = "{fortunes}", categories = {list(TEXT_CATEGORIES)!r}, min_count = 1, max_per_class = 15 }}
-        encoder = "{encoder}"
-        tasks = [[0, 1], [2, 3]]
-        label_space = "prior_const"
-        prior_labels = [[0, 1], [2, 3]]
-        disjoint_units = true
-        [method]
-        name = "peft_ensemble"
-        epochs = 2
-        batch_size = 8
-        max_grad_norm = 1.0
-        learning_rate = 0.05
-        """
+    options = (f'dataset_options = {{ fortunes_path = "{fortunes}", categories = {list(TEXT_CATEGORIES)!r}, '
+               "min_count = 1, max_per_class = 15 }")
+    config.write_text(encoder_config_text(
+        "peft_ensemble", "fortunes_texts", str(encoder), stream_lines=options,
+        method_lines="epochs = 2\nbatch_size = 8\nmax_grad_norm = 1.0\nlearning_rate = 0.05\n",
     ), encoding="utf-8")
     out = tmp_path / "run"
     commands = [["run", str(config), "--out", str(out), "--quiet", "--seed", "1"],

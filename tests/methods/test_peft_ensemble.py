@@ -13,7 +13,9 @@ from dpcl.methods.baselines import NaiveFineTuning, NonContinualTraining  # noqa
 from dpcl.methods.peft_ensemble import PeftEnsemble, aggregate  # noqa: E402
 from tobaben_helpers import TASK_LABELS, digits_split, dpsgd_plan, setup_for, task_data  # noqa: E402
 
-METHOD = {"epochs": 3, "batch_size": 32, "max_grad_norm": 1.0, "learning_rate": 0.02, "adapter_dim": 16}
+METHOD = {"epochs": 3, "batch_size": 32, "max_grad_norm": 1.0, "learning_rate": 0.02, "adapter_dim": 0}
+#: the residual adapter (trained per member on precomputed features): still trains, round-trips and predicts
+ADAPTER = {**METHOD, "adapter_dim": 16}
 
 # two models over labels {0, 1, 2}: model 0 predicts {0, 1}, model 1 predicts {1, 2}; one example.
 LOGITS = np.array([[[2.0, 1.0, 0.0]], [[0.0, 1.5, 3.0]]])
@@ -55,9 +57,9 @@ def test_unknown_rule_is_refused_by_name():
         PeftEnsemble(setup_for({**METHOD, "aggregation": "vote"}))
 
 
-def _run(method_name, noise_multiplier, *, aggregation="argmax", tasks=TASK_LABELS, seed=0):
+def _run(method_name, noise_multiplier, *, aggregation="argmax", tasks=TASK_LABELS, seed=0, method=METHOD):
     x_train, y_train, x_test, y_test = digits_split()
-    model = method_class(method_name)(setup_for({**METHOD, "aggregation": aggregation}, seed=seed))
+    model = method_class(method_name)(setup_for({**method, "aggregation": aggregation}, seed=seed))
     seen: list[int] = []
     for t, labels in enumerate(tasks):
         seen.extend(labels)
@@ -87,11 +89,49 @@ def test_non_cl_learns_the_union_and_naive_forgets():
     assert naive.accuracy(x_test[first], y_test[first]) < 0.5
 
 
-def test_ensemble_member_predicts_only_its_task_labels():
-    model, _ = _run("peft_ensemble", None, tasks=TASK_LABELS[:2])
+def test_ensemble_member_with_task_head_predicts_only_its_task_labels():
+    model, _ = _run("peft_ensemble", None, tasks=TASK_LABELS[:2], method={**METHOD, "head": "task"})
     _, masks = model.member_logits(np.zeros((1, 64), np.float32))
     assert masks.sum(axis=1).tolist() == [2, 2]
     assert np.flatnonzero(masks[1]).tolist() == [2, 3]
+
+
+def test_label_space_head_spans_every_public_label_but_predicts_only_released_ones():
+    """head = "label_space" (S_prior^const): each member's head covers all ten public labels; eq. 10 still takes
+    the largest logit over the labels released so far only."""
+    model, _ = _run("peft_ensemble", None, tasks=TASK_LABELS[:2])
+    logits, masks = model.member_logits(np.zeros((1, 64), np.float32))
+    assert masks.all() and logits.shape == (2, 1, 10)
+    assert all(m.head.weight.shape == (10, 64) for m in model.models)
+    _, _, x_test, _ = digits_split()
+    assert set(np.unique(model.predict(x_test))) <= {0, 1, 2, 3}
+
+
+def test_not_private_ensemble_learns_every_task_and_the_aggregate_beats_chance():
+    """Regression: members trained alone on their task must stay comparable under eq. 10.
+
+    With a head over the task's two labels alone, every member's two logits are (z, -z) (the cross-entropy
+    gradients of the two rows cancel from a zero head), so eq. 10 picks the most confident member whatever its
+    task, and a new member could take every example (a task at 0 right after its own training). A head over all
+    public labels gives the rows of the labels a task lacks as negatives, so a member's logits also say how much an
+    input resembles its task. Class-incremental, as dpcl's accuracy matrix records it: after task t the ensemble
+    predicts among all labels released so far (chance 1 / (2 (t + 1)) on task t).
+    """
+    x_train, y_train, x_test, y_test = digits_split()
+    model = PeftEnsemble(setup_for({**METHOD, "weight_decay": 0.01}))
+    for t, labels in enumerate(TASK_LABELS):
+        data = task_data(x_train, y_train, labels)
+        steps = METHOD["epochs"] * int(np.ceil(len(data) / METHOD["batch_size"]))
+        model.fit_task(t, data, labels, dpsgd_plan(None, METHOD["batch_size"] / len(data), steps))
+        this = np.isin(y_test, labels)
+        assert model.accuracy(x_test[this], y_test[this]) > 0.5, f"task {t} right after its training"
+    logits, _ = model.member_logits(x_test)
+    for t, labels in enumerate(TASK_LABELS):  # every member alone separates its own two classes
+        this = np.isin(y_test, labels)
+        own = np.asarray(labels)[np.argmax(logits[t][this][:, list(labels)], axis=1)]
+        assert np.mean(own == y_test[this]) > 0.8, f"member {t} on its own labels"
+    final = [model.accuracy(x_test[np.isin(y_test, l)], y_test[np.isin(y_test, l)]) for l in TASK_LABELS]
+    assert np.mean(final) > 0.5  # final average accuracy; chance is 0.1
 
 
 def test_empty_task_trains_a_proper_noise_only_member():
@@ -101,10 +141,11 @@ def test_empty_task_trains_a_proper_noise_only_member():
     assert set(np.unique(model.predict(np.random.default_rng(0).random((20, 64), dtype=np.float32)))) <= {3, 4}
 
 
-@pytest.mark.parametrize("name", ["peft_ensemble", "naive", "non_cl"])
-def test_state_round_trip_predicts_identically(name):
-    model, _ = _run(name, 1.0, tasks=TASK_LABELS[:2])
-    restored = method_class(name)(setup_for(METHOD, seed=42))
+@pytest.mark.parametrize("name,method", [("peft_ensemble", METHOD), ("peft_ensemble", ADAPTER), ("naive", METHOD),
+                                         ("non_cl", METHOD)])
+def test_state_round_trip_predicts_identically(name, method):
+    model, _ = _run(name, 1.0, tasks=TASK_LABELS[:2], method=method)
+    restored = method_class(name)(setup_for(method, seed=42))
     restored.load_state_dict(model.state_dict())
     _, _, x_test, _ = digits_split()
     np.testing.assert_array_equal(restored.predict(x_test), model.predict(x_test))
@@ -133,3 +174,21 @@ def test_empty_task_under_the_specs_plan_releases_the_initialisation():
     (member,) = model.models
     assert torch.count_nonzero(member.head.weight) == 0 and torch.count_nonzero(member.head.bias) == 0
     assert set(np.unique(model.predict(np.random.default_rng(0).random((20, 64), dtype=np.float32)))) <= {3, 4}
+
+
+def test_unknown_head_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"\[method\] head must be one of 'label_space', 'task'"):
+        PeftEnsemble(setup_for({**METHOD, "head": "all"}))
+
+
+@pytest.mark.parametrize("noise_multiplier", [None, 1.0])
+def test_weight_decay_shrinks_the_members_weights_private_or_not(noise_multiplier):
+    """Adam's L2 penalty acts after clipping and noise (a function of the parameters alone), in both paths."""
+    x_train, y_train, _, _ = digits_split()
+    data = task_data(x_train, y_train, TASK_LABELS[0])
+    norms = []
+    for decay in (0.0, 1.0):
+        model = PeftEnsemble(setup_for({**METHOD, "weight_decay": decay}))
+        model.fit_task(0, data, TASK_LABELS[0], dpsgd_plan(noise_multiplier, 32 / len(data), 30))
+        norms.append(float(torch.linalg.norm(model.models[0].head.weight.detach())))
+    assert norms[1] < 0.5 * norms[0]

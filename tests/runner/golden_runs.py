@@ -46,6 +46,16 @@ def bundled_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 
 
+def missing_data(name: str) -> str | None:
+    """Why the bundled config ``name`` cannot run here, or None: a path-based dataset (``idx:/usr/share/...``,
+    the Debian package dataset-fashion-mnist of the ``fmnist_*`` configs) whose folder this machine lacks."""
+    from dpcl.data.registry import missing_dataset_folder
+
+    dataset = tomllib.loads((CONFIG_DIR / f"{name}.toml").read_text(encoding="utf-8"))["stream"]["dataset"]
+    missing = missing_dataset_folder(dataset)
+    return f"{name}: {missing}" if missing else None
+
+
 # -- config rewriting --------------------------------------------------------------------------------------------
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
