@@ -96,7 +96,7 @@ __all__ = [
     "PLD_VALUE_DISCRETIZATION_INTERVAL",
     "AUTO_PLD_RESOLUTION",
     "AUTO_PLD_TOLERANCE",
-    "AUTO_PLD_TIME_BUDGET_S",
+    "AUTO_PLD_WORK_BUDGET_POINTS",
     "PLD_MAX_GRID_POINTS",
     "PRV_RELATIVE_EPS_ERROR",
     "EPSILON_MEMO",
@@ -329,8 +329,9 @@ def _single_step_points(z: float, interval: float) -> float:
     Its privacy loss (x - 1/2) / z^2 is discretised for x within ~10 z of the mean on
     either side: width (2 * 10 z + 1) / z^2 in loss units. Subsampling only narrows it.
     """
-    with np.errstate(over="ignore"):
-        return (2.0 * _PLD_GAUSSIAN_TAIL_SIGMAS / z + 1.0 / (z * z)) / interval + 1.0
+    z = np.float64(z)  # numpy float: a tiny z gives inf points (refused as too large), not a ZeroDivisionError
+    with np.errstate(over="ignore", divide="ignore"):
+        return float((2.0 * _PLD_GAUSSIAN_TAIL_SIGMAS / z + 1.0 / (z * z)) / interval + 1.0)
 
 
 def _composed_points(pld: Any, count: int) -> float:
@@ -608,8 +609,11 @@ def _pmf_arrays(pld: Any) -> list[Any]:
 _PLD_PROXY_POINTS = 5e4
 
 
-def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple[str, ...]]:
+def _pld(mech: _Mechanisms, delta: float, interval: float, work: list[float] | None = None) -> tuple[float, tuple[str, ...]]:
     """dp-accounting pessimistic PLD at ``interval``; refuses (before allocating) a grid that would not fit.
+
+    ``work``, where given, receives the grid points of the composed PLD (its PMFs' sizes: what its
+    composition cost, as a number that depends on the events and the interval alone).
 
     Each piece (a group of identical mechanisms) is sized by dp-accounting's Chernoff bound on its
     composed grid. Where the single step alone would have many points, that bound is first taken
@@ -624,6 +628,8 @@ def _pld(mech: _Mechanisms, delta: float, interval: float) -> tuple[float, tuple
         with np.errstate(all="ignore"):
             total = _composed_pieces(singles, piece_keys, interval)
             eps = _epsilon_for_delta(total, delta)
+            if work is not None:
+                work.append(_pld_points(total))
     except UnsupportedEventError:
         raise
     except PLD_LIBRARY_FAILURES as exc:
@@ -673,6 +679,12 @@ def _pld_pieces(
     notes: list[str] = []
     if mech.gauss_mus:
         mu = mech.gaussian_mu_total()
+        if not mu > 0:
+            raise UnsupportedEventError(
+                "the Gaussian mechanisms' composed mu (sensitivity / sigma) underflows to 0 in float64 (sigma beyond "
+                "~1e154 per unit of sensitivity): dp-accounting's PLD cannot discretise it; use accountant 'exact' "
+                "or 'rdp'."
+            )
         pieces.append((
             lambda h, mu=mu: _single_gaussian_pld(1.0 / mu, h, 1.0, False),
             1, _single_step_points(1.0 / mu, 1.0), f"one Gaussian with mu = {mu:.3g}",
@@ -902,6 +914,9 @@ def _dense_self_compose(pmf: Any, count: int) -> Any:
     lower, upper = _self_convolve_bounds(probs, count, _PLD_TAIL_MASS_TRUNCATION)
     output_len = upper - lower + 1
     alias = 0.0
+    limit = max(PLD_MAX_GRID_POINTS, PLD_MAX_SELF_COMPOSED_POINTS)  # read at call time (tests scale the limits)
+    if output_len > limit:  # the sizing's estimate fell short (found by the probe: 4.8e9 points, q = 1e-9, T = 7.9e8)
+        raise _pld_too_large(float(output_len), pmf._discretization, f"{count} self-compositions", limit)  # noqa: SLF001
     if output_len > _LEAN_SELF_COMPOSE_POINTS:
         composed = _lean_self_convolve(probs, count, lower, output_len)
         alias = _PLD_TAIL_MASS_TRUNCATION  # what the cyclic FFT folds into the window, bounded by the truncation
@@ -948,8 +963,14 @@ def _lean_self_convolve(probs: np.ndarray, count: int, lower: int, output_len: i
 
 #: ``auto`` refines its PLD until one refinement changes epsilon by at most this (relative) ...
 AUTO_PLD_TOLERANCE = 0.005
-#: ... or this many seconds of PLD work are spent (the note then says so).
-AUTO_PLD_TIME_BUDGET_S = 8.0
+#: ... or until the next interval would take its PLDs past this many grid points in all (the composed grids of
+#: every interval tried, the next one predicted from the last; the note then says so). Work, not seconds, so
+#: that the epsilon returned is a function of the events, delta and these settings alone, the same on a fast
+#: machine, a slow one or a loaded one (a time limit only refuses: :mod:`dpcl.accounting.work`). Composing
+#: costs ~0.25-0.6 us a grid point on the 2-core benchmark machine (Laplace steps at 1e-4: 1.0e7 points in
+#: 2.5 s; DP-SGD at q = 0.1, T = 1e5: 2.5e6 in 0.8 s), so this is ~8-18 s of composition there, the time
+#: budget it replaced (8 s) on that machine; no point of benchmarks/GRID.md comes near it (at most 3.8e6).
+AUTO_PLD_WORK_BUDGET_POINTS = 3e7
 #: A PLD that does not fit is coarsened to about this fraction of :data:`PLD_MAX_GRID_POINTS`.
 _AUTO_PLD_COARSEN_TARGET = 0.25
 #: Coarsest interval auto starts from; a PLD that does not fit in memory is coarsened beyond it.
@@ -1062,7 +1083,7 @@ def _auto_pld_fast_start(
 
 @dataclass
 class _PldRefinement:
-    """What auto's PLD refinement did: (interval, epsilon, seconds) per step and how it stopped."""
+    """What auto's PLD refinement did: (interval, epsilon, grid points) per step and how it stopped."""
 
     steps: list[tuple[float, float, float]] = field(default_factory=list)
     stopped: str = ""
@@ -1074,7 +1095,7 @@ class _PldRefinement:
 
 
 def _pld_refined(
-    mech: _Mechanisms, delta: float, start_interval: float, budget_s: float = AUTO_PLD_TIME_BUDGET_S,
+    mech: _Mechanisms, delta: float, start_interval: float, budget_points: float | None = None,
     tolerance: float = AUTO_PLD_TOLERANCE,
 ) -> tuple[float, tuple[str, ...], _PldRefinement]:
     """Pessimistic PLD, refined from ``start_interval`` until it has converged (see :data:`AUTO_PLD_TOLERANCE`).
@@ -1085,23 +1106,19 @@ def _pld_refined(
     at q = 0.001, T = 1e6), so once halving the interval changes epsilon by at most 0.5 %, the finer
     value is within ~0.5/3 % of the limit interval -> 0 (within 0.5 % if it converged only
     linearly). A PLD too large for memory is coarsened first (x size / limit); refinement stops
-    when the next interval would not fit or the time budget would be exceeded, and the note says
-    which happened and the last relative change.
+    when the next interval would not fit or would take the work past ``budget_points`` grid points
+    (:data:`AUTO_PLD_WORK_BUDGET_POINTS`), and the note says which happened and the last relative change.
+    Nothing here reads a clock: the intervals tried, and so the epsilon, depend on the inputs alone.
     """
-    import time
-
+    budget = AUTO_PLD_WORK_BUDGET_POINTS if budget_points is None else budget_points
     info = _PldRefinement()
-    start = time.perf_counter()
     h = start_interval
     last_change = math.inf
+    spent = 0.0
     while True:
-        t0 = time.perf_counter()
-        if not info.steps and t0 - start > budget_s:
-            raise UnsupportedEventError(
-                f"no PLD fitting in memory was found within auto's time budget ({budget_s:g} s); last interval tried {h:.3g}."
-            )
+        work: list[float] = []
         try:
-            eps, notes = _pld(mech, delta, h)
+            eps, notes = _pld(mech, delta, h, work)
         except _PldTooLarge as exc:
             if info.steps:
                 info.stopped = (
@@ -1120,8 +1137,9 @@ def _pld_refined(
                 raise
             info.stopped = f"not refined further: at interval {h:.3g} {exc}"
             break
-        seconds = time.perf_counter() - t0
-        info.steps.append((h, eps, seconds))
+        points = work[0] if work else 0.0
+        spent += points
+        info.steps.append((h, eps, points))
         if len(info.steps) >= 2:
             prev = info.steps[-2][1]
             last_change = (prev - eps) / eps if eps > 0 else (0.0 if prev == eps else math.inf)
@@ -1136,12 +1154,11 @@ def _pld_refined(
         factor = 0.5
         if len(info.steps) >= 2 and math.isfinite(last_change) and last_change > 0:
             factor = min(0.5, max(0.125, math.sqrt(0.7 * tolerance / (last_change / 3.0))))
-        elapsed = time.perf_counter() - start
-        if elapsed + seconds / factor > budget_s:
+        if spent + points / factor > budget:  # a composed grid grows like 1 / interval
             change = f"last refinement changed epsilon by {last_change:.2%}" if len(info.steps) >= 2 else "not refined"
             info.stopped = (
-                f"refinement stopped at its time budget ({budget_s:g} s; the next interval {h * factor:.3g} would "
-                f"take ~{seconds / factor:.2g} s); {change}."
+                f"refinement stopped at its work budget ({budget:.3g} grid points; the next interval {h * factor:.3g} "
+                f"would take the PLDs to ~{spent + points / factor:.3g}); {change}."
             )
             break
         h *= factor
@@ -1484,6 +1501,11 @@ def _basic(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
             f"for the Gaussian mechanisms; got {delta!r}."
         )
     share = remaining / n * (1.0 - 1e-12)  # shares sum to <= remaining after rounding
+    if not share > 0:
+        raise UnsupportedEventError(
+            f"delta={delta!r} is too small to split between {n} mechanisms in float64 (each share underflows to 0); "
+            "use a larger delta or another accountant."
+        )
     eps = _profile_epsilons(mu, q, np.array(share))
     total = fixed_eps + math.fsum(eps * counts)
     return total, (
@@ -1525,8 +1547,17 @@ def _advanced(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     grid_size = 33 if mu.size * 33 <= 2_000_000 else 5
     s = 1.0 / (1.0 + np.exp(-np.linspace(-9.0, 9.0, grid_size)))
     # slack and shares both lowered by 1e-12 relative, so their float rounding cannot push the total over delta
-    log_slack = np.log(-np.expm1(s * budget)) + math.log1p(-1e-12)
+    with np.errstate(divide="ignore"):
+        log_slack = np.log(-np.expm1(s * budget)) + math.log1p(-1e-12)
     share = -np.expm1((1.0 - s) * budget / n) * (1.0 - 1e-12)
+    keep = np.isfinite(log_slack) & (share > 0)  # a tiny delta's shares can underflow to 0 in float64
+    if not np.any(keep):
+        raise UnsupportedEventError(
+            f"delta={delta!r} is too small to split between the slack and {n} mechanisms in float64 (each share "
+            "underflows to 0); use a larger delta or another accountant."
+        )
+    s, log_slack, share = s[keep], log_slack[keep], share[keep]
+    grid_size = int(s.size)
     eps_rows = _profile_epsilons(mu[None, :], q[None, :], share[:, None])  # (grid, k)
     eps_all = np.concatenate([eps_rows, np.broadcast_to(fixed_eps, (grid_size, fixed_eps.size))], axis=1)
     weights = np.concatenate([counts.astype(np.float64), fixed_w])
@@ -1584,7 +1615,7 @@ _MEMO_INLINE_BYTES = 4096
 _MEMO_SETTING_NAMES = (
     "PLD_VALUE_DISCRETIZATION_INTERVAL", "AUTO_PLD_RESOLUTION", "AUTO_PLD_INTERVAL_RANGE", "_AUTO_PLD_ERROR_CONSTANT", "AUTO_PLD_TOLERANCE",
     "_AUTO_PLD_ERROR_CONSTANT_MAX", "AUTO_PLD_FAST_POINTS", "_auto_pld_fast_start", "_loss_variance", "_predicted_interval",
-    "AUTO_PLD_TIME_BUDGET_S", "AUTO_PLD_MAX_INTERVAL", "_AUTO_PLD_COARSEN_TARGET", "PLD_MAX_GRID_POINTS",
+    "AUTO_PLD_WORK_BUDGET_POINTS", "AUTO_PLD_MAX_INTERVAL", "_AUTO_PLD_COARSEN_TARGET", "PLD_MAX_GRID_POINTS",
     "PLD_MAX_SELF_COMPOSED_POINTS", "_LEAN_SELF_COMPOSE_POINTS", "_lean_self_convolve",
     "_PLD_TAIL_MASS_TRUNCATION", "_PLD_GAUSSIAN_TAIL_SIGMAS", "_PLD_PROXY_POINTS", "_SPARSE_SELF_COMPOSE_BLOCK",
     "PRV_RELATIVE_EPS_ERROR", "PRV_MIN_EPS_ERROR", "PRV_MAX_GRID_POINTS", "PRV_RELATIVE_DELTA_ERROR",

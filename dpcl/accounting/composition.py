@@ -67,21 +67,42 @@ def basic_composition(epsilons: Any, deltas: Any) -> tuple[float, float]:
     correctly rounded (``math.fsum``).
     """
     eps, dlt = _pairs(epsilons, deltas)
-    return math.fsum(eps), _checked_total_delta(math.fsum(dlt), "basic composition")
+    return _finite_epsilon(_fsum(eps), "basic composition"), _checked_total_delta(math.fsum(dlt), "basic composition")
+
+
+def _fsum(values: np.ndarray) -> float:
+    """``math.fsum``, with a sum beyond float range as ``inf`` (fsum raises OverflowError for it)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf
+
+
+def _finite_epsilon(value: float, what: str) -> float:
+    """``value``, or a refusal naming ``epsilons`` where the composed epsilon is beyond float range."""
+    if not math.isfinite(value):
+        raise InvalidParameterError(
+            f"the composed epsilon of {what} is beyond float range (~1.8e308); epsilons are too large for a "
+            "meaningful bound."
+        )
+    return value
 
 
 def _kov_epsilon(eps: np.ndarray, log_slack: np.ndarray | float) -> np.ndarray:
     """KOV Thm 3.5 epsilon for slack delta~ = exp(log_slack) (array over slacks)."""
-    total = math.fsum(eps)
-    sum_sq = math.fsum(eps * eps)
-    # (e^eps - 1) eps / (e^eps + 1) = eps tanh(eps/2), stable for all eps >= 0
-    drift = math.fsum(eps * np.tanh(eps / 2.0))
-    log_slack = np.asarray(log_slack, dtype=np.float64)
-    # log(e + sqrt(sum eps^2)/delta~) computed in log space
-    log_term2 = np.logaddexp(1.0, 0.5 * math.log(sum_sq) - log_slack) if sum_sq > 0 else np.ones_like(log_slack)
-    second = drift + np.sqrt(2.0 * sum_sq * log_term2)
-    third = drift + np.sqrt(2.0 * sum_sq * -log_slack)
-    return np.minimum(np.minimum(total, second), third)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = _fsum(eps)
+        sum_sq = _fsum(eps * eps)
+        # (e^eps - 1) eps / (e^eps + 1) = eps tanh(eps/2), stable for all eps >= 0
+        drift = _fsum(eps * np.tanh(eps / 2.0))
+        log_slack = np.asarray(log_slack, dtype=np.float64)
+        if not math.isfinite(sum_sq):  # the sum of squares overflows: only the sum itself can bound epsilon
+            return np.full(log_slack.shape, total)
+        # log(e + sqrt(sum eps^2)/delta~) computed in log space
+        log_term2 = np.logaddexp(1.0, 0.5 * math.log(sum_sq) - log_slack) if sum_sq > 0 else np.ones_like(log_slack)
+        second = drift + np.sqrt(2.0 * sum_sq * log_term2)
+        third = drift + np.sqrt(2.0 * sum_sq * -log_slack)
+        return np.minimum(np.minimum(total, second), third)
 
 
 def advanced_composition(epsilons: Any, deltas: Any, delta_slack: float) -> tuple[float, float]:
@@ -100,7 +121,7 @@ def advanced_composition(epsilons: Any, deltas: Any, delta_slack: float) -> tupl
     """
     eps, dlt = _pairs(epsilons, deltas)
     slack = check_delta_scalar("delta_slack", delta_slack)
-    value = float(_kov_epsilon(eps, math.log(slack)))
+    value = _finite_epsilon(float(_kov_epsilon(eps, math.log(slack))), "advanced composition")
     log_keep = math.log1p(-slack) + math.fsum(np.log1p(-dlt))
     return value, _checked_total_delta(-math.expm1(log_keep), "advanced composition")
 
@@ -120,7 +141,7 @@ def advanced_composition_for_delta(epsilons: Any, deltas: Any, delta: float) -> 
             f" leave nothing for the slack); got delta={target!r}."
         )
     slack = -math.expm1(log_slack_keep) * (1.0 - 1e-12)  # so rounding cannot push the total above delta
-    value = float(_kov_epsilon(eps, math.log(slack)))
+    value = _finite_epsilon(float(_kov_epsilon(eps, math.log(slack))), "advanced composition")
     return value, target
 
 
@@ -138,12 +159,26 @@ def gaussian_composition_mu(sigmas: Any, sensitivities: Any = 1.0) -> float:
         raise InvalidParameterError(
             f"sensitivities must be one value or one per sigma ({sig.size}), got {sens.size}."
         )
-    ratio = sens / sig if sens.size > 1 else sens[0] / sig
-    # an elementwise sum, not np.dot: BLAS threading costs more than it saves at this size on few cores
-    sum_sq = float(np.sum(ratio * ratio))
-    if not math.isfinite(sum_sq):
-        raise InvalidParameterError("sum of (sensitivity/sigma)^2 overflows; sigmas are too small for a meaningful bound.")
-    return math.sqrt(sum_sq * (1.0 + 2.0 * (ratio.size + 4) * _UNIT_ROUNDOFF))
+    with np.errstate(over="ignore", under="ignore"):
+        ratio = sens / sig if sens.size > 1 else sens[0] / sig
+        largest = float(np.max(ratio))
+        if not math.isfinite(largest):
+            raise InvalidParameterError(
+                "sensitivity/sigma overflows float range; sigmas are too small (or sensitivities too large) for a "
+                "meaningful bound."
+            )
+        if largest == 0.0:  # every ratio underflowed: each is below the smallest subnormal, 5e-324
+            return 5e-324 * math.ceil(math.sqrt(ratio.size))
+        # scaled by the largest ratio, so that no square overflows or underflows to 0 (two more roundings)
+        scaled = ratio / largest
+        # an elementwise sum, not np.dot: BLAS threading costs more than it saves at this size on few cores
+        sum_sq = float(np.sum(scaled * scaled))
+        mu = largest * math.sqrt(sum_sq * (1.0 + 2.0 * (ratio.size + 6) * _UNIT_ROUNDOFF))
+    if not math.isfinite(mu):
+        raise InvalidParameterError(
+            "sum of (sensitivity/sigma)^2 overflows float range; sigmas are too small for a meaningful bound."
+        )
+    return mu
 
 
 def compose_gaussians_epsilon(sigmas: Any, delta: float, sensitivities: Any = 1.0) -> float:

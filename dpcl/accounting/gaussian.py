@@ -582,12 +582,21 @@ def gdp_mu(epsilon: Any, delta: Any) -> float | np.ndarray:
     Inverse of :func:`gdp_epsilon` in mu; used to turn an (epsilon, delta) budget
     into a GDP budget (e.g. by the privacy filter). Like :func:`gaussian_sigma` it
     solves for a target lowered by ~1e-10 relative so ``gdp_epsilon(gdp_mu(e, d), d) <= e``.
+
+    An epsilon above :data:`GDP_MU_MAX_EPSILON` (1e307, where the solver's 2 epsilon would overflow) is answered
+    with the mu of that epsilon (~4.5e153): a smaller mu than the exact one, so still sound (mu-GDP implies
+    (1e307, delta)-DP, hence (epsilon, delta)-DP).
     """
     eps = check_positive("epsilon", epsilon)
     dlt = check_delta("delta", delta)
     (eps, dlt), scalar = broadcast_together(("epsilon", "delta"), eps, dlt)
+    eps = np.minimum(eps, GDP_MU_MAX_EPSILON)
     mu = _calibrated_mu(np.ravel(eps), np.ravel(dlt)).reshape(np.shape(eps))
     return _scalar_or_array(mu, scalar)
+
+
+#: Largest epsilon :func:`gdp_mu` solves for; a larger one gets this epsilon's mu (smaller than its own: sound).
+GDP_MU_MAX_EPSILON = 1e307
 
 
 def _sigma_block(eps: np.ndarray, dlt: np.ndarray, sens: np.ndarray) -> np.ndarray:
@@ -773,7 +782,10 @@ def classic_gaussian_sigma(epsilon: Any, delta: Any, sensitivity: Any = 1.0) -> 
     dlt = check_delta("delta", delta)
     sens = check_positive("sensitivity", sensitivity)
     (eps, dlt, sens), scalar = broadcast_together(("epsilon", "delta", "sensitivity"), eps, dlt, sens)
-    sigma = sens * np.sqrt(2.0 * np.log(1.25 / dlt)) / eps
+    # ln(1.25) - ln(delta): 1.25 / delta overflows for delta below ~7e-309; a sigma beyond float range is inf (more
+    # noise than any float: still (epsilon, delta)-DP), without a RuntimeWarning
+    with np.errstate(over="ignore"):
+        sigma = sens * np.sqrt(2.0 * (np.log(1.25) - np.log(dlt))) / eps
     valid = eps < 1.0
     if scalar:
         return ClassicGaussian(sigma=float(sigma), valid=bool(valid))

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from dpcl.accounting.validation import broadcast_together, check_delta, check_nonnegative, check_positive
+from dpcl.errors import InvalidParameterError
 
 __all__ = ["laplace_delta", "laplace_epsilon", "laplace_epsilon_for_delta", "laplace_scale"]
 
@@ -39,7 +40,14 @@ def laplace_scale(epsilon: Any, sensitivity: Any = 1.0) -> float | np.ndarray:
     eps = check_positive("epsilon", epsilon)
     sens = check_positive("sensitivity", sensitivity)
     (eps, sens), scalar = broadcast_together(("epsilon", "sensitivity"), eps, sens)
-    return _out(sens / eps, scalar)
+    with np.errstate(over="ignore"):
+        scale = sens / eps
+    if not np.all(np.isfinite(scale)):
+        raise InvalidParameterError(
+            "sensitivity / epsilon overflows float range (no finite Laplace scale); use a larger epsilon or a "
+            "smaller sensitivity."
+        )
+    return _out(scale, scalar)
 
 
 def _epsilon0(sensitivity: np.ndarray, scale: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ as a float (scalar input) or a float64 ``numpy`` array (array input).
 from __future__ import annotations
 
 import math
+import sys
 from numbers import Integral, Real
 from typing import Any, Callable, Sequence
 
@@ -33,13 +34,76 @@ def _not_finite(a: np.ndarray) -> np.ndarray:
     return ~np.isfinite(a)
 
 
+#: Most elements an array parameter may have (800 MB as float64; the checks above read large arrays in chunks). A
+#: larger array (such as ``np.broadcast_to(1.0, (10**10,))``, which costs nothing until it is read) is refused
+#: before it is read.
+MAX_ARRAY_ELEMENTS = 10**8
+
+
+def describe_number(value: Any) -> str:
+    """``repr(value)``, or for an integer too long to show (or to convert to a float) its sign and digit count."""
+    if isinstance(value, np.ndarray) and value.dtype == object and value.size == 1:
+        value = value.reshape(-1)[0]  # np.atleast_1d of a Python integer beyond int64
+    elif isinstance(value, (list, tuple)) and len(value) == 1:
+        return f"[{describe_number(value[0])}]"
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        as_int = int(value)
+        if abs(as_int) > 10**20:
+            digits = len(str(abs(as_int)))
+            return f"{'a negative' if as_int < 0 else 'an'} integer of {digits} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+#: The largest integer a float64 holds (the largest finite float, ~1.8e308).
+FLOAT_MAX_INTEGER = int(sys.float_info.max)
+
+
+def integer_beyond_float(value: Any, path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], int] | None:
+    """The first integer beyond float range in nested dicts and lists (as read from TOML or JSON) and its path of
+    keys and indices, or None. Every number of a config or certificate is used as a float somewhere, where such an
+    integer would raise a bare OverflowError; readers refuse it up front, naming the key."""
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > FLOAT_MAX_INTEGER:
+            return path, value
+        return None
+    for key, item in items:
+        found = integer_beyond_float(item, (*path, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _too_large(name: str, size: int) -> InvalidParameterError:
+    return InvalidParameterError(
+        f"{name} has {size:,} elements; dpcl accepts at most {MAX_ARRAY_ELEMENTS:,} per array. "
+        "Split the computation into smaller arrays, or give equal values once (they broadcast)."
+    )
+
+
 def _as_float_array(name: str, value: Any) -> tuple[np.ndarray, bool]:
     if isinstance(value, bool):
         raise InvalidParameterError(f"{name} must be a number, got a boolean ({value!r}).")
+    size = getattr(value, "size", None)
+    if isinstance(size, Integral) and size > MAX_ARRAY_ELEMENTS:  # a (broadcast) numpy array: refused before it is read
+        raise _too_large(name, int(size))
     try:
         array = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: an int beyond float64
-        raise InvalidParameterError(f"{name} must be a number, got {value!r}.") from exc
+    except OverflowError as exc:
+        raise InvalidParameterError(
+            f"{name} must be a finite number (at most ~1.8e308 in magnitude), got {describe_number(value)}."
+        ) from exc
+    except MemoryError as exc:
+        raise InvalidParameterError(f"{name} is too large to read as numbers; dpcl accepts at most "
+                                    f"{MAX_ARRAY_ELEMENTS:,} elements per array.") from exc
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameterError(f"{name} must be a number, got {describe_number(value)}.") from exc
+    if array.size > MAX_ARRAY_ELEMENTS:
+        raise _too_large(name, int(array.size))
     if array.size == 0:
         raise InvalidParameterError(f"{name} is empty; give at least one value.")
     if _any(array, _not_finite):
@@ -118,6 +182,10 @@ def check_sample_rate(name: str, value: Any) -> float:
     return q
 
 
+#: Largest count accepted where no smaller maximum is given (2^53: every count below it is exact as a float).
+MAX_COUNT = 2**53
+
+
 def check_count(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None, hint: str = "") -> int:
     """An integer count >= ``minimum`` (and <= ``maximum``: steps, repetitions, tasks).
 
@@ -125,16 +193,19 @@ def check_count(name: str, value: Any, *, minimum: int = 1, maximum: int | None 
     """
     allowed = f"an integer >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
-        raise InvalidParameterError(f"{name} must be {allowed}, got {value!r}.")
+        raise InvalidParameterError(f"{name} must be {allowed}, got {describe_number(value)}.")
     if isinstance(value, Real) and not isinstance(value, Integral):
         if not math.isfinite(float(value)) or float(value) != int(value):
             raise InvalidParameterError(f"{name} must be {allowed}, got {value!r}.")
     count = int(value)
     if count < minimum:
-        raise InvalidParameterError(f"{name} must be {allowed}, got {count}.")
-    if maximum is not None and count > maximum:
+        raise InvalidParameterError(f"{name} must be {allowed}, got {describe_number(count)}.")
+    # every count is used as a float somewhere (an exponent, a product): one beyond float range is refused here
+    limit = MAX_COUNT if maximum is None else maximum
+    if count > limit:
+        got = describe_number(count) if count > 10**20 else f"{count:.3g}"
         raise InvalidParameterError(
-            f"{name} must be at most {maximum:.3g}, got {count:.3g}{'; ' + hint if hint else ''}."
+            f"{name} must be at most {limit:.3g}, got {got}{'; ' + hint if hint else ''}."
         )
     return count
 

@@ -18,6 +18,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from typing import Sequence
 
 from dpcl import __version__
@@ -134,7 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dpcl.cli.time_limit import CommandTimeLimitExceeded, refusal_message, time_limit
 
     try:
-        with time_limit(args.command):
+        with time_limit(args.command), warnings.catch_warnings():
+            # numpy's floating-point RuntimeWarnings (an intermediate that overflows, which dpcl then checks: every
+            # number it reports is checked finite and sound, or refused) say nothing a user can act on
+            warnings.simplefilter("ignore", RuntimeWarning)
             code = int(args.handler(args) or 0)
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
         return code

@@ -78,6 +78,7 @@ from dpcl.errors import (
     UndeclaredReleaseError,
     VerificationError,
 )
+from dpcl.accounting.validation import FLOAT_MAX_INTEGER, describe_number, integer_beyond_float
 from dpcl.guarantees.atomic_io import collector_paused, read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.ledger import (
     ACROSS_TASKS,
@@ -528,7 +529,8 @@ def _non_private_message(path: Path, data: Mapping[str, Any]) -> str:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (isinstance(value, float) or abs(value) <= FLOAT_MAX_INTEGER) and math.isfinite(value))
 
 
 def _check_statement(g: Any, what: str) -> None:
@@ -567,6 +569,13 @@ def read_certificate(path: "str | os.PathLike[str]") -> dict[str, Any]:
         raise NonPrivateReleaseError(_non_private_message(p, data))
     if not isinstance(data, dict) or data.get("format") != CERTIFICATE_FORMAT:
         raise MalformedCertificateError(f"{str(p)!r} is not a dpcl certificate (format must be {CERTIFICATE_FORMAT!r}).")
+    found = integer_beyond_float(data)
+    if found is not None:
+        where = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in found[0]).lstrip(".")
+        raise MalformedCertificateError(
+            f"certificate {str(p)!r} field {where} must be a number within float range (~1.8e308), got "
+            f"{describe_number(found[1])}."
+        )
     version = data.get("version")
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise MalformedCertificateError(

@@ -162,6 +162,20 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _refuse_integers_beyond_float(raw: Mapping[str, Any]) -> None:
+    """Refuse (ConfigError naming the key) an integer of the config beyond float range (|n| > ~1.8e308)."""
+    from dpcl.accounting.validation import describe_number, integer_beyond_float
+
+    found = integer_beyond_float(dict(raw))
+    if found is None:
+        return
+    path, value = found
+    keys = [p for p in path if not isinstance(p, int)]
+    where = (f"[{keys[0]}] " if len(keys) > 1 else "") + ".".join(str(k) for k in keys[1:] or keys)
+    where += "".join(f"[{p}]" for p in path if isinstance(p, int))
+    raise ConfigError(f"{where} must be a number within float range (~1.8e308), got {describe_number(value)}.")
+
+
 def _number(section: str, key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
         raise ConfigError(f"[{section}] {key} must be a finite number, got {value!r}.")
@@ -379,6 +393,7 @@ def parse_config(
     """Validate a config already parsed from TOML (a dict)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: a config must be a TOML table, got {type(raw).__name__}.")
+    _refuse_integers_beyond_float(raw)
     sections = ("privacy", "stream", "method", *RUNNER_SECTIONS)
     unknown = sorted(set(raw) - set(sections))
     if unknown:
@@ -445,6 +460,7 @@ def load_config(
         raise ConfigError(f"{exc}.") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}.") from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors write UTF-8 files
     try:
         raw = tomllib.loads(text)
         check_nesting(raw, MAX_CONFIG_DEPTH)

@@ -877,7 +877,14 @@ class TaskLedger:
             if flt.rule == "gdp":
                 flt.admit(event)
             else:
-                flt.admit(event, delta=self.total_delta / 2.0 ** (len(flt.charges) + 1))
+                share = self.total_delta / 2.0 ** (len(flt.charges) + 1)
+                if not share > 0:
+                    raise InvalidParameterError(
+                        f"the privacy filter's delta (total_delta, by default the [privacy] delta) = "
+                        f"{self.total_delta!r} is too small: admission {len(flt.charges) + 1} gets total_delta / "
+                        f"2^{len(flt.charges) + 1}, which underflows to 0 in float64; use a larger delta."
+                    )
+                flt.admit(event, delta=share)
             trial[key] = flt
         self._filters.update(trial)
 

@@ -334,3 +334,15 @@ def test_a_pld_that_dp_accounting_cannot_compose_is_refused_and_auto_answers():
     result = compute_epsilon(events, 1e-30, "auto")
     assert math.isfinite(result.epsilon) and result.epsilon > 0
     assert result.epsilon <= result.candidates["basic"]
+
+
+def test_a_self_composition_past_its_sizing_estimate_is_refused_before_it_is_allocated(server):
+    # found by the probe (2026-11-28): the coarse PLD of a calibration at q = 1e-9, T = 7.9e8 was sized below the limit
+    # but its self-composition's truncation bounds asked for 4.8e9 points (a 35.6 GiB FFT): a bare MemoryError under
+    # the 2 GiB limit. The self-composition now refuses a grid past the limit before allocating it.
+    result = server.call("dpcl.accounting:dpsgd_noise_multiplier", {
+        "target_epsilon": 1e-6, "delta": 0.5, "sample_rate": 1e-9, "steps": 787882382, "accountant": "prv",
+        "adjacency": "add_remove",
+    }, cpu=CPU_LIMIT)
+    check(result)
+    assert result["code"] in (0, 2), result["stderr"]["text"]
