@@ -11,6 +11,7 @@ number of a cell tagged ``noise`` (its results depend on DP noise drawn from the
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -34,8 +35,17 @@ def execute(path: Path, timeout: int = 600) -> Any:
     import nbformat
 
     notebook = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    # the kernel draws figures inline, into the cells' outputs, whatever backend the calling process uses
+    before = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    try:
+        nbclient.NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        if before is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = before
     return notebook
 
 
@@ -82,6 +92,7 @@ def main(argv: list[str]) -> int:
     for path in paths:
         notebook = execute(path)
         write_text_atomic(path, nbformat.writes(notebook) + "\n")
+        path.chmod(0o644)
         print(f"{path.name}: executed and stored with its outputs", flush=True)
     return 0
 

@@ -29,12 +29,11 @@ def test_there_are_notebooks_to_run():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_is_stored_executed_and_prints_what_it_stores(path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_notebook_is_stored_executed_and_prints_what_it_stores(path: Path):
     stored = nbformat.read(path, as_version=4)
     stored_cells = [cell for cell in stored.cells if cell.cell_type == "code"]
     assert all(cell.get("execution_count") for cell in stored_cells), (
         f"{path.name} is stored without its outputs: run scripts/execute_notebooks.py {path.name}")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     try:
         notebook = execute(path)
     except CellExecutionError as exc:
