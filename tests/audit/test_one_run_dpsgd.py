@@ -156,14 +156,19 @@ def test_cli_audit_run_refuses_a_method_without_dpsgd_and_a_used_directory(tmp_p
     assert (tmp_path / "b" / "x").read_text() == "keep"
 
 
-def test_cli_audit_run_flags_a_users_broken_step_with_exit_3(tmp_path):
+@pytest.mark.parametrize("step, kind", [("ReusedNoise", "gradient"), ("NoClipping", "input")])
+def test_cli_audit_run_flags_a_users_broken_step_with_exit_3(tmp_path, step, kind):
     (tmp_path / "my_broken_step.py").write_text(
+        "import torch\n"
         "from dpcl.audit.one_run_dpsgd import DpsgdStep\n"
         "class ReusedNoise(DpsgdStep):\n"
         "    def noise(self, shape, step):\n"
         "        if not hasattr(self, '_drawn'):\n"
         "            self._drawn = super().noise(shape, step)\n"
         "        return self._drawn\n"
+        "class NoClipping(DpsgdStep):\n"
+        "    def clip(self, norms):\n"
+        "        return torch.ones_like(norms)\n"
     )
     import os
 
@@ -171,7 +176,7 @@ def test_cli_audit_run_flags_a_users_broken_step_with_exit_3(tmp_path):
     out = tmp_path / "audit"
     proc = subprocess.run(
         [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/naive.toml", "--out", str(out),
-         "--canaries", "500", "--step", "my_broken_step:ReusedNoise", "--json"],
+         "--canaries", "500", "--step", f"my_broken_step:{step}", "--canary-kind", kind, "--json"],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert proc.returncode == 3, proc.stderr
