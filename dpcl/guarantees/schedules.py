@@ -111,8 +111,8 @@ NAIVE_ASSUMPTION = (
 #: Why a cosine checkpoint is covered by its charged Gaussian releases.
 COSINE_RELEASE = ReleaseCoverage.post_processing(
     "The checkpoint holds the noisy per-class sums of l2-normalised features (and the prototypes normalised from "
-    "them): a post-processing of the charged Gaussian releases, with the public encoder, the public output labels "
-    "and the configuration."
+    "them): a post-processing of the charged Gaussian releases, with the public feature map (the raw inputs, or a "
+    "public encoder where the config names one), the public output labels and the configuration."
 )
 #: Why a checkpoint trained by DP-SGD is covered by its charged DP-SGD runs.
 DPSGD_RELEASE = ReleaseCoverage.post_processing(
