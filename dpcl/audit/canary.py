@@ -53,7 +53,7 @@ import torch
 
 from dpcl.accounting.validation import check_positive_scalar
 from dpcl.audit.blackbox import AuditResult, audit_scores, check_confidence
-from dpcl.audit.one_run import check_count
+from dpcl.audit.one_run import check_integer_count
 from dpcl.errors import InvalidParameterError
 
 SCORES = ("loss", "gradient")
@@ -238,15 +238,15 @@ def audit_dpsgd_canary(
     q = check_positive_scalar("sample_rate", sample_rate)
     if q > 1:
         raise InvalidParameterError(f"sample_rate must lie in (0, 1], got {sample_rate!r}.")
-    t = check_count("steps", steps, 1)
-    runs = check_count("shadow_runs", shadow_runs, 16)
+    t = check_integer_count("steps", steps, 1)
+    runs = check_integer_count("shadow_runs", shadow_runs, 16)
     c = check_positive_scalar("clip_norm", clip_norm)
     lr = check_positive_scalar("learning_rate", learning_rate)
-    n = check_count("n_examples", n_examples, 2)
-    d = check_count("dim", dim, 1)
+    n = check_integer_count("n_examples", n_examples, 2)
+    d = check_integer_count("dim", dim, 1)
     b = check_positive_scalar("canary_norm", canary_norm)
     conf = check_confidence(confidence)
-    seed_ = check_count("seed", seed, 0)
+    seed_ = check_integer_count("seed", seed, 0)
     try:
         dlt = float(delta)
     except (TypeError, ValueError):

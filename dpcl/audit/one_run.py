@@ -43,6 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dpcl.accounting.validation import check_delta_scalar, check_nonnegative_scalar
 from dpcl.audit.blackbox import check_confidence
 from dpcl.errors import InvalidParameterError
 
@@ -50,7 +51,7 @@ __all__ = [
     "ANALYSES",
     "OneRunAuditResult",
     "audit_one_run",
-    "check_count",
+    "check_integer_count",
     "gaussian_fdp_epsilon_lower",
     "gaussian_fdp_rejects",
     "guess_and_count",
@@ -65,43 +66,25 @@ ANALYSES = ("steinke", "gaussian_fdp")
 EPSILON_SEARCH_LIMIT = 1000.0
 
 
-def check_count(name: str, value: Any, minimum: int = 0) -> int:
-    """An integer count (Python or numpy, not a bool) of at least ``minimum``, or a dpcl error naming it."""
+def check_integer_count(name: str, value: Any, minimum: int = 0) -> int:
+    """An integer count (a Python or numpy integer, not a bool and, unlike
+    :func:`dpcl.accounting.validation.check_count`, not an integral float) of at least ``minimum``, or a dpcl
+    error naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
         raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
 
 
 def _game(canaries: Any, guesses: Any, correct: Any) -> tuple[int, int, int]:
-    m = check_count("canaries", canaries, 1)
-    r = check_count("guesses", guesses, 0)
-    v = check_count("correct", correct, 0)
+    m = check_integer_count("canaries", canaries, 1)
+    r = check_integer_count("guesses", guesses, 0)
+    v = check_integer_count("correct", correct, 0)
     if not v <= r <= m:
         raise InvalidParameterError(
             f"need correct <= guesses <= canaries (the auditor guesses at most once per canary); "
             f"got correct={v}, guesses={r}, canaries={m}."
         )
     return m, r, v
-
-
-def _epsilon(value: Any) -> float:
-    try:
-        e = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise InvalidParameterError(f"epsilon must be a finite number >= 0, got {value!r}.") from None
-    if isinstance(value, bool) or not math.isfinite(e) or e < 0:
-        raise InvalidParameterError(f"epsilon must be a finite number >= 0, got {value!r}.")
-    return e
-
-
-def _delta(value: Any) -> float:
-    try:
-        d = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise InvalidParameterError(f"delta must be a number in [0, 1), got {value!r}.") from None
-    if isinstance(value, bool) or not math.isfinite(d) or not 0.0 <= d < 1.0:
-        raise InvalidParameterError(f"delta must be a number in [0, 1), got {value!r}.")
-    return d
 
 
 def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float, delta: float) -> float:
@@ -115,8 +98,8 @@ def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float, d
     is taken over the whole vector of partial sums at once.
     """
     m, r, v = _game(canaries, guesses, correct)
-    eps = _epsilon(epsilon)
-    d = _delta(delta)
+    eps = check_nonnegative_scalar("epsilon", epsilon)
+    d = check_delta_scalar("delta", delta, allow_zero=True)
     from scipy.special import expit  # noqa: PLC0415  (scipy.stats costs ~0.7 s at import; not at module import)
     from scipy.stats import binom  # noqa: PLC0415
 
@@ -163,7 +146,7 @@ def one_run_epsilon_lower(canaries: int, guesses: int, correct: int, delta: floa
     below the returned value (0 when nothing is rejected).
     """
     m, r, v = _game(canaries, guesses, correct)
-    d = _delta(delta)
+    d = check_delta_scalar("delta", delta, allow_zero=True)
     alpha = _significance(confidence)
     if one_run_p_value(m, r, v, 0.0, 0.0) > alpha:  # not even eps = 0, delta = 0 is rejected
         return 0.0
@@ -228,7 +211,7 @@ def gaussian_fdp_epsilon_lower(canaries: int, guesses: int, correct: int, delta:
     from dpcl.accounting.gaussian import gdp_mu  # noqa: PLC0415
 
     m, r, v = _game(canaries, guesses, correct)
-    d = _delta(delta)
+    d = check_delta_scalar("delta", delta, allow_zero=True)
     if d == 0.0:
         raise InvalidParameterError("the Gaussian f-DP analysis needs delta > 0 (a Gaussian mechanism is not pure DP).")
     check_confidence(confidence)
@@ -256,7 +239,7 @@ def guess_and_count(scores: Any, included: Any, guesses: int) -> tuple[int, int]
     if b.dtype != bool and not np.all((b == 0) | (b == 1)):
         raise InvalidParameterError("included must hold booleans (or 0/1): whether each canary was in the training data.")
     m = s.size
-    k = check_count("guesses", guesses, 0)
+    k = check_integer_count("guesses", guesses, 0)
     if k > m:
         raise InvalidParameterError(f"guesses must be at most the number of canaries ({m}), got {k}.")
     order = np.argsort(-s, kind="stable")
@@ -326,9 +309,9 @@ def audit_one_run(
     m = int(s.size)
     if m < 1:
         raise InvalidParameterError("scores must hold at least one canary's score.")
-    d = _delta(delta)
+    d = check_delta_scalar("delta", delta, allow_zero=True)
     conf = check_confidence(confidence)
-    counts = _default_guess_counts(m) if guess_counts is None else tuple(check_count("guess_counts", c, 1) for c in guess_counts)
+    counts = _default_guess_counts(m) if guess_counts is None else tuple(check_integer_count("guess_counts", c, 1) for c in guess_counts)
     if not counts or max(counts) > m:
         raise InvalidParameterError(f"guess_counts must be non-empty integers in [1, {m}] (the number of canaries); got {guess_counts!r}.")
     analyses = ANALYSES if gaussian_claim else ("steinke",)

@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpcl.accounting.validation import check_positive_scalar
+from dpcl.accounting.validation import check_positive_scalar, check_sample_rate
 from dpcl.audit.blackbox import check_confidence
-from dpcl.audit.one_run import OneRunAuditResult, audit_one_run, check_count
+from dpcl.audit.one_run import OneRunAuditResult, audit_one_run, check_integer_count
 from dpcl.errors import InvalidParameterError
 
 __all__ = ["CANARY_KINDS", "DpsgdStep", "OneRunDpsgdAudit", "WHITE_BOX_SCORES", "audit_dpsgd_one_run"]
@@ -228,12 +228,10 @@ def audit_dpsgd_one_run(
         raise InvalidParameterError("labels must be non-negative integer class indices.")
     y = torch.as_tensor(y_np.astype(np.int64))
     classes = max(int(y.max()) + 1, 2)
-    m = check_count("canaries", canaries, 2)
+    m = check_integer_count("canaries", canaries, 2)
     z = check_positive_scalar("noise_multiplier", noise_multiplier)
-    q = check_positive_scalar("sample_rate", sample_rate)
-    if q > 1:
-        raise InvalidParameterError(f"sample_rate must lie in (0, 1], got {sample_rate!r}.")
-    t = check_count("steps", steps, 1)
+    q = check_sample_rate("sample_rate", sample_rate)
+    t = check_integer_count("steps", steps, 1)
     c = check_positive_scalar("clip_norm", clip_norm)
     lr = check_positive_scalar("learning_rate", learning_rate)
     b = check_positive_scalar("canary_norm", canary_norm)

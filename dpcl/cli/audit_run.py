@@ -28,7 +28,6 @@ what was certified), 0 otherwise, 2 on bad input.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +120,10 @@ def run_audit_run(args: argparse.Namespace) -> int:
     plans = [(task, _dpsgd_plan(entry, loaded.method_name)) for task, entry in zip(prepared.tasks, report.per_task)]
     delta = float(report.delta)
     per_task_confidence = 1.0 - (1.0 - confidence) / len(plans)
-    from tqdm.auto import tqdm
+    from dpcl.progress import progress
 
     tasks = []
-    for task, plan in tqdm(plans, desc="audit-run", unit="task", file=sys.stderr, disable=True if (args.quiet or args.json) else None):
+    for task, plan in plans if (args.quiet or args.json) else progress(plans, desc="audit-run", unit="task"):
         generator = os_generator()
         step = step_class(float(plan["noise_multiplier"]), float(plan["max_grad_norm"]), generator)
         result = audit_dpsgd_one_run(
