@@ -153,16 +153,10 @@ def expand_inputs(paths: list[str]) -> list[str]:
 def signature_state(report: VerificationReport, keyed: bool) -> str:
     """The signature column: ``not signed``, ``signed, NOT CHECKED`` (no key), ``verified``, ``INVALID``,
     ``malformed``."""
+    from dpcl.guarantees.signing import signature_state as state
+
     check = next((c for c in report.checks if c.name == "signature"), None)
-    if check is None:
-        return "n/a"
-    if check.detail.startswith("malformed"):
-        return "malformed"
-    if check.detail == "unsigned" or "no signature" in check.detail or "unsigned" in check.detail:
-        return "not signed"
-    if not keyed:
-        return "signed, NOT CHECKED"
-    return "verified" if check.passed else "INVALID"
+    return "n/a" if check is None else state(check.passed, check.detail, keyed)
 
 
 def _summary_rows(paths: list[str], reports: list[VerificationReport], keyed: bool,

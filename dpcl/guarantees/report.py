@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 from dpcl import __version__
 from dpcl.errors import DpclError, InvalidParameterError
 from dpcl.guarantees.atomic_io import read_json, write_text_atomic
+from dpcl.guarantees.signing import signature_state
 
 #: File name of the page when no output path is given (inside the run directory).
 REPORT_NAME = "report.html"
@@ -211,10 +212,9 @@ figure { margin: 0.8em 0; } img { max-width: 100%; }
 def _signature_state(reports: Sequence[Any], keyed: bool) -> tuple[str, str]:
     """(css class, sentence) for the signatures of all certificates."""
     details = [(_check(r, "signature")) for r in reports]
-    texts = [c.detail if c is not None else "no signature check" for c in details]
     if any(c is not None and not c.passed for c in details):
         return "bad", "a signature does not verify against the given public key"
-    unsigned = sum("unsigned" in t.lower() or "not signed" in t.lower() for t in texts)
+    unsigned = sum(c is not None and signature_state(c.passed, c.detail, keyed) == "not signed" for c in details)
     if unsigned:
         return "warn", f"{unsigned} of {len(reports)} certificate(s) not signed: their issuer is not authenticated"
     if not keyed:
@@ -416,7 +416,7 @@ def write_report(
         for c in report.checks:
             mark = "<span class=\"ok\">pass</span>" if c.passed else "<span class=\"bad\">FAIL</span>"
             if c.name == "signature" and c.passed and not keyed:  # nothing about the issuer was checked
-                unsigned = "unsigned" in c.detail.lower() or "not signed" in c.detail.lower()
+                unsigned = signature_state(c.passed, c.detail, keyed) == "not signed"
                 mark = f"<span class=\"warn\">{'not signed' if unsigned else 'not checked'}</span>"
             add(f"<tr><td>{_escape(c.name)}</td><td>{mark}</td><td>{_escape(c.detail)}</td></tr>")
         add("</table>")

@@ -359,6 +359,19 @@ def signature_check(certificate: Mapping[str, Any], public_key: Any = None) -> t
     return result.passed, result.detail
 
 
+def signature_state(passed: bool, detail: str, keyed: bool) -> str:
+    """The word a reader sees for a ``signature`` check (its ``passed`` and ``detail``; ``keyed``: a public key was
+    given): ``not signed``, ``signed, NOT CHECKED`` (no key), ``verified``, ``INVALID`` or ``malformed``. An unsigned
+    certificate never reads as a pass (``dpcl verify``'s column and ``dpcl report``'s page)."""
+    if detail.startswith("malformed"):
+        return "malformed"
+    if "unsigned" in detail:
+        return "not signed"
+    if not keyed:
+        return "signed, NOT CHECKED"
+    return "verified" if passed else "INVALID"
+
+
 def sign_certificates(paths: Sequence["str | os.PathLike[str]"], key: Any) -> list[tuple[Path, str]]:
     """Sign several certificate files with one key: every file is verified first, then each is signed.
 
