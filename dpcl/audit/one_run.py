@@ -25,6 +25,23 @@ Two analyses turn ``(m, r, v)`` into a lower bound:
   composition of Gaussian mechanisms without subsampling (full-batch DP-SGD).
   :func:`audit_one_run` uses it only when the caller says so
   (``gaussian_claim=True``).
+* ``"gaussian_view"`` — a parametric analysis in the spirit of the Gaussian
+  view of canary-aligned signals ("Let's Ask Gauss", 2026): when each
+  canary's score is Gaussian with one variance whether it was included or not
+  (exactly so for full-batch DP-SGD with Dirac gradient canaries: the score is
+  a sum of independent Gaussian noise coordinates plus ``c`` per step when
+  included), the included and excluded scores form a Gaussian shift
+  experiment ``N(0, 1)`` vs ``N(mu, 1)`` after standardising, whose trade-off
+  curve is ``G_mu``. Post-processing cannot make a mechanism less private, so
+  the algorithm's epsilon at ``delta`` is at least ``eps_{G_mu}(delta)``
+  (:func:`dpcl.accounting.gaussian.gdp_epsilon`). ``mu`` is bounded from below
+  by the exact one-sided confidence bound of the standardised mean difference
+  (the two-sample t statistic follows a noncentral t distribution,
+  :func:`gaussian_view_mu_lower`). The assumption is stated in the result and
+  checked on the scores (normality of each group and equal variances, each at
+  level :data:`GAUSSIAN_VIEW_ASSUMPTION_LEVEL`); where the check rejects it,
+  the analysis gives no bound. :func:`audit_one_run` applies it only when the
+  caller says the scores are Gaussian by construction (``gaussian_view=True``).
 
 Abstention: the auditor may try several numbers of guesses; every (analysis,
 number of guesses) pair is one test, and the confidence is split among them
@@ -54,13 +71,29 @@ __all__ = [
     "check_integer_count",
     "gaussian_fdp_epsilon_lower",
     "gaussian_fdp_rejects",
+    "gaussian_view_assumption_holds",
+    "gaussian_view_epsilon_lower",
+    "gaussian_view_mu_lower",
     "guess_and_count",
     "one_run_epsilon_lower",
     "one_run_p_value",
 ]
 
 #: The analyses :func:`audit_one_run` can apply.
-ANALYSES = ("steinke", "gaussian_fdp")
+ANALYSES = ("steinke", "gaussian_fdp", "gaussian_view")
+
+#: Level at which the Gaussian view's assumption (Gaussian scores, one variance) is tested on the scores.
+GAUSSIAN_VIEW_ASSUMPTION_LEVEL = 0.01
+
+#: What a ``"gaussian_view"`` bound assumes, as the result states it.
+GAUSSIAN_VIEW_ASSUMPTION = (
+    "each canary's score is Gaussian with the same variance whether the canary was included or not, and scores "
+    "are independent given the inclusion bits (true by construction for full-batch DP-SGD with Dirac gradient "
+    "canaries on their own coordinates); checked on the scores: normality of each group and equal variances"
+)
+
+#: The smallest number of included and of excluded canaries the Gaussian view needs (its normality check needs 8).
+GAUSSIAN_VIEW_MIN_GROUP = 20
 
 #: Largest epsilon searched for; a bound this large means "no privacy at all" for any practical purpose.
 EPSILON_SEARCH_LIMIT = 1000.0
@@ -223,6 +256,108 @@ def gaussian_fdp_epsilon_lower(canaries: int, guesses: int, correct: int, delta:
     return _largest_rejected(rejects)
 
 
+def _score_groups(scores: Any, included: Any) -> tuple[np.ndarray, np.ndarray]:
+    s = np.asarray(scores, dtype=np.float64)
+    b = np.asarray(included)
+    if s.ndim != 1 or b.shape != s.shape:
+        raise InvalidParameterError(f"scores and included must be 1-D arrays of one length; got {s.shape} and {b.shape}.")
+    if not np.all(np.isfinite(s)):
+        raise InvalidParameterError("scores must be finite (a NaN or infinite score has no Gaussian view).")
+    if b.dtype != bool and not np.all((b == 0) | (b == 1)):
+        raise InvalidParameterError("included must hold booleans (or 0/1): whether each canary was in the training data.")
+    b = b.astype(bool)
+    s_in, s_out = s[b], s[~b]
+    if min(s_in.size, s_out.size) < GAUSSIAN_VIEW_MIN_GROUP:
+        raise InvalidParameterError(
+            f"the Gaussian view needs at least {GAUSSIAN_VIEW_MIN_GROUP} included and {GAUSSIAN_VIEW_MIN_GROUP} excluded "
+            f"canaries; got {s_in.size} and {s_out.size}: use more canaries."
+        )
+    return s_in, s_out
+
+
+def gaussian_view_assumption_holds(scores: Any, included: Any, level: float = GAUSSIAN_VIEW_ASSUMPTION_LEVEL) -> tuple[bool, str]:
+    """Whether the scores are consistent with :data:`GAUSSIAN_VIEW_ASSUMPTION`, and why not where they are not.
+
+    Three tests at ``level`` each: D'Agostino and Pearson's normality test on
+    the included and on the excluded scores, and the two-sided F test of equal
+    variances. Not rejecting is not a proof; it screens out scores whose shape
+    plainly breaks the assumption (heavy tails, a mixture, unequal spread), for
+    which the Gaussian view's bound would mean nothing.
+    """
+    from scipy import stats  # noqa: PLC0415  (scipy.stats costs ~0.7 s at import; not at module import)
+
+    s_in, s_out = _score_groups(scores, included)
+    for name, group in (("included", s_in), ("excluded", s_out)):
+        if float(np.std(group)) == 0.0:
+            return False, f"the {name} canaries' scores are all equal (no Gaussian spread)"
+        p = float(stats.normaltest(group).pvalue)
+        if p < level:
+            return False, f"the {name} canaries' scores are not Gaussian (normality test p = {p:.3g} < {level})"
+    ratio = float(np.var(s_in, ddof=1) / np.var(s_out, ddof=1))
+    cdf = float(stats.f.cdf(ratio, s_in.size - 1, s_out.size - 1))
+    p = 2.0 * min(cdf, 1.0 - cdf)
+    if p < level:
+        return False, f"the included and excluded scores have different variances (F test p = {p:.3g} < {level})"
+    return True, "not rejected"
+
+
+def gaussian_view_mu_lower(scores: Any, included: Any, confidence: float = 0.95) -> float:
+    """Lower confidence bound on the standardised mean shift ``mu`` between included and excluded scores.
+
+    Under :data:`GAUSSIAN_VIEW_ASSUMPTION` the two-sample t statistic
+    ``t = (mean_in - mean_out) / (s_pooled * sqrt(1/n_in + 1/n_out))`` follows
+    a noncentral t distribution with ``n_in + n_out - 2`` degrees of freedom
+    and noncentrality ``mu / sqrt(1/n_in + 1/n_out)``, whose survival function
+    grows with the noncentrality; the bound is the noncentrality at which
+    ``P[T >= t] = 1 - confidence`` (exact, found by Brent's method to 1e-12 and
+    lowered by 1e-9 so that the root finder's error cannot raise it), and 0
+    when even ``mu = 0`` is not rejected.
+    """
+    from scipy import optimize, stats  # noqa: PLC0415
+
+    s_in, s_out = _score_groups(scores, included)
+    alpha = _significance(confidence)
+    n_in, n_out = s_in.size, s_out.size
+    df = n_in + n_out - 2
+    pooled = math.sqrt(((n_in - 1) * np.var(s_in, ddof=1) + (n_out - 1) * np.var(s_out, ddof=1)) / df)
+    if pooled == 0.0:
+        raise InvalidParameterError("the scores have no spread (every score equal within each group): no Gaussian view.")
+    scale = math.sqrt(1.0 / n_in + 1.0 / n_out)
+    t = float((np.mean(s_in) - np.mean(s_out)) / (pooled * scale))
+    if float(stats.t.sf(t, df)) > alpha:  # mu = 0 is not rejected
+        return 0.0
+
+    def excess(ncp: float) -> float:
+        return float(stats.nct.sf(t, df, ncp)) - alpha
+
+    hi = max(t, 1.0)
+    while excess(hi) < 0.0:
+        hi *= 2.0
+    root = optimize.brentq(excess, 0.0, hi, xtol=1e-12)
+    return max(0.0, root * scale - 1e-9)
+
+
+def gaussian_view_epsilon_lower(scores: Any, included: Any, delta: float, confidence: float = 0.95) -> tuple[float, float, str]:
+    """``(epsilon_lower, mu_lower, assumption_check)``: the Gaussian view's lower bound on epsilon at ``delta``.
+
+    ``eps_{G_mu}(delta)`` at ``mu = gaussian_view_mu_lower(...)``; 0 (with the
+    reason) where :func:`gaussian_view_assumption_holds` rejects the
+    assumption. Holds with probability ``confidence`` when the assumption does.
+    """
+    from dpcl.accounting.gaussian import gdp_epsilon  # noqa: PLC0415  (accounting loads scipy.stats at import)
+
+    d = check_delta_scalar("delta", delta, allow_zero=True)
+    if d == 0.0:
+        raise InvalidParameterError("the Gaussian view needs delta > 0 (a Gaussian mechanism is not pure DP).")
+    holds, why = gaussian_view_assumption_holds(scores, included)
+    if not holds:
+        return 0.0, 0.0, why
+    mu = gaussian_view_mu_lower(scores, included, confidence)
+    if mu == 0.0:
+        return 0.0, 0.0, why
+    return float(gdp_epsilon(mu, d)), mu, why
+
+
 def guess_and_count(scores: Any, included: Any, guesses: int) -> tuple[int, int]:
     """The auditor's guesses: "included" for the ``ceil(guesses/2)`` highest scores, "excluded" for the rest lowest.
 
@@ -293,6 +428,7 @@ def audit_one_run(
     confidence: float = 0.95,
     guess_counts: Sequence[int] | None = None,
     gaussian_claim: bool = False,
+    gaussian_view: bool = False,
 ) -> OneRunAuditResult:
     """Lower bound on epsilon at ``delta`` from one run's canary ``scores`` and their true inclusion bits.
 
@@ -302,7 +438,11 @@ def audit_one_run(
     guesses as :func:`guess_and_count` does and Steinke et al.'s analysis is
     applied; with ``gaussian_claim=True`` (the certified mechanism is a
     Gaussian mechanism or a composition of them, as full-batch DP-SGD) the
-    Gaussian f-DP analysis too. The confidence is split over all those tests.
+    Gaussian f-DP analysis too; with ``gaussian_view=True`` (the scores are
+    Gaussian by construction, as in full-batch DP-SGD with Dirac canaries) the
+    Gaussian view as one more test, which uses every score rather than a
+    number of guesses (its entry in ``tests`` records ``mu_lower`` and the
+    assumption check). The confidence is split over all those tests.
     """
     b = np.asarray(included)
     s = np.asarray(scores, dtype=np.float64)
@@ -314,12 +454,19 @@ def audit_one_run(
     counts = _default_guess_counts(m) if guess_counts is None else tuple(check_integer_count("guess_counts", c, 1) for c in guess_counts)
     if not counts or max(counts) > m:
         raise InvalidParameterError(f"guess_counts must be non-empty integers in [1, {m}] (the number of canaries); got {guess_counts!r}.")
-    analyses = ANALYSES if gaussian_claim else ("steinke",)
+    analyses = ("steinke", "gaussian_fdp") if gaussian_claim else ("steinke",)
     if gaussian_claim and d == 0.0:
         raise InvalidParameterError("gaussian_claim needs delta > 0 (a Gaussian mechanism is not pure DP).")
-    n_tests = len(counts) * len(analyses)
+    if gaussian_view and d == 0.0:
+        raise InvalidParameterError("gaussian_view needs delta > 0 (a Gaussian mechanism is not pure DP).")
+    n_tests = len(counts) * len(analyses) + int(gaussian_view)
     per_test_confidence = 1.0 - (1.0 - conf) / n_tests
     tests = []
+    if gaussian_view:
+        eps, mu, check = gaussian_view_epsilon_lower(s, b, d, per_test_confidence)
+        r, v = guess_and_count(s, b, m)
+        tests.append({"analysis": "gaussian_view", "guesses": r, "correct": v, "epsilon_lower": eps,
+                      "mu_lower": mu, "assumption": GAUSSIAN_VIEW_ASSUMPTION, "assumption_check": check})
     for k in counts:
         r, v = guess_and_count(s, b, k)
         for analysis in analyses:

@@ -34,6 +34,7 @@ from typing import Any
 from dpcl.cli.numbers import parse_count, parse_delta
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.errors import ConfigError
+from dpcl.audit.one_run import GAUSSIAN_VIEW_ASSUMPTION
 
 #: Default number of canaries per task.
 DEFAULT_CANARIES = 2000
@@ -196,4 +197,10 @@ def render_markdown(payload: dict[str, Any]) -> str:
         "assumes); black box: only the final model.",
         "",
     ]
+    if any(t[side]["analysis"] == "gaussian_view" for t in payload["tasks"] for side in ("white_box", "black_box")):
+        lines += [
+            f"Where the analysis is gaussian_view, the bound assumes that {GAUSSIAN_VIEW_ASSUMPTION}; the analyses "
+            "steinke and gaussian_fdp assume nothing about the scores.",
+            "",
+        ]
     return "\n".join(lines)

@@ -12,6 +12,9 @@ from dpcl.accounting.gaussian import gdp_epsilon
 from dpcl.audit.one_run import (
     audit_one_run,
     gaussian_fdp_epsilon_lower,
+    gaussian_view_assumption_holds,
+    gaussian_view_epsilon_lower,
+    gaussian_view_mu_lower,
     guess_and_count,
     one_run_epsilon_lower,
     one_run_p_value,
@@ -139,5 +142,104 @@ def test_guess_and_count_guesses_the_extremes_and_counts_right_guesses():
     ],
 )
 def test_bad_input_is_refused_with_a_dpcl_error(call):
+    with pytest.raises(InvalidParameterError):
+        call()
+
+
+def _shifted_scores(rng: np.random.Generator, m: int, mu: float) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of m canaries of a Gaussian mechanism with shift mu: N(mu, 1) when included, N(0, 1) when not."""
+    included = rng.random(m) < 0.5
+    return rng.standard_normal(m) + mu * included, included
+
+
+def test_gaussian_view_mu_bound_covers_the_true_mu_at_its_confidence():
+    rng = np.random.default_rng(1)
+    trials = 400 if THOROUGH else 150
+    mu = 1.2
+    above = sum(gaussian_view_mu_lower(*_shifted_scores(rng, 400, mu), confidence=0.95) > mu for _ in range(trials))
+    # P[bound > mu] = 5 % per trial; 3 binomial standard deviations of slack
+    assert above <= 0.05 * trials + 3 * math.sqrt(0.05 * 0.95 * trials)
+
+
+def test_gaussian_view_mu_bound_matches_the_normal_approximation_for_large_samples():
+    # independent computation: the large-sample interval of the standardised mean difference (Hedges & Olkin)
+    rng = np.random.default_rng(2)
+    scores, included = _shifted_scores(rng, 40_000, 1.5)
+    s_in, s_out = scores[included], scores[~included]
+    n1, n2 = s_in.size, s_out.size
+    pooled = math.sqrt(((n1 - 1) * s_in.var(ddof=1) + (n2 - 1) * s_out.var(ddof=1)) / (n1 + n2 - 2))
+    d = (s_in.mean() - s_out.mean()) / pooled
+    approx = d - 1.6448536269514722 * math.sqrt(1 / n1 + 1 / n2 + d * d / (2 * (n1 + n2 - 2)))
+    assert gaussian_view_mu_lower(scores, included, 0.95) == pytest.approx(approx, abs=2e-4)
+
+
+def test_gaussian_view_epsilon_is_the_gaussian_profile_at_the_mu_bound():
+    rng = np.random.default_rng(3)
+    scores, included = _shifted_scores(rng, 5000, 1.665)
+    eps, mu, check = gaussian_view_epsilon_lower(scores, included, 1e-5)
+    assert check == "not rejected" and 0 < mu < 1.665 + 0.2
+    # the closed form delta(eps) of mu-GDP (Dong, Roth & Su 2019, Cor. 2.13) in 50-digit arithmetic
+    mpmath.mp.dps = 50
+    e, m_ = mpmath.mpf(eps), mpmath.mpf(mu)
+    delta = mpmath.ncdf(-e / m_ + m_ / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m_ - m_ / 2)
+    assert float(delta) == pytest.approx(1e-5, rel=1e-6)
+    assert eps == pytest.approx(float(gdp_epsilon(mu, 1e-5)), rel=1e-12)
+
+
+def test_gaussian_view_gives_no_bound_without_signal():
+    rng = np.random.default_rng(4)
+    bounds = [gaussian_view_epsilon_lower(*_shifted_scores(rng, 2000, 0.0), 1e-5)[0] for _ in range(40)]
+    assert sum(b > 0 for b in bounds) <= 6  # 5 % expected, with slack
+    assert max(bounds) < 0.5
+
+
+def test_gaussian_view_nears_the_true_epsilon_with_many_canaries():
+    rng = np.random.default_rng(5)
+    true_eps = float(gdp_epsilon(1.665, 1e-5))
+    eps, _, _ = gaussian_view_epsilon_lower(*_shifted_scores(rng, 50_000, 1.665), 1e-5)
+    assert 0.9 * true_eps < eps <= true_eps
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda rng, b: rng.laplace(size=b.size) * 3 + 2 * b,  # heavy tails
+        lambda rng, b: rng.standard_normal(b.size) * np.where(b, 3.0, 1.0) + b,  # unequal variances
+        lambda rng, b: rng.standard_normal(b.size) + 6 * b * (rng.random(b.size) < 0.3),  # a mixture when included
+        lambda rng, b: np.where(b, 1.0, 0.0),  # no spread at all
+    ],
+    ids=["laplace", "unequal-variance", "mixture", "constant"],
+)
+def test_gaussian_view_refuses_scores_that_break_its_assumption(make):
+    rng = np.random.default_rng(6)
+    included = rng.random(5000) < 0.5
+    scores = make(rng, included)
+    holds, why = gaussian_view_assumption_holds(scores, included)
+    assert not holds and why != "not rejected"
+    assert gaussian_view_epsilon_lower(scores, included, 1e-5) == (0.0, 0.0, why)
+
+
+def test_audit_one_run_adds_the_gaussian_view_only_when_asked():
+    rng = np.random.default_rng(7)
+    scores, included = _shifted_scores(rng, 4000, 1.665)
+    plain = audit_one_run(scores, included, 1e-5, gaussian_claim=True)
+    viewed = audit_one_run(scores, included, 1e-5, gaussian_claim=True, gaussian_view=True)
+    assert all(t["analysis"] != "gaussian_view" for t in plain.tests)
+    view = [t for t in viewed.tests if t["analysis"] == "gaussian_view"]
+    assert len(view) == 1 and view[0]["assumption_check"] == "not rejected" and "Gaussian" in view[0]["assumption"]
+    assert viewed.analysis == "gaussian_view" and viewed.epsilon_lower > plain.epsilon_lower
+    assert viewed.epsilon_lower < float(gdp_epsilon(1.665, 1e-5))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: gaussian_view_mu_lower(np.zeros(10), np.arange(10) % 2 == 0),  # too few canaries per group
+        lambda: gaussian_view_mu_lower([1.0, float("nan")] * 20, [True, False] * 20),
+        lambda: gaussian_view_epsilon_lower(np.arange(100.0), np.arange(100) % 2 == 0, 0.0),
+        lambda: audit_one_run(np.arange(100.0), np.arange(100) % 2 == 0, 0.0, gaussian_view=True),
+    ],
+)
+def test_gaussian_view_bad_input_is_refused_with_a_dpcl_error(call):
     with pytest.raises(InvalidParameterError):
         call()

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 
-from dpcl.accounting.dpsgd import dpsgd_epsilon  # noqa: E402
+from dpcl.accounting.dpsgd import dpsgd_epsilon, dpsgd_noise_multiplier  # noqa: E402
 from dpcl.audit.one_run_dpsgd import DpsgdStep, audit_dpsgd_one_run  # noqa: E402
 from dpcl.errors import InvalidParameterError  # noqa: E402
 from tests.conftest import THOROUGH  # noqa: E402
@@ -81,6 +81,17 @@ def test_correct_dpsgd_is_not_flagged(digits, settings):
         result = _audit(digits, DpsgdStep, settings, seed=seed)
         assert not result.flagged, (seed, result.to_dict())
         assert result.train_accuracy > 0.5  # the audited run learns (digits: chance 0.1)
+
+
+def test_full_batch_gaussian_view_demonstrates_most_of_the_certified_epsilon(digits):
+    # white box, Dirac gradient canaries, full batch: the scores are Gaussian by construction, so the Gaussian view
+    # applies and, with 2,000 canaries, shows most of the certified epsilon (a correct run stays below it)
+    z = dpsgd_noise_multiplier(8.0, 1e-5, 1.0, 10).noise_multiplier
+    result = audit_dpsgd_one_run(*digits, canaries=2000, noise_multiplier=z, sample_rate=1.0, steps=10, delta=1e-5,
+                                 generator=torch.Generator().manual_seed(11))
+    assert result.white_box.analysis == "gaussian_view" and result.black_box.analysis == "gaussian_view"
+    assert 0.7 * result.certified_epsilon < result.white_box.epsilon_lower <= result.certified_epsilon
+    assert not result.flagged
 
 
 def test_certified_epsilon_is_dpcl_accountants_for_the_same_run(digits):
