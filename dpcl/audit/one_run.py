@@ -256,16 +256,21 @@ def gaussian_fdp_epsilon_lower(canaries: int, guesses: int, correct: int, delta:
     return _largest_rejected(rejects)
 
 
-def _score_groups(scores: Any, included: Any) -> tuple[np.ndarray, np.ndarray]:
+def _scores_and_bits(scores: Any, included: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Finite 1-D float scores and boolean inclusion bits of one length, or a dpcl error saying which is wrong."""
     s = np.asarray(scores, dtype=np.float64)
     b = np.asarray(included)
     if s.ndim != 1 or b.shape != s.shape:
         raise InvalidParameterError(f"scores and included must be 1-D arrays of one length; got {s.shape} and {b.shape}.")
     if not np.all(np.isfinite(s)):
-        raise InvalidParameterError("scores must be finite (a NaN or infinite score has no Gaussian view).")
+        raise InvalidParameterError("scores must be finite (a NaN or infinite score cannot be ranked or averaged).")
     if b.dtype != bool and not np.all((b == 0) | (b == 1)):
         raise InvalidParameterError("included must hold booleans (or 0/1): whether each canary was in the training data.")
-    b = b.astype(bool)
+    return s, b.astype(bool)
+
+
+def _score_groups(scores: Any, included: Any) -> tuple[np.ndarray, np.ndarray]:
+    s, b = _scores_and_bits(scores, included)
     s_in, s_out = s[b], s[~b]
     if min(s_in.size, s_out.size) < GAUSSIAN_VIEW_MIN_GROUP:
         raise InvalidParameterError(
@@ -365,14 +370,7 @@ def guess_and_count(scores: Any, included: Any, guesses: int) -> tuple[int, int]
     Ties are broken by position (a stable sort), which does not depend on the
     inclusion bits.
     """
-    s = np.asarray(scores, dtype=np.float64)
-    b = np.asarray(included)
-    if s.ndim != 1 or b.shape != s.shape:
-        raise InvalidParameterError(f"scores and included must be 1-D arrays of one length; got {s.shape} and {b.shape}.")
-    if not np.all(np.isfinite(s)):
-        raise InvalidParameterError("scores must be finite (a NaN or infinite score cannot be ranked).")
-    if b.dtype != bool and not np.all((b == 0) | (b == 1)):
-        raise InvalidParameterError("included must hold booleans (or 0/1): whether each canary was in the training data.")
+    s, b = _scores_and_bits(scores, included)
     m = s.size
     k = check_integer_count("guesses", guesses, 0)
     if k > m:
@@ -380,7 +378,6 @@ def guess_and_count(scores: Any, included: Any, guesses: int) -> tuple[int, int]
     order = np.argsort(-s, kind="stable")
     k_plus = (k + 1) // 2
     k_minus = k - k_plus
-    b = b.astype(bool)
     right = int(np.count_nonzero(b[order[:k_plus]]))
     if k_minus:
         right += int(np.count_nonzero(~b[order[m - k_minus:]]))
