@@ -20,7 +20,11 @@ Gaussian noise, the planned steps) on a softmax-regression model of the task's
 features widened by one coordinate per canary, not the method's own network:
 the audit checks the DP-SGD mechanism and its accounting at the config's
 settings. The canary run is not a release: it writes no checkpoint and no
-certificate. Writes ``DIR/audit.json`` and ``DIR/audit.md``; exits 3 when a
+certificate. With ``--in-stream`` the config's own method is trained instead,
+through ``dpcl run``'s pipeline with the canaries as units of each task
+(:mod:`dpcl.runner.canary_run`), into ``DIR`` as a run directory whose
+certificates hold, and each release is audited black box (``DIR/audit/``).
+Writes ``DIR/audit.json`` and ``DIR/audit.md``; exits 3 when a
 lower bound exceeds its certified epsilon (the implementation is then not
 what was certified), 0 otherwise, 2 on bad input.
 """
@@ -28,6 +32,7 @@ what was certified), 0 otherwise, 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--step", default=None, metavar="MODULE:CLASS",
                         help="audit your own DP-SGD step: a subclass of dpcl.audit.one_run_dpsgd.DpsgdStep, "
                              "importable as MODULE:CLASS (default: dpcl's)")
+    parser.add_argument("--in-stream", action="store_true",
+                        help="train the config's own method once through dpcl run's pipeline with canaries mixed into "
+                             "every task (each a unit, so the run's certificates stay true), and audit each released "
+                             "model black box; DIR becomes that run's directory, the audit goes to DIR/audit/")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_json_flag(parser)
     parser.set_defaults(handler=run_audit_run, time_hint="use fewer --canaries")
@@ -109,10 +118,15 @@ def run_audit_run(args: argparse.Namespace) -> int:
 
     canaries = parse_count("--canaries", args.canaries, 2, 1_000_000)
     confidence = parse_delta("--confidence", args.confidence)
-    step_class = load_step_class(args.step)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {str(out)!r} is not empty; give a new or empty directory for the audit's files.")
+    if args.in_stream:
+        if args.step is not None or args.canary_kind != "gradient":
+            raise ConfigError("--in-stream trains the method's own DP code with input canaries; --step and --canary-kind "
+                              "apply to the DP-SGD harness only: drop them or drop --in-stream.")
+        return _run_in_stream(args, out, canaries, confidence)
+    step_class = load_step_class(args.step)
     loaded = load_run(args.config, out, quiet=True)  # --out is checked as a directory dpcl may write
     if not loaded.private:
         raise ConfigError("the config trains without privacy ([privacy] private = false): there is no certified epsilon to audit.")
@@ -166,15 +180,62 @@ def run_audit_run(args: argparse.Namespace) -> int:
     return 3 if flagged else 0
 
 
-def render_markdown(payload: dict[str, Any]) -> str:
-    """The readable report: per-task and stream bounds beside the certified epsilon, with the setting."""
-    lines = [
-        f"# One-run privacy audit of {payload['config']} ({payload['method']})",
+def _run_in_stream(args: argparse.Namespace, out: Path, canaries: int, confidence: float) -> int:
+    from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
+    from dpcl.runner.canary_run import run_with_canaries
+
+    def report_release(t: int) -> None:
+        print(f"audit-run (in stream): release {t + 1} trained, certified and scored", file=sys.stderr, flush=True)
+
+    payload = run_with_canaries(args.config, out, canaries=canaries, confidence=confidence, quiet=True,
+                                progress=None if (args.quiet or args.json) else report_release)
+    (out / "audit").mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "audit" / "audit.json", payload)
+    write_text_atomic(out / "audit" / "audit.md", render_in_stream_markdown(payload))
+    emit(args, "audit-run", {k: v for k, v in payload.items() if k != "tasks"})
+    return 3 if payload["flagged_tasks"] else 0
+
+
+def _heading(payload: dict[str, Any], setting: str) -> list[str]:
+    """Title and verdict line of an audit report."""
+    return [
+        f"# One-run privacy audit of {payload['config']} ({payload['method']}){setting}",
         "",
         f"Verdict: **{payload['verdict']}**. Certified epsilon of the stream {payload['certified_epsilon']:.4g} at "
         f"delta {payload['delta']:g} ({payload['adjacency']}, unit {payload['unit']}); empirical lower bound "
         f"{payload['empirical_epsilon_lower']:.4g}, holding with probability {payload['confidence']:g}.",
         "",
+    ]
+
+
+def render_in_stream_markdown(payload: dict[str, Any]) -> str:
+    """The readable report of an in-stream audit: per release, the black-box bound beside its certified epsilon."""
+    lines = [
+        *_heading(payload, ", canaries in the stream"),
+        f"This run is {payload['release']}. What was trained: {payload['what_is_trained']}. Canaries: "
+        f"{payload['canary_kind']}, each included with probability 1/2.",
+        "",
+        "| release | certified epsilon | lower bound, black box | canaries (included) | guesses / correct | examples trained |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in payload["tasks"]:
+        b = t["black_box"]
+        lines.append(f"| {t['task']} | {t['certified_epsilon']:.4g} | {b['epsilon_lower']:.4g} | {t['canaries']} "
+                     f"({b['included']}) | {b['guesses']} / {b['correct']} | {t['examples']} |")
+    lines += [
+        "",
+        "Black box: the auditor sees only each released model (the margin of a canary's label over the best other "
+        "label). A lower bound says the implementation leaks at least that much; it does not say the certified epsilon "
+        "is tight. The confidence is split over the releases and the numbers of guesses tried (Bonferroni).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_markdown(payload: dict[str, Any]) -> str:
+    """The readable report: per-task and stream bounds beside the certified epsilon, with the setting."""
+    lines = [
+        *_heading(payload, ""),
         "The canary run is not a release: it writes no checkpoint and no certificate.",
         f"What was trained: {payload['what_is_trained']}.",
         "",

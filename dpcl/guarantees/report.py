@@ -238,7 +238,7 @@ def _audit_section(payload: Any) -> list[str]:
         f"<p class=\"{css}\">Verdict: <b>{_escape(verdict)}</b>. Empirical lower bound "
         f"{_number(payload.get('empirical_epsilon_lower'))} beside the certified ε {_number(payload.get('certified_epsilon'))} "
         f"(δ = {_number(payload.get('delta'))}), holding with probability {_number(payload.get('confidence'))}.</p>",
-        "<p class=\"small\">The canary run is not a release (no checkpoint, no certificate). What was trained: "
+        f"<p class=\"small\">The canary run: {_escape(payload.get('release', 'not a release'))}. What was trained: "
         f"{_escape(payload.get('what_is_trained', ''))}. A lower bound below the certified ε is what a correct "
         "implementation gives; it does not show the certified ε is tight.</p>",
         "<table><tr><th>task</th><th>certified ε</th><th>lower bound, white box</th><th>lower bound, black box</th>"
