@@ -291,22 +291,54 @@ def run_section(name: str, timeout: float) -> dict[str, Any]:
     return result
 
 
+def fmt(value: float, precise: bool = False) -> str:
+    """A ratio as the README writes it: thousands separators from 100, 2 decimals below (4 for ``precise``
+    ratios near 1, such as one epsilon over another)."""
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    if precise and 0.95 <= value < 1.2:
+        return f"{value:.4f}"
+    if value >= 0.1:
+        return f"{value:.2f}"
+    return f"{value:.2g}" if value >= 0.01 else f"{value:.2e}"
+
+
 def summarise(paths: list[Path]) -> str:
+    """Markdown: each ratio's range over the runs, with the load averages seen while its section ran."""
     runs = [json.loads(p.read_text()) for p in paths]
-    lines = [f"{len(runs)} runs: " + ", ".join(r["started"] for r in runs), ""]
     names: dict[str, list[float]] = {}
     loads: dict[str, list[float]] = {}
+    errors: list[str] = []
     for run in runs:
         for section, result in run["sections"].items():
             loads.setdefault(section, []).extend([result["load_before"][0], result["load_after"][0]])
+            if "error" in result:
+                errors.append(f"{run['started']}, {section}: {result['error']}")
             for ratio, value in result.get("ratios", {}).items():
                 names.setdefault(f"{section} | {ratio}", []).append(value)
-    lines += ["| section | ratio | min | max | runs | load (1 min) |", "| --- | --- | --- | --- | --- | --- |"]
+    every = [x for v in loads.values() for x in v]
+    lines = [
+        "# The README's benchmark ratios, re-measured",
+        "",
+        f"`benchmarks/readme_ratios.py`, {len(runs)} runs started {', '.join(r['started'] for r in runs)}, on "
+        f"{runs[0]['cpus']} CPUs shared with other work: load average (1 min) {min(every):.1f} to {max(every):.1f} "
+        "during the sections, so wall-clock ratios between libraries are only as steady as the load; each "
+        "section's load range is in its row. Seeded, load-independent sections (auditor power, one-run audit, "
+        "journal bytes) ran once.",
+        "",
+        "| section | ratio | min | max | runs | load average (1 min) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for key, values in names.items():
         section, ratio = key.split(" | ", 1)
         lo, hi = min(loads[section]), max(loads[section])
-        lines.append(f"| {section} | {ratio} | {min(values):.4g} | {max(values):.4g} | {len(values)} | {lo:.1f}-{hi:.1f} |")
-    return "\n".join(lines)
+        lines.append(f"| {section} | {ratio} | {fmt(min(values), 'ε' in ratio)} | {fmt(max(values), 'ε' in ratio)} | {len(values)} | "
+                     f"{lo:.1f} to {hi:.1f} |")
+    if errors:
+        lines += ["", "Sections that did not finish:", ""] + [f"* {e}" for e in errors]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,13 +347,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the run's JSON here (atomically)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per section")
     parser.add_argument("--summarise", nargs="+", type=Path, metavar="RUN_JSON", help="ranges over earlier runs")
+    parser.add_argument("--write", type=Path, help="with --summarise: write the markdown here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(SECTIONS[args.child](), default=str))
         return 0
     if args.summarise:
-        print(summarise(args.summarise))
+        text = summarise(args.summarise)
+        if args.write is not None:
+            from dpcl.guarantees.atomic_io import write_text_atomic
+
+            write_text_atomic(args.write, text)
+        print(text)
         return 0
     run: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
                            "sections": {}}
