@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import resource
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
@@ -49,19 +49,9 @@ from scipy.special import log_ndtr  # noqa: E402
 
 import dpcl.accounting.gaussian as gauss  # noqa: E402
 from dpcl.accounting.gaussian import gaussian_sigma  # noqa: E402
+from bench_calibration_stream import DELTA, SEED, mp_over_delta  # noqa: E402
+from bench_calibration_stream import _budgets as budgets  # noqa: E402
 from dpcl.methods.gaussian_torch import BLOCK, gaussian_sigma_torch  # noqa: E402
-
-SEED = 29
-DELTA = 1e-5
-
-
-def budgets(n: int) -> np.ndarray:
-    eps = np.empty(n)
-    np.random.default_rng(SEED).random(out=eps)  # no temporaries: 10^8 budgets are 800 MB
-    eps *= 7.5
-    eps += 0.5
-    return eps
-
 
 def cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -82,16 +72,6 @@ def timed(fn: Any, device: torch.device | None = None) -> tuple[float, float]:
     if device is not None:
         sync(device)
     return time.perf_counter() - wall, cpu_seconds() - cpu
-
-
-def mp_over_delta(eps: float, sigma: float, delta: float = DELTA) -> bool:
-    """Whether the exact Thm 8 delta at (eps, sigma), in mpmath, exceeds ``delta``."""
-    import mpmath
-
-    with mpmath.workdps(40 + int(-math.log10(delta))):
-        mu = 1 / mpmath.mpf(sigma)
-        e = mpmath.mpf(eps)
-        return bool(mpmath.ncdf(mu / 2 - e / mu) - mpmath.exp(e) * mpmath.ncdf(-mu / 2 - e / mu) > mpmath.mpf(delta))
 
 
 def measure(n: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

@@ -14,7 +14,7 @@ calibration (``tests/accounting/test_gaussian_stream.py``).
 
 from __future__ import annotations
 
-import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,32 +25,15 @@ from dpcl.accounting.gaussian import gaussian_sigma
 from dpcl.errors import InvalidParameterError
 from dpcl.methods.gaussian_torch import gaussian_sigma_torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the numpy calibration's test budgets and its mpmath reference, shared
+from accounting.test_gaussian_stream import mp_sound, random_budgets  # noqa: E402
+
 RTOL = 1e-9
 #: below this epsilon the profile is ill conditioned (see the module docstring)
 TINY_EPSILON, TINY_RTOL = 1e-6, 1e-5
 REFERENCE = Path(__file__).resolve().parents[1] / "accounting" / "data" / "gaussian_sigma_reference.npz"
 CUDA = torch.cuda.is_available()
-
-
-def random_budgets(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Half eps ~ U[0.5, 8] at delta = 1e-5; half extremes: eps 1e-12..1e3, delta 1e-300..0.9, sensitivity 1e-3..1e3."""
-    rng = np.random.default_rng(seed)
-    half = n // 2
-    eps = np.concatenate([rng.uniform(0.5, 8.0, half), 10.0 ** rng.uniform(-12, 3, n - half)])
-    delta = np.concatenate([np.full(half, 1e-5), 10.0 ** rng.uniform(-300, math.log10(0.9), n - half)])
-    sens = np.concatenate([np.ones(half), 10.0 ** rng.uniform(-3, 3, n - half)])
-    return eps, delta, sens
-
-
-def mp_sound(eps: float, delta: float, sigma: float, sens: float) -> bool:
-    """Exact Thm 8 delta at (eps, sigma) in mpmath, with digits for its cancellation (~|log10 delta|)."""
-    import mpmath
-
-    with mpmath.workdps(40 + int(-math.log10(delta))):
-        mu = mpmath.mpf(sens) / mpmath.mpf(sigma)
-        e = mpmath.mpf(eps)
-        true_delta = mpmath.ncdf(mu / 2 - e / mu) - mpmath.exp(e) * mpmath.ncdf(-mu / 2 - e / mu)
-        return bool(true_delta <= mpmath.mpf(delta))
 
 
 def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
