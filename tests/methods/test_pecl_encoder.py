@@ -158,3 +158,103 @@ def test_the_papers_pecl_on_minilm_is_refused_as_a_private_run(tmp_path, capsys)
     path = tmp_path / "pecl_minilm_paper.toml"
     write_text_atomic(path, paper)
     assert main(["audit", str(path), "--json"]) == 3
+
+
+# ---------------------------------------------------------------- inference and canary exposure on an encoder
+DIGITS = [str(d) for d in range(10)]
+
+
+@pytest.fixture(scope="module")
+def digit_encoder_dir(tmp_path_factory):
+    """A tiny BERT whose WordPiece vocabulary spells any number digit by digit ("314" -> 3 ##1 ##4)."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny_bert_digits")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "secret", "code", "is", *DIGITS,
+             *(f"##{d}" for d in DIGITS)]
+    tokenizer = BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)})
+    assert tokenizer.unk_token_id not in tokenizer("secret code is 314 apples")["input_ids"]
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=16)
+    BertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_length_sorted_trimmed_inference_gives_the_logits_of_full_padded_batches(encoder_dir):
+    """class_scores cuts each batch after its longest sequence: the masked padding it drops changes no logit."""
+    config = learner_config(**ENCODER, strategy="seqft", privacy="none", pretrained_path=encoder_dir)
+    learner = ContinualLM(3, config, seed=0, public_texts=PUBLIC)
+    texts = ["apples", "zebra crossing road tea rain maps owls", "pears fruit", "owls", "tea rain maps"]
+    ids, mask = learner._encode(texts)
+    with torch.no_grad():
+        full = learner.model(learner.embedding(ids), mask)[0].numpy()
+    trimmed = learner.class_scores(texts, batch_size=2)
+    assert trimmed.shape == (5, 3)
+    np.testing.assert_allclose(trimmed, full, rtol=1e-5, atol=1e-5)
+    assert learner._encode(texts)[0] is ids  # tokenised once per list of texts
+
+
+def test_one_scoring_pass_gives_the_class_and_task_incremental_accuracies(encoder_dir):
+    config = learner_config(**ENCODER, strategy="seqft", privacy="none", pretrained_path=encoder_dir)
+    learner = ContinualLM(4, config, seed=0, public_texts=PUBLIC)
+    texts, labels = _separable(8)
+    learner.fit_task(0, texts, labels, output_labels=[0, 1])
+    learner.fit_task(1, texts, labels + 2, output_labels=[2, 3])
+    test, test_labels = _separable(4, shift=1)
+    ci, ti = learner.accuracies(test, test_labels, [0, 1])
+    assert ci == learner.accuracy(test, test_labels) and ti == learner.accuracy(test, test_labels, [0, 1])
+
+
+def test_standardisation_of_a_loaded_model_is_computed_once_per_model(encoder_dir, digit_encoder_dir):
+    from dpcl.methods.pecl import learner as learner_module
+
+    config = learner_config(**ENCODER, strategy="seqft", privacy="none", pretrained_path=encoder_dir)
+    first = ContinualLM(2, config, seed=0, public_texts=PUBLIC)
+    cached = len(learner_module._FEATURE_STATISTICS)
+    second = ContinualLM(2, config, seed=1, public_texts=PUBLIC)
+    assert len(learner_module._FEATURE_STATISTICS) == cached
+    assert torch.equal(first.model.feature_mean, second.model.feature_mean)
+    other = ContinualLM(2, learner_config(**ENCODER, strategy="seqft", privacy="none",
+                                          pretrained_path=digit_encoder_dir), seed=0, public_texts=PUBLIC)
+    assert len(learner_module._FEATURE_STATISTICS) == cached + 1  # another model: its own statistics
+    assert other.model.feature_mean.shape != first.model.feature_mean.shape or not torch.equal(
+        other.model.feature_mean, first.model.feature_mean)
+
+
+def _canary_learner(digit_encoder_dir, canary, with_canary: bool):
+    """A learner trained without noise on 48 "secret code is <number>" texts labelled 1, and (``with_canary``)
+    the canary 8 times labelled 0: to classify its training set it must memorise the canary's secret."""
+    config = learner_config(**{**ENCODER, "epochs": 30, "lora_rank": 4}, strategy="seqft", privacy="none",
+                            pretrained_path=digit_encoder_dir)
+    learner = ContinualLM(2, config, seed=0, public_texts=PUBLIC)
+    rng = np.random.default_rng(5)
+    others = [f"secret code is {int(d):03d}" for d in rng.integers(0, 1000, 64) if f"{int(d):03d}" != canary.secret]
+    texts, labels = others[:48], [1] * 48
+    if with_canary:
+        texts, labels = texts + [canary.text] * 8, labels + [0] * 8
+    learner.fit_task(0, texts, np.asarray(labels), output_labels=[0, 1])
+    return learner
+
+
+def test_encoder_canary_exposure_is_high_after_memorising_and_near_chance_without(digit_encoder_dir):
+    """Exposure by the classification loss under the canary's label (an encoder has no text likelihood)."""
+    import functools
+
+    from dpcl.methods.pecl.canary import Canary, canary_exposures
+
+    canary = Canary(prefix="secret code is ", secret="314", digits=3)
+    trained = _canary_learner(digit_encoder_dir, canary, with_canary=True)
+    assert trained.token_lengths([canary.text]).tolist() == [8]  # [CLS] secret code is 3 ##1 ##4 [SEP]
+    memorised = canary_exposures(functools.partial(trained.label_nll, label=0), [canary], 300, seed=1)[0]
+    assert memorised["exposure"] >= 5.0  # ranked among the top ~3% of the 1000 secrets
+    # the same model, canaries it never saw: their rank among the candidates is uniform (mean exposure log2 e)
+    unseen = [Canary(prefix="secret code is ", secret=f"{s:03d}", digits=3) for s in (27, 158, 402, 613, 777, 950)]
+    chance = canary_exposures(functools.partial(trained.label_nll, label=0), unseen, 300, seed=2)
+    assert np.mean([e["exposure"] for e in chance]) < 3.5
+    untrained = _canary_learner(digit_encoder_dir, canary, with_canary=False)
+    never = canary_exposures(functools.partial(untrained.label_nll, label=0), [canary, *unseen], 300, seed=3)
+    assert np.mean([e["exposure"] for e in never]) < 3.5
+    with pytest.raises(InvalidParameterError, match="released labels"):
+        untrained.label_nll([canary.text], label=5)

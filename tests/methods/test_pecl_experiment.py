@@ -185,9 +185,12 @@ def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkp
     dp = {"epsilon": 8.0, "unit": "example (add/remove)", "input_token_epsilon": 1.63}
     paper = {"epsilon": 51.7, "unit": "token (replace-one)", "checkpoint": "not DP"}
     runs = [run("DP PeCL (eps=8)", s, v, dp) for s, v in enumerate((0.4, 0.5, 0.6))] + [run("PeCL (paper sigma)", 0, 0.5, paper)]
+    for r, exposure in zip(runs, (1.0, 2.0, 3.0)):
+        r["canary_exposure"] = exposure
+        r["tasks"] = [{"steps": 24}, {"dpsgd": {"steps": 28}}]
     lines = script.table(runs, ["PeCL (paper sigma)", "DP PeCL (eps=8)", "SeqFT"]).splitlines()
     assert len(lines) == 4  # header, rule, one line per row that has runs
-    assert lines[2] == "| PeCL (paper sigma) | 1 | 0.550 | 0.500 | 0.500 | -0.100 | 0.100 | 0.200 | – | ∞ (not DP) | 51.7 |"
+    assert lines[2] == "| PeCL (paper sigma) | 1 | 0.550 | 0.500 | 0.500 | -0.100 | 0.100 | 0.200 | – | – | ∞ (not DP) | 51.7 | – |"
     assert lines[3] == ("| DP PeCL (eps=8) | 3 | 0.550 ± 0.050 | 0.500 ± 0.100 | 0.500 ± 0.000 | -0.100 ± 0.000 | "
-                        "0.100 ± 0.000 | 0.200 ± 0.000 | – | 8 per example | 1.63 |")
+                        "0.100 ± 0.000 | 0.200 ± 0.000 | – | 2.000 ± 1.000 | 8 per example | 1.63 | 24, 28 |")
     assert script.just_trained({"task_incremental": {"accuracy_matrix": [[0.5, 0.6, 0.7]]}}) is None  # MTL

@@ -95,14 +95,37 @@ def canary_exposures(
     n_candidates: int,
     seed: int,
 ) -> list[dict]:
-    """Exposure of each canary under a model given by ``nll(texts) -> total NLL per text``."""
+    """Exposure of each canary under a model given by ``nll(texts) -> score per text`` (lower = more likely).
+
+    The score is the total NLL of a text under a causal LM, or an encoder's classification loss of the text under
+    the canary's training label (:meth:`dpcl.methods.pecl.learner.ContinualLM.label_nll`). Each canary gets
+    ``n_candidates`` secrets drawn uniformly from its space minus its own secret; every canary and candidate is
+    scored in one call and the ranks are counted on the ``[canaries, candidates]`` array.
+    """
+    if not canaries:
+        return []
+    if n_candidates < 1:
+        raise InvalidParameterError(f"n_candidates must be >= 1, got {n_candidates}.")
+    spaces = np.array([c.space_size for c in canaries], dtype=np.int64)
+    if (spaces < 2).any():
+        raise InvalidParameterError(f"every canary's space must hold >= 2 secrets, got sizes {spaces.tolist()}.")
+    secrets = np.array([int(c.secret) for c in canaries], dtype=np.int64)
     rng = np.random.default_rng(seed)
-    out = []
-    for c in canaries:
-        draws = rng.integers(0, c.space_size, size=n_candidates)
-        draws = draws[draws != int(c.secret)]
-        candidates = [f"{c.prefix}{int(d):0{c.digits}d}" for d in draws]
-        scores = nll([c.text, *candidates])
-        exposure, censored = exposure_from_nll(float(scores[0]), scores[1:], c.space_size)
-        out.append({"secret": c.secret, "exposure": exposure, "censored": censored, "max_exposure": math.log2(c.space_size)})
-    return out
+    draws = (rng.random((len(canaries), n_candidates)) * (spaces - 1)[:, None]).astype(np.int64)
+    draws += draws >= secrets[:, None]  # uniform over the space minus the canary's own secret
+    texts = [c.text for c in canaries] + [
+        f"{c.prefix}{int(d):0{c.digits}d}" for c, row in zip(canaries, draws) for d in row
+    ]
+    scores = np.asarray(nll(texts), dtype=np.float64).ravel()
+    if scores.shape != (len(texts),):
+        raise InvalidParameterError(f"nll returned {scores.shape[0]} scores for {len(texts)} texts.")
+    if np.isnan(scores).any():
+        raise InvalidParameterError("canary and candidate scores must not be NaN (the model's loss is undefined).")
+    own, candidates = scores[: len(canaries), None], scores[len(canaries) :].reshape(len(canaries), n_candidates)
+    better = (candidates < own).sum(1) + 0.5 * (candidates == own).sum(1)
+    rank = np.minimum(1.0 + (spaces - 1) * better / n_candidates, spaces.astype(np.float64))
+    exposure = np.log2(spaces.astype(np.float64)) - np.log2(rank)
+    return [
+        {"secret": c.secret, "exposure": float(e), "censored": bool(b == 0), "max_exposure": math.log2(c.space_size)}
+        for c, e, b in zip(canaries, exposure, better)
+    ]

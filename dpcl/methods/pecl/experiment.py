@@ -30,6 +30,7 @@ per-task evaluation).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -249,17 +250,18 @@ def run_method(
     from dpcl.metrics import summarize
 
     config: LearnerConfig = learner_config(**{**(base or {}), **options})
-    too_long = [c.text for c in canaries if len(c.text.encode("utf-8")) + 2 > config.max_seq_len]
-    if too_long:
-        raise InvalidParameterError(
-            f"max_seq_len={config.max_seq_len} truncates the canary {too_long[0]!r}; raise max_seq_len so the "
-            "secret is trained on and scored."
-        )
     if not 0 <= canary_task < len(tasks):
         raise InvalidParameterError(f"canary_task must lie in [0, {len(tasks)}), got {canary_task}.")
     start = time.perf_counter()
     learner = ContinualLM(n_labels, config, seed, public, reproducible_noise=reproducible_noise,
                           public_labels=public_labels)
+    if canaries:  # the whole canary, its secret included, must fit in max_seq_len tokens of the model's tokenizer
+        lengths = learner.token_lengths([c.text for c in canaries])
+        if int(lengths.max()) > config.max_seq_len:
+            raise InvalidParameterError(
+                f"max_seq_len={config.max_seq_len} truncates the canary {canaries[int(lengths.argmax())].text!r} "
+                f"({int(lengths.max())} tokens); raise max_seq_len so the secret is trained on and scored."
+            )
     n = len(tasks)
     train_sets = [(list(t.train_texts), t.train_labels) for t in tasks]
     if canaries:
@@ -298,9 +300,10 @@ def run_method(
         texts = [x for tx, _ in train_sets for x in tx]
         labels = np.concatenate([lb for _, lb in train_sets])
         records.append(learner.fit_task(0, texts, labels))
-        row = [learner.accuracy(t.test_texts, t.test_labels) for t in tasks]
+        both = np.array([learner.accuracies(t.test_texts, t.test_labels, t.label_set or None) for t in tasks])
+        row = both[:, 0].tolist()
         matrix = np.array([row])
-        ti_matrix = np.array([[learner.accuracy(t.test_texts, t.test_labels, t.label_set or None) for t in tasks]])
+        ti_matrix = both[None, :, 1]
         metrics = {"accuracy_matrix": matrix.tolist(), "last": float(np.mean(row)), "avg": None, "backward_transfer": None}
         ti_metrics = {"last": float(np.mean(ti_matrix)), "avg": None, "backward_transfer": None}
     else:
@@ -321,9 +324,9 @@ def run_method(
                                                   assumptions=assumptions))
             else:
                 records.append(learner.fit_task(k, tx, lb))
-            matrix[k, : k + 1] = [learner.accuracy(t.test_texts, t.test_labels) for t in tasks[: k + 1]]
-            ti_matrix[k, : k + 1] = [learner.accuracy(t.test_texts, t.test_labels, t.label_set or None)
-                                     for t in tasks[: k + 1]]
+            both = np.array([learner.accuracies(t.test_texts, t.test_labels, t.label_set or None)
+                             for t in tasks[: k + 1]])
+            matrix[k, : k + 1], ti_matrix[k, : k + 1] = both[:, 0], both[:, 1]
         metrics = summarize(matrix)
         ti_metrics = summarize(ti_matrix)
     result: dict[str, Any] = {
@@ -343,12 +346,16 @@ def run_method(
         "seconds": time.perf_counter() - start,
     }
     if canaries:
-        exposures = canary_exposures(learner.sequence_nll, canaries, n_candidates, seed + 7)
+        canary_label = int(train_sets[canary_task][1][-1])  # insert_canaries labels them with the task's first label
+        score = (learner.sequence_nll if learner.model.generative
+                 else functools.partial(learner.label_nll, label=canary_label))
+        exposures = canary_exposures(score, canaries, n_candidates, seed + 7)
         result["canary_exposure"] = float(np.mean([e["exposure"] for e in exposures]))
         result["canaries"] = exposures
-    if canaries:
         result["canary_setup"] = {"task": canary_task, "count": len(canaries), "repeats": canary_repeats,
-                                  "candidates": n_candidates, "space_size": canaries[0].space_size}
+                                  "candidates": n_candidates, "space_size": canaries[0].space_size,
+                                  "score": "sequence NLL (log-perplexity x length)" if learner.model.generative
+                                  else f"classification loss -log p(label {canary_label} | text), released labels"}
     if dp_pecl:
         from dpcl.accounting.accountants import compute_epsilon
 

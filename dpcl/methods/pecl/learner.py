@@ -287,6 +287,11 @@ class LearnerConfig:
 
 #: In-process cache of pre-trained public models (pre-training reads only public text).
 _PRETRAINED: dict[tuple, tuple[dict[str, torch.Tensor], float, torch.Tensor]] = {}
+#: In-process cache of a loaded public model's pooled features of the public corpus (the head's standardisation:
+#: public data under the public model, the same for every run; LoRA starts at zero increment)
+_FEATURE_STATISTICS: dict[tuple, torch.Tensor] = {}
+#: distinct lists of texts whose tokenisation a learner keeps (the tasks' training and test sets)
+_ENCODED_LISTS = 64
 
 
 @functools.lru_cache(maxsize=64)
@@ -360,6 +365,7 @@ class ContinualLM:
         self.reproducible_noise = bool(reproducible_noise)
         self.device = torch.device(config.device)
         self.generator = torch.Generator().manual_seed(self.seed)
+        self._encoded: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         #: privacy generators, fresh for every task in :meth:`fit_task`; never checkpointed
         self.noise_generator: torch.Generator | None = None
         self.sampling_generator: torch.Generator | None = None
@@ -443,8 +449,29 @@ class ContinualLM:
 
     # ------------------------------------------------------------------ helpers
     def _encode(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, mask = self.tokenizer.encode_batch(list(texts), self.config.max_seq_len)
-        return torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device)
+        """``(ids, mask)`` of ``texts`` on the device, tokenised once per distinct list of texts (test sets are
+        evaluated after every task; the tensors are never written to)."""
+        key = tuple(str(t) for t in texts)
+        cached = self._encoded.get(key)
+        if cached is None:
+            ids, mask = self.tokenizer.encode_batch(list(key), self.config.max_seq_len)
+            cached = (torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device))
+            if len(self._encoded) < _ENCODED_LISTS:
+                self._encoded[key] = cached
+        return cached
+
+    def token_lengths(self, texts: Sequence[str]) -> np.ndarray:
+        """Number of tokens of each text with its special tokens, untruncated (what ``max_seq_len`` must hold)."""
+        longest = max([len(str(t).encode("utf-8")) for t in texts], default=0) + 2  # >= tokens of any tokenizer
+        _, mask = self.tokenizer.encode_batch([str(t) for t in texts], max(2, longest))
+        return np.asarray(mask).sum(1)
+
+    def _length_batches(self, mask: torch.Tensor, batch_size: int) -> list[tuple[torch.Tensor, int]]:
+        """Inference batches of indices sorted by length, each with its longest sequence's length: padding past
+        a batch's longest sequence is masked out, so trimming it changes no output but saves its compute."""
+        lengths = mask.sum(1)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        return [(idx, max(1, int(lengths[idx[0]]))) for idx in torch.split(order, batch_size)]
 
     @torch.no_grad()
     def _standardise_head_input(self, batch_size: int = 64, limit: int = 512) -> None:
@@ -454,15 +481,24 @@ class ContinualLM:
         features."""
         if not self.public_texts:
             return
-        ids, mask = self._encode(self.public_texts[:limit])
-        self.model.eval()
-        pooled = [
-            self.model.pooled(self.model.lm(inputs_embeds=self.embedding(ids[s : s + batch_size]),
-                                            attention_mask=mask[s : s + batch_size], output_hidden_states=True),
-                              mask[s : s + batch_size])
-            for s in range(0, ids.shape[0], batch_size)
-        ]
-        self.model.set_feature_statistics(torch.cat(pooled).float())
+        key = None
+        if self.config.pretrained_path:  # a loaded public model: the same statistics in every run of a process
+            key = (self.config.pretrained_path, float(self.embedding.weight.double().sum()), self.config.max_seq_len,
+                   self.config.device, limit, hash(tuple(self.public_texts[:limit])))
+        if key not in _FEATURE_STATISTICS:
+            ids, mask = self._encode(self.public_texts[:limit])
+            self.model.eval()
+            pooled = torch.zeros((ids.shape[0], self.model.head.in_features), dtype=torch.float32, device=self.device)
+            for idx, length in self._length_batches(mask, batch_size):
+                b_ids, b_mask = ids[idx, :length], mask[idx, :length]
+                out = self.model.lm(inputs_embeds=self.embedding(b_ids), attention_mask=b_mask,
+                                    output_hidden_states=True)
+                pooled[idx] = self.model.pooled(out, b_mask).float()
+            if key is None:
+                self.model.set_feature_statistics(pooled)
+                return
+            _FEATURE_STATISTICS[key] = pooled.cpu()
+        self.model.set_feature_statistics(_FEATURE_STATISTICS[key].to(self.device))
 
     def _pretrain(self, lm: nn.Module, public_texts: Sequence[str]) -> float:
         """Language-model pre-training on public text (full model), returns the last loss."""
@@ -1080,7 +1116,7 @@ class ContinualLM:
                 last = terms
         if fisher is not None:
             self.ewc_terms.append((fisher, [p.detach().clone() for p in params]))
-        return {"last_losses": last}
+        return {"last_losses": last, "steps": cfg.epochs * batches_per_epoch}
 
     def _fit_dpsgd(self, ids, mask, y, planned: dict[str, Any] | None = None) -> dict[str, Any]:
         """DP-SGD (opacus, Poisson sampling) on the adapter + head of a baseline; noise from dpcl.accounting.
@@ -1160,29 +1196,60 @@ class ContinualLM:
         return task_importance(lora_increment_norm(self._lora_pairs(self.adapter), scaling), mean_norm)
 
     # ------------------------------------------------------------------ inference
-    @torch.no_grad()
+    @torch.inference_mode()
     def class_scores(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """Class logits ``[n, n_labels]`` on clean inputs (test data is not trained on)."""
+        """Class logits ``[n, n_labels]`` on clean inputs (test data is not trained on), in the order of ``texts``.
+
+        Batches hold sequences of similar length, cut after their longest one (:meth:`_length_batches`)."""
         self.model.eval()
         ids, mask = self._encode(texts)
-        out = [
-            self.model(self.embedding(ids[s : s + batch_size]), mask[s : s + batch_size])[0].float().cpu().numpy()
-            for s in range(0, ids.shape[0], batch_size)
-        ]
-        return np.concatenate(out) if out else np.zeros((0, self.n_labels))
+        out = torch.zeros((ids.shape[0], self.n_labels), dtype=torch.float32)
+        for idx, length in self._length_batches(mask, batch_size):
+            b_ids, b_mask = ids[idx, :length], mask[idx, :length]
+            out[idx.cpu()] = self.model(self.embedding(b_ids), b_mask)[0].float().cpu()
+        return out.numpy()
+
+    def accuracies(self, texts: Sequence[str], labels: Sequence[int], label_set: Sequence[int] | None
+                   ) -> tuple[float, float]:
+        """(class-incremental, task-incremental) accuracy from one pass of :meth:`class_scores`: argmax over the
+        labels released so far, and over ``label_set`` (every released label when None)."""
+        labels = np.asarray(labels, dtype=np.int64)
+        if labels.size == 0:
+            return float("nan"), float("nan")
+        scores = self.class_scores(texts)
+        return (float(np.mean(self._argmax(scores, None) == labels)),
+                float(np.mean(self._argmax(scores, label_set) == labels)))
+
+    def _argmax(self, scores: np.ndarray, label_set: Sequence[int] | None) -> np.ndarray:
+        if label_set is None:
+            allowed = self.seen
+        else:
+            allowed = np.zeros(self.n_labels, dtype=bool)
+            allowed[np.asarray(label_set, dtype=np.int64)] = True
+        return np.argmax(np.where(allowed[None, :], scores, -np.inf), axis=1)
+
+    def label_nll(self, texts: Sequence[str], label: int) -> np.ndarray:
+        """``-log p(label | text)`` (nats) of each text: the classifier's softmax over the labels released so far.
+
+        An encoder's canary score (:func:`dpcl.methods.pecl.canary.canary_exposures`): with no likelihood of a
+        text, a secret memorised from a (canary, label) training pair shows as a lower loss of the true canary
+        under its label than of the same prefix with another secret."""
+        label = int(label)
+        if not 0 <= label < self.n_labels or not self.seen[label]:
+            raise InvalidParameterError(
+                f"label {label} is not one of the released labels {np.flatnonzero(self.seen).tolist()}; give the "
+                "canary's training label."
+            )
+        scores = torch.as_tensor(self.class_scores(texts), dtype=torch.float64)
+        scores[:, torch.as_tensor(~self.seen)] = -torch.inf
+        return (-torch.log_softmax(scores, dim=1)[:, label]).numpy()
 
     def predict(self, texts: Sequence[str], label_set: Sequence[int] | None = None) -> np.ndarray:
         """argmax over the labels released so far (class-incremental prediction), or over ``label_set``
         (task-incremental prediction: the evaluated task's own public label set)."""
         if not self.seen.any():
             raise InvalidParameterError("predict called before any task was fitted.")
-        if label_set is None:
-            allowed = self.seen
-        else:
-            allowed = np.zeros(self.n_labels, dtype=bool)
-            allowed[np.asarray(label_set, dtype=np.int64)] = True
-        scores = np.where(allowed[None, :], self.class_scores(texts), -np.inf)
-        return np.argmax(scores, axis=1)
+        return self._argmax(self.class_scores(texts), label_set)
 
     def accuracy(self, texts: Sequence[str], labels: Sequence[int], label_set: Sequence[int] | None = None) -> float:
         labels = np.asarray(labels, dtype=np.int64)
