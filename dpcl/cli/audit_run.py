@@ -39,10 +39,12 @@ from typing import Any
 from dpcl.cli.numbers import parse_count, parse_delta
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.errors import ConfigError
-from dpcl.audit.one_run import GAUSSIAN_VIEW_ASSUMPTION
 
 #: Default number of canaries per task.
 DEFAULT_CANARIES = 2000
+
+#: What ``--mode`` may ask for.
+MODES = ("both", "stream", "harness")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,10 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--step", default=None, metavar="MODULE:CLASS",
                         help="audit your own DP-SGD step: a subclass of dpcl.audit.one_run_dpsgd.DpsgdStep, "
                              "importable as MODULE:CLASS (default: dpcl's)")
-    parser.add_argument("--in-stream", action="store_true",
-                        help="train the config's own method once through dpcl run's pipeline with canaries mixed into "
-                             "every task (each a unit, so the run's certificates stay true), and audit each released "
-                             "model black box; DIR becomes that run's directory, the audit goes to DIR/audit/")
+    parser.add_argument("--mode", default="both", choices=MODES,
+                        help="stream: train the config's own method once through dpcl run's pipeline with canaries "
+                             "mixed into every task (each a unit, so DIR is a run whose certificates hold) and audit "
+                             "each release black box; harness: dpcl's DP-SGD step (or --step) at each task's planned "
+                             "settings with white-box canaries, no release; both (default): the two, the harness "
+                             "only where the method plans DP-SGD")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_json_flag(parser)
     parser.set_defaults(handler=run_audit_run, time_hint="use fewer --canaries")
@@ -110,28 +114,44 @@ def load_step_class(spec: str | None) -> Any:
 
 
 def run_audit_run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from dpcl.audit.one_run_dpsgd import audit_dpsgd_one_run, os_generator
-    from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
-    from dpcl.runner.run import audit_run, load_run, prepare_stream
+    from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic  # noqa: PLC0415 - CLI start-up
 
     canaries = parse_count("--canaries", args.canaries, 2, 1_000_000)
     confidence = parse_delta("--confidence", args.confidence)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {str(out)!r} is not empty; give a new or empty directory for the audit's files.")
-    if args.in_stream:
-        if args.step is not None or args.canary_kind != "gradient":
-            raise ConfigError("--in-stream trains the method's own DP code with input canaries; --step and --canary-kind "
-                              "apply to the DP-SGD harness only: drop them or drop --in-stream.")
-        return _run_in_stream(args, out, canaries, confidence)
+    if args.mode == "stream" and (args.step is not None or args.canary_kind != "gradient"):
+        raise ConfigError("--step and --canary-kind apply to the DP-SGD harness; --mode stream trains the method's own "
+                          "code with input canaries: drop them, or use --mode harness or both.")
+    if args.mode == "harness":
+        payload = harness_audit(args, out, canaries, confidence, required=True)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "audit.json", payload)
+        write_text_atomic(out / "audit.md", render_markdown(payload))
+    else:
+        payload = _stream_audit(args, out, canaries, confidence)
+    emit(args, "audit-run", {k: v for k, v in payload.items() if k not in ("tasks", "harness")})
+    return 3 if payload["flagged_tasks"] else 0
+
+
+def harness_audit(args: argparse.Namespace, out: Path, canaries: int, confidence: float, *,
+                  required: bool) -> dict[str, Any] | None:
+    """The DP-SGD harness audit of every task (white and black box), or None when the method plans no DP-SGD run
+    and ``required`` is false (a method without DP-SGD is refused when it is true)."""
+    import numpy as np
+
+    from dpcl.audit.one_run_dpsgd import audit_dpsgd_one_run, os_generator
+    from dpcl.runner.run import audit_run, load_run, prepare_stream
+
     step_class = load_step_class(args.step)
     loaded = load_run(args.config, out, quiet=True)  # --out is checked as a directory dpcl may write
     if not loaded.private:
         raise ConfigError("the config trains without privacy ([privacy] private = false): there is no certified epsilon to audit.")
     prepared = prepare_stream(loaded)
     report = audit_run(loaded, prepared)
+    if not required and not all(_plans_dpsgd(entry) for entry in report.per_task):
+        return None
     plans = [(task, _dpsgd_plan(entry, loaded.method_name)) for task, entry in zip(prepared.tasks, report.per_task)]
     delta = float(report.delta)
     per_task_confidence = 1.0 - (1.0 - confidence) / len(plans)
@@ -151,9 +171,10 @@ def run_audit_run(args: argparse.Namespace) -> int:
         tasks.append({"task": task.index, **result.to_dict()})
     empirical = max(t["empirical_epsilon_lower"] for t in tasks)
     flagged = [t["task"] for t in tasks if t["flagged"]]
-    payload = {
+    return {
         "config": str(args.config),
         "method": loaded.method_name,
+        "mode": "harness",
         "certified_epsilon": float(report.epsilon),
         "empirical_epsilon_lower": empirical,
         "delta": delta,
@@ -173,27 +194,50 @@ def run_audit_run(args: argparse.Namespace) -> int:
         ),
         "tasks": tasks,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "audit.json", payload)
-    write_text_atomic(out / "audit.md", render_markdown(payload))
-    emit(args, "audit-run", {k: v for k, v in payload.items() if k != "tasks"})
-    return 3 if flagged else 0
 
 
-def _run_in_stream(args: argparse.Namespace, out: Path, canaries: int, confidence: float) -> int:
-    from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
-    from dpcl.runner.canary_run import run_with_canaries
+def _plans_dpsgd(entry: dict[str, Any]) -> bool:
+    noise = entry.get("noise") or {}
+    return all(k in noise for k in ("noise_multiplier", "sample_rate", "steps", "max_grad_norm"))
+
+
+def _stream_audit(args: argparse.Namespace, out: Path, canaries: int, confidence: float) -> dict[str, Any]:
+    """``--mode stream`` or ``both``: the canary run into ``out`` (a run directory), audited black box, and with
+    ``both`` the harness beside it (white box); the confidence is split between the two (Bonferroni)."""
+    from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic  # noqa: PLC0415 - CLI start-up
+    from dpcl.runner.canary_run import run_with_canaries  # noqa: PLC0415 - CLI start-up (torch)
+
+    each = confidence if args.mode == "stream" else 1.0 - (1.0 - confidence) / 2
+    harness = None
+    if args.mode == "both":
+        harness = harness_audit(args, out, canaries, each, required=False)
 
     def report_release(t: int) -> None:
         print(f"audit-run (in stream): release {t + 1} trained, certified and scored", file=sys.stderr, flush=True)
 
-    payload = run_with_canaries(args.config, out, canaries=canaries, confidence=confidence, quiet=True,
+    payload = run_with_canaries(args.config, out, canaries=canaries, confidence=each, quiet=True,
                                 progress=None if (args.quiet or args.json) else report_release)
+    payload["confidence"] = confidence
+    payload["mode"] = args.mode
+    payload["harness"] = harness if harness is not None else (
+        None if args.mode == "stream" else f"not run: method {payload['method']!r} plans no DP-SGD run"
+    )
+    if harness is not None:
+        for stream_task, harness_task in zip(payload["tasks"], harness["tasks"]):
+            stream_task["white_box"] = harness_task["white_box"]
+            stream_task["harness_certified_epsilon"] = harness_task["certified_epsilon"]
+            stream_task["harness_empirical_epsilon_lower"] = harness_task["empirical_epsilon_lower"]
+            stream_task["flagged"] = bool(stream_task["flagged"] or harness_task["flagged"])
+        payload["empirical_epsilon_lower"] = max(payload["empirical_epsilon_lower"], harness["empirical_epsilon_lower"])
+        payload["flagged_tasks"] = [t["task"] for t in payload["tasks"] if t["flagged"]]
+        payload["verdict"] = "violated" if payload["flagged_tasks"] else "consistent"
     (out / "audit").mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "audit" / "audit.json", payload)
-    write_text_atomic(out / "audit" / "audit.md", render_in_stream_markdown(payload))
-    emit(args, "audit-run", {k: v for k, v in payload.items() if k != "tasks"})
-    return 3 if payload["flagged_tasks"] else 0
+    text = render_in_stream_markdown(payload)
+    if harness is not None:
+        text += "\n" + render_markdown(harness).replace("# One-run privacy audit", "## The DP-SGD harness: one-run audit", 1)
+    write_text_atomic(out / "audit" / "audit.md", text)
+    return payload
 
 
 def _heading(payload: dict[str, Any], setting: str) -> list[str]:
@@ -234,6 +278,7 @@ def render_in_stream_markdown(payload: dict[str, Any]) -> str:
 
 def render_markdown(payload: dict[str, Any]) -> str:
     """The readable report: per-task and stream bounds beside the certified epsilon, with the setting."""
+    from dpcl.audit.one_run import GAUSSIAN_VIEW_ASSUMPTION  # noqa: PLC0415 - CLI start-up
     lines = [
         *_heading(payload, ""),
         "The canary run is not a release: it writes no checkpoint and no certificate.",

@@ -136,7 +136,7 @@ def test_cli_audit_run_writes_its_report_and_exits_0_on_a_correct_run(tmp_path):
     out = tmp_path / "audit"
     proc = subprocess.run(
         [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/naive.toml", "--out", str(out),
-         "--canaries", "200", "--json"],
+         "--canaries", "200", "--mode", "harness", "--json"],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
@@ -153,7 +153,8 @@ def test_cli_audit_run_writes_its_report_and_exits_0_on_a_correct_run(tmp_path):
 
 def test_cli_audit_run_refuses_a_method_without_dpsgd_and_a_used_directory(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/cosine.toml", "--out", str(tmp_path / "a")],
+        [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/cosine.toml", "--out", str(tmp_path / "a"),
+         "--mode", "harness"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2 and "DP-SGD" in proc.stderr and "Traceback" not in proc.stderr
@@ -187,7 +188,8 @@ def test_cli_audit_run_flags_a_users_broken_step_with_exit_3(tmp_path, step, kin
     out = tmp_path / "audit"
     proc = subprocess.run(
         [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/naive.toml", "--out", str(out),
-         "--canaries", "500", "--step", f"my_broken_step:{step}", "--canary-kind", kind, "--json"],
+         "--canaries", "500", "--step", f"my_broken_step:{step}", "--canary-kind", kind, "--mode", "harness",
+         "--json"],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert proc.returncode == 3, proc.stderr
@@ -196,7 +198,7 @@ def test_cli_audit_run_flags_a_users_broken_step_with_exit_3(tmp_path, step, kin
     assert report["empirical_epsilon_lower"] > max(t["certified_epsilon"] for t in report["tasks"])
     proc = subprocess.run(
         [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/naive.toml", "--out", str(tmp_path / "x"),
-         "--step", "my_broken_step:Missing"],
+         "--step", "my_broken_step:Missing", "--mode", "harness"],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert proc.returncode == 2 and "cannot be imported" in proc.stderr

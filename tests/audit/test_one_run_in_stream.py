@@ -53,21 +53,25 @@ def test_add_canaries_appends_the_included_ones_as_new_units_inside_the_public_l
         seen_ids |= ids
 
 
-def test_in_stream_run_is_certified_and_consistent(tmp_path):
+def test_default_audit_run_certifies_a_canary_run_and_audits_it_beside_the_harness(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/naive.toml", "--out", str(out), "--in-stream",
+        [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/naive.toml", "--out", str(out),
          "--canaries", "100", "--json"],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     payload = json.loads((out / "audit" / "audit.json").read_text())
-    assert payload["mode"] == "in-stream" and payload["verdict"] == "consistent"
+    assert payload["mode"] == "both" and payload["verdict"] == "consistent"
+    assert payload["harness"]["mode"] == "harness" and len(payload["harness"]["tasks"]) == 5
     assert len(payload["tasks"]) == 5
     for t in payload["tasks"]:
         assert 0 <= t["empirical_epsilon_lower"] <= t["certified_epsilon"]
+        assert 0 <= t["harness_empirical_epsilon_lower"] <= t["harness_certified_epsilon"]
         assert t["examples"] > t["black_box"]["included"] > 0  # the included canaries were trained on
-    assert "not a model to deploy" in (out / "audit" / "audit.md").read_text()
+        assert "epsilon_lower" in t["white_box"]
+    text = (out / "audit" / "audit.md").read_text()
+    assert "not a model to deploy" in text and "The DP-SGD harness" in text
     verify = subprocess.run([sys.executable, "-m", "dpcl", "verify", str(out)], capture_output=True, text=True, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr  # the run's certificates are true for what it trained
     report = subprocess.run([sys.executable, "-m", "dpcl", "report", str(out), "--out", str(tmp_path / "r.html")],
@@ -108,7 +112,20 @@ def test_in_stream_refuses_replace_one_configs_and_harness_options(tmp_path):
         run_with_canaries("dpcl/configs/l2dpml_split_digits.toml", tmp_path / "a", canaries=50, confidence=0.95)
     proc = subprocess.run(
         [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/naive.toml", "--out", str(tmp_path / "b"),
-         "--in-stream", "--canary-kind", "input"],
+         "--mode", "stream", "--canary-kind", "input"],
         capture_output=True, text=True, timeout=300,
     )
-    assert proc.returncode == 2 and "--in-stream" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "--mode" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_stream_mode_audits_a_method_without_dpsgd(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpcl", "audit-run", "dpcl/configs/cosine.toml", "--out", str(out), "--canaries", "100",
+         "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads((out / "audit" / "audit.json").read_text())
+    assert payload["method"] == "cosine" and payload["harness"].startswith("not run")
+    assert 0 <= payload["empirical_epsilon_lower"] <= payload["certified_epsilon"]
