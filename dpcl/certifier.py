@@ -87,7 +87,7 @@ import numpy as np
 from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, PrivacyEvent, RepeatedEvent
 from dpcl.accounting.validation import check_count, check_positive_scalar, check_sample_rate
 from dpcl.errors import ConfigError, ExistingRunError, InvalidParameterError, LedgerCorruptError, PrivacyViolationError
-from dpcl.guarantees.atomic_io import sha256_file, write_bytes_atomic
+from dpcl._io.atomic_io import sha256_file, write_bytes_atomic
 from dpcl.guarantees.certificates import (
     ScopedLedger,
     certificate_from_ledger,
@@ -910,7 +910,7 @@ class Certifier:
         run_dir = self.run_dir.resolve()
         if path.is_symlink() or run_dir not in path.resolve().parents:
             # a certificate names its checkpoint inside its run directory, never through a symlink
-            # (dpcl.guarantees.safe_paths): a file from elsewhere is released as a copy under checkpoints/
+            # (dpcl._io.safe_paths): a file from elsewhere is released as a copy under checkpoints/
             name = path.name if _FILENAME.match(path.name) else f"task{t + 1:03d}.ckpt"
             return self._checkpoint_file(t, path.read_bytes(), name)
         resolved = path.resolve()

@@ -103,7 +103,7 @@ def run_audit_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from dpcl.audit.one_run_dpsgd import audit_dpsgd_one_run, os_generator
-    from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
+    from dpcl._io.atomic_io import write_json_atomic, write_text_atomic
     from dpcl.runner.run import audit_run, load_run, prepare_stream
 
     canaries = parse_count("--canaries", args.canaries, 2, 1_000_000)

@@ -70,7 +70,7 @@ def minilm_directory() -> Path:
 
 @lru_cache(maxsize=4)
 def _weights_digest(path: str, size: int, mtime_ns: int) -> str:  # size/mtime: re-hash if the file changes
-    from dpcl.guarantees.atomic_io import sha256_file  # noqa: PLC0415
+    from dpcl._io.atomic_io import sha256_file  # noqa: PLC0415
 
     return sha256_file(path)
 

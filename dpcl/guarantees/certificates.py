@@ -79,7 +79,7 @@ from dpcl.errors import (
     VerificationError,
 )
 from dpcl.accounting.validation import FLOAT_MAX_INTEGER, describe_number, integer_beyond_float
-from dpcl.guarantees.atomic_io import collector_paused, read_json, sha256_file, write_json_atomic
+from dpcl._io.atomic_io import collector_paused, read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.ledger import (
     ACROSS_TASKS,
     Charge,
@@ -1029,9 +1029,9 @@ def _verify(p: Path, checkpoint: "str | os.PathLike[str] | None", public_key: An
 
 def certified_checkpoint_path(certificate: "str | os.PathLike[str]", name: Any) -> Path:
     """The checkpoint file a certificate names (``name``, relative to the certificate), refusing with
-    :class:`~dpcl.guarantees.safe_paths.UnsafePathError` (exit code 2) a path that leaves the run directory (the
+    :class:`~dpcl._io.safe_paths.UnsafePathError` (exit code 2) a path that leaves the run directory (the
     certificate's folder's parent) or passes through a symbolic link."""
-    from dpcl.guarantees.safe_paths import contained_path
+    from dpcl._io.safe_paths import contained_path
 
     p = Path(certificate)
     return contained_path(p.resolve().parent.parent, _relative_to_parent(p, name),
@@ -1040,7 +1040,7 @@ def certified_checkpoint_path(certificate: "str | os.PathLike[str]", name: Any) 
 
 def _relative_to_parent(certificate: Path, name: Any) -> Any:
     """A checkpoint path relative to the certificate, rewritten relative to the run directory (the certificate's
-    folder's parent) for :func:`~dpcl.guarantees.safe_paths.contained_path`; non-strings are left for it to refuse."""
+    folder's parent) for :func:`~dpcl._io.safe_paths.contained_path`; non-strings are left for it to refuse."""
     if not isinstance(name, str) or not name or Path(name).is_absolute():
         return name
     return f"{certificate.resolve().parent.name}/{name}"

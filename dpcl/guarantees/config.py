@@ -449,7 +449,7 @@ def load_config(
     arrays deeper than :data:`MAX_CONFIG_DEPTH` levels while or after it is parsed, so a hostile config cannot
     exhaust memory or the stack.
     """
-    from dpcl.guarantees.atomic_io import FileTooLargeError, JsonLimitError, check_nesting, read_bytes_limited
+    from dpcl._io.atomic_io import FileTooLargeError, JsonLimitError, check_nesting, read_bytes_limited
 
     p = Path(path)
     try:

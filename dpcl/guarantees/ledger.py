@@ -25,7 +25,7 @@ ledger checks it and refuses (:class:`~dpcl.errors.DisjointnessViolationError`)
 a task that shares a unit with another, naming one shared unit.
 
 Persistence: the ledger is one JSON file written atomically
-(:func:`dpcl.guarantees.atomic_io.write_json_atomic`) and a journal beside it to which every later change
+(:func:`dpcl._io.atomic_io.write_json_atomic`) and a journal beside it to which every later change
 appends one hash-chained line of what changed (:meth:`TaskLedger.save`), folded into the file by
 :meth:`TaskLedger.compact` when it grows larger than the file, when a run resumes and when it stops. Repetition is stored once
 with its count and never expanded (format version 2, :data:`LEDGER_VERSION`;
@@ -69,7 +69,7 @@ from dpcl.errors import (
     LedgerCorruptError,
     PrivacyViolationError,
 )
-from dpcl.guarantees.atomic_io import (
+from dpcl._io.atomic_io import (
     MAX_JSON_BYTES,
     FileTooLargeError,
     append_bytes_durably,

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from dpcl import __version__
 from dpcl.errors import DpclError, InvalidParameterError
-from dpcl.guarantees.atomic_io import read_json, write_text_atomic
+from dpcl._io.atomic_io import read_json, write_text_atomic
 from dpcl.guarantees.signing import signature_state
 
 #: File name of the page when no output path is given (inside the run directory).

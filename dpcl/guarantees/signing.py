@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, MissingDependencyError, VerificationError
-from dpcl.guarantees.atomic_io import write_bytes_atomic, write_json_atomic
+from dpcl._io.atomic_io import write_bytes_atomic, write_json_atomic
 
 __all__ = [
     "SIGNATURE_FIELD",

@@ -200,7 +200,7 @@ def _lead(config_path: Any, out_dir: Any, *, device: str, run_options: dict[str,
 # -- ranks > 0 ----------------------------------------------------------------------------------------------------
 def _resume_point(out: Path) -> int:
     """The first task rank 0 will train: one after the last release ``run.json`` records (0 for a new run)."""
-    from dpcl.guarantees.atomic_io import read_json
+    from dpcl._io.atomic_io import read_json
 
     state_path = out / "run.json"
     if not state_path.exists():

@@ -49,7 +49,7 @@ Run directory::
     DIR/curator/task001.state.pt         curator state per release (private), atomic
     DIR/scoped/NAME.ledger.json          one ledger per scoped statement (private), atomic
     DIR/metrics.json, DIR/accuracy.png
-    DIR/run.lock                         held while a run works on DIR (dpcl.guarantees.run_lock)
+    DIR/run.lock                         held while a run works on DIR (dpcl._io.run_lock)
 
 What may be published: ``checkpoints/`` and ``certificates/`` (each
 certificate covers its checkpoint and nothing else). ``curator/``,
@@ -110,9 +110,9 @@ from dpcl.errors import (
     MissingDependencyError,
     PrivacyViolationError,
 )
-from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
+from dpcl._io.atomic_io import read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
-from dpcl.guarantees.run_lock import acquire_run_lock, releases_run_locks  # one live run per --out directory
+from dpcl._io.run_lock import acquire_run_lock, releases_run_locks  # one live run per --out directory
 from dpcl.runner.run_state import (
     RUN_STATE_FORMAT,
     RUN_STATE_VERSION,
@@ -512,7 +512,7 @@ def _check_ledgers_record(run: RunInProgress) -> None:
 
 def _restore_last_release(run: RunInProgress) -> None:
     """The method's state after the last release ``run.json`` lists: its certified checkpoint and curator state."""
-    from dpcl.guarantees.safe_paths import contained_path  # run.json may have been edited: stay inside --out
+    from dpcl._io.safe_paths import contained_path  # run.json may have been edited: stay inside --out
     from dpcl.runner.checkpoints import load_checkpoint, load_curator_state
 
     last, out = run.releases[-1], run.out

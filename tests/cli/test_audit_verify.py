@@ -15,7 +15,7 @@ import dpcl
 from dpcl.accounting.events import GaussianEvent
 from dpcl.cli import main
 from dpcl.guarantees import ledger as ledger_module
-from dpcl.guarantees.atomic_io import sha256_file
+from dpcl._io.atomic_io import sha256_file
 from dpcl.guarantees.certificates import certificate_from_ledger, write_certificate
 from dpcl.guarantees.ledger import TaskLedger
 from dpcl.guarantees.method_schema import ReleaseCoverage

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from dpcl.errors import InvalidParameterError
-from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
+from dpcl._io.atomic_io import write_json_atomic, write_text_atomic
 from dpcl.methods.pecl.canary import Canary, canary_exposures, insert_canaries, make_canaries
 from dpcl.methods.pecl.learner import ContinualLM, LearnerConfig, learner_config
 
