@@ -6,7 +6,7 @@ numbers), ``dpcl.guarantees`` (task-wise DP semantics, certificates),
 ``dpcl.cli``. The first three never import torch.
 """
 
-__version__ = "0.1.0"
+from dpcl._version import __version__
 
 __all__ = ["Certifier", "ReleaseCoverage", "__version__"]
 

@@ -21,7 +21,7 @@ import sys
 import warnings
 from typing import Sequence
 
-from dpcl import __version__
+from dpcl._version import __version__
 from dpcl.errors import DpclError
 
 #: Command modules, in the order they appear in ``dpcl --help``.

@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dpcl import __version__
+from dpcl._version import __version__
 from dpcl.errors import (
     DpclError,
     InvalidParameterError,

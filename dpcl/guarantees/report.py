@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dpcl import __version__
+from dpcl._version import __version__
 from dpcl.errors import DpclError, InvalidParameterError
 from dpcl._io.atomic_io import read_json, write_text_atomic
 from dpcl.guarantees.signing import signature_state

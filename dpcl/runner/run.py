@@ -102,7 +102,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from dpcl import __version__
+from dpcl._version import __version__
 from dpcl.errors import (
     ConfigError,
     InvalidParameterError,
