@@ -95,6 +95,7 @@ from dpcl.guarantees.ledger import (
     expand_indices,
     indices_equal,
 )
+from dpcl.guarantees.ed25519 import signature_check
 from dpcl.guarantees.method_schema import ReleaseCoverage
 
 __all__ = [
@@ -1008,8 +1009,6 @@ def _verify(p: Path, checkpoint: "str | os.PathLike[str] | None", public_key: An
         )
 
     # 6. who issued it (only when a public key is given; otherwise the signature is reported, not checked).
-    from dpcl.guarantees.signing import signature_check
-
     signed_ok, signed_detail = signature_check(data, public_key)
     checks.append(VerificationCheck("signature", signed_ok, signed_detail))
 
