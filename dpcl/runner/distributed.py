@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcl.errors import ConfigError, DistributedRunError, InvalidParameterError
+from dpcl.runner.ranks import refuse_on_other_ranks  # noqa: F401  (public here too: rank checks live in ranks)
 from dpcl.runner.threads import usable_cores
 
 #: Methods that train by DP-SGD through :func:`dpcl.methods.dpsgd_training.train_classifier` (data-parallel ready).
@@ -65,24 +66,6 @@ def launched_by_torchrun() -> bool:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1
     except ValueError:
         return False
-
-
-def refuse_on_other_ranks() -> None:
-    """Raise unless this process may write a run directory: no process group, or rank 0 of it.
-
-    :func:`~dpcl.runner.run.run_training` calls it before anything is written, so a user script that calls it on
-    every rank of a process group gets a clear error instead of several writers of one ledger.
-    """
-    try:
-        import torch.distributed as dist
-    except ModuleNotFoundError:  # no torch: run_training reports the missing training extra
-        return
-    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
-        raise InvalidParameterError(
-            f"run_training was called on rank {dist.get_rank()} of a torch.distributed process group: only rank 0 "
-            "writes the ledger, checkpoints and certificates. Start the run with `dpcl run --nproc N` or `torchrun "
-            "... -m dpcl run`, or call dpcl.runner.distributed.run_under_torchrun on every rank."
-        )
 
 
 def run_training_options(*, seed: int, quiet: bool, stop_after_task: int | None, reproducible_noise: bool,

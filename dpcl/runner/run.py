@@ -113,6 +113,7 @@ from dpcl.errors import (
 from dpcl._io.atomic_io import read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
 from dpcl._io.run_lock import acquire_run_lock, releases_run_locks  # one live run per --out directory
+from dpcl.runner.ranks import refuse_on_other_ranks
 from dpcl.runner.run_state import (
     RUN_STATE_FORMAT,
     RUN_STATE_VERSION,
@@ -338,8 +339,6 @@ def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0,
         _refuse_existing_run(out)
     options = run_options(config)
     resolved = resolve_device(device, config.method)
-    from dpcl.runner.distributed import refuse_on_other_ranks
-
     refuse_on_other_ranks()  # only rank 0 writes the ledger, checkpoints and certificates
     try:
         from dpcl.methods.base import method_class
