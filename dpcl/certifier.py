@@ -105,6 +105,7 @@ from dpcl.guarantees.label_space import (
 )
 from dpcl.guarantees.ledger import Charge, ReleaseRecord, StreamGuarantee, TaskLedger, compress_events
 from dpcl.guarantees.method_schema import ReleaseCoverage
+from dpcl.guarantees.signing import load_private_key, sign_certificate
 
 __all__ = [
     "ACROSS_TASKS_CHOICES",
@@ -466,8 +467,6 @@ class Certifier:
         self.method = method.strip()
         self._sign_key = None
         if sign_key is not None:
-            from dpcl.guarantees.signing import load_private_key
-
             self._sign_key = load_private_key(sign_key, option="sign_key")
 
         self.run_dir = Path(run_dir)
@@ -1159,8 +1158,6 @@ class Certifier:
         verify_certificate(written).raise_if_invalid()
         signed_by = None
         if self._sign_key is not None:
-            from dpcl.guarantees.signing import sign_certificate
-
             signed_by = sign_certificate(written, self._sign_key, verify=False)  # verified just above
         listed = self._state().setdefault("certificates", [])
         relative = written.relative_to(self.run_dir).as_posix()

@@ -43,6 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dpcl.accounting.gaussian import gdp_mu
 from dpcl.accounting.validation import check_delta_scalar, check_nonnegative_scalar
 from dpcl.audit.blackbox import check_confidence
 from dpcl.errors import InvalidParameterError
@@ -208,8 +209,6 @@ def gaussian_fdp_epsilon_lower(canaries: int, guesses: int, correct: int, delta:
     Gaussian trade-off curve (full-batch DP-SGD, the Gaussian mechanism);
     see the module docstring.
     """
-    from dpcl.accounting.gaussian import gdp_mu  # noqa: PLC0415
-
     m, r, v = _game(canaries, guesses, correct)
     d = check_delta_scalar("delta", delta, allow_zero=True)
     if d == 0.0:

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from dpcl._io.safe_paths import contained_path
 from dpcl._version import __version__
 from dpcl.errors import (
     DpclError,
@@ -1030,8 +1031,6 @@ def certified_checkpoint_path(certificate: "str | os.PathLike[str]", name: Any) 
     """The checkpoint file a certificate names (``name``, relative to the certificate), refusing with
     :class:`~dpcl._io.safe_paths.UnsafePathError` (exit code 2) a path that leaves the run directory (the
     certificate's folder's parent) or passes through a symbolic link."""
-    from dpcl._io.safe_paths import contained_path
-
     p = Path(certificate)
     return contained_path(p.resolve().parent.parent, _relative_to_parent(p, name),
                           what=f"certificate {str(p)!r} checkpoint path")
