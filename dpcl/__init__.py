@@ -14,10 +14,12 @@ __all__ = ["Certifier", "ReleaseCoverage", "__version__"]
 def __getattr__(name: str):
     """``from dpcl import Certifier, ReleaseCoverage``, imported on first use (``import dpcl`` stays light)."""
     if name == "Certifier":
+        # lazy import: keeps `import dpcl` (and so CLI start-up) light
         from dpcl.certifier import Certifier
 
         return Certifier
     if name == "ReleaseCoverage":
+        # lazy import: keeps `import dpcl` (and so CLI start-up) light
         from dpcl.guarantees.method_schema import ReleaseCoverage
 
         return ReleaseCoverage

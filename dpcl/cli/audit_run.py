@@ -83,6 +83,7 @@ def load_step_class(spec: str | None) -> Any:
     """``--step MODULE:CLASS`` as a :class:`~dpcl.audit.one_run_dpsgd.DpsgdStep` subclass (``None``: dpcl's own)."""
     import importlib
 
+    # lazy import: keeps torch out of CLI start-up (only this command needs it)
     from dpcl.audit.one_run_dpsgd import DpsgdStep
 
     if spec is None:
@@ -102,6 +103,7 @@ def load_step_class(spec: str | None) -> Any:
 def run_audit_run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.audit.one_run_dpsgd import audit_dpsgd_one_run, os_generator
     from dpcl._io.atomic_io import write_json_atomic, write_text_atomic
     from dpcl.runner.run import audit_run, load_run, prepare_stream
@@ -120,6 +122,7 @@ def run_audit_run(args: argparse.Namespace) -> int:
     plans = [(task, _dpsgd_plan(entry, loaded.method_name)) for task, entry in zip(prepared.tasks, report.per_task)]
     delta = float(report.delta)
     per_task_confidence = 1.0 - (1.0 - confidence) / len(plans)
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.progress import progress
 
     tasks = []
