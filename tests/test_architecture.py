@@ -336,3 +336,10 @@ def test_the_plugin_fixture_imports_public_names_only():
     out = subprocess.run([sys.executable, "-c", code, wanted], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []
+
+
+def test_the_architecture_page_lists_the_layers_in_order():
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = [line.split("|")[2].strip() for line in doc.splitlines() if line.startswith("| ") and line[2:3].isdigit()]
+    assert rows == [name for name, _ in LAYERS if name != "package"]
+    assert "(docs/architecture.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
