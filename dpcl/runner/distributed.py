@@ -55,7 +55,6 @@ from dpcl.errors import ConfigError, DistributedRunError, InvalidParameterError
 from dpcl.guarantees.audit_config import resolve_across_tasks
 from dpcl.guarantees.config import load_config
 from dpcl.methods.base import method_class
-from dpcl.runner.ranks import refuse_on_other_ranks  # noqa: F401  (public here too: rank checks live in ranks)
 from dpcl.runner.run import resolve_device, run_training
 from dpcl.runner.tasks import (
     build_run_stream,
