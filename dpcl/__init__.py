@@ -1,9 +1,11 @@
 """dpcl: checkable differential privacy for continual learning.
 
-Layers (see DESIGN notes in the README): ``dpcl.accounting`` (mechanisms and
-numbers), ``dpcl.guarantees`` (task-wise DP semantics, certificates),
-``dpcl.audit`` (empirical lower bounds), ``dpcl.data``, ``dpcl.methods`` (torch),
-``dpcl.cli``. The first three never import torch.
+Layers (docs/architecture.md): ``dpcl._io`` (files that must not be lost),
+``dpcl.accounting`` (mechanisms and numbers), ``dpcl.guarantees`` (task-wise DP
+semantics, certificates), ``dpcl.audit`` (empirical lower bounds),
+``dpcl.certifier``, ``dpcl.data``, ``dpcl.methods`` (torch), ``dpcl.runner``,
+``dpcl.cli``. The first four never import torch (but ``dpcl.audit``'s two audits of a
+torch training step).
 """
 
 from dpcl._version import __version__
