@@ -196,7 +196,7 @@ def load_cache(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def save_cache(path: Path, points: dict[str, dict[str, Any]]) -> None:
-    from dpcl.guarantees.atomic_io import write_text_atomic
+    from dpcl._io.atomic_io import write_text_atomic
 
     ordered = {point_key(q, t, z): points[point_key(q, t, z)] for t in GRID_T for q in GRID_Q for z in GRID_Z if point_key(q, t, z) in points}
     ordered.update({k: v for k, v in points.items() if k not in ordered})
@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         method, q, steps, z, memory_gb = json.loads(args.worker)
         _worker(method, q, steps, z, memory_gb)
         return 0
-    from dpcl.guarantees.atomic_io import write_text_atomic
+    from dpcl._io.atomic_io import write_text_atomic
 
     cache_path = Path(args.cache)
     if args.quick:

@@ -92,7 +92,7 @@ def _split(event: Any, parts: int) -> list[Any]:
 
 
 def stage_ledger(workdir: Path, n_tasks: int, charges_per_task: int, name: str) -> dict[str, Any]:
-    from dpcl.guarantees.atomic_io import sha256_file
+    from dpcl._io.atomic_io import sha256_file
     from dpcl.guarantees.certificates import certificate_from_ledger, write_certificate
     from dpcl.guarantees.ledger import TaskLedger
     from dpcl.guarantees.method_schema import ReleaseCoverage
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, machine_info())
     print(text)
     if args.write:
-        from dpcl.guarantees.atomic_io import write_text_atomic
+        from dpcl._io.atomic_io import write_text_atomic
 
         write_text_atomic(REPORT, text)
         write_text_atomic(HERE / "bookkeeping.json", json.dumps(results, indent=2) + "\n")

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         load_after = load_average()
     text = report(rows, load_before, load_after)
     if args.write or set(DPSGD_CONFIGS) <= set(args.configs):
-        from dpcl.guarantees.atomic_io import write_text_atomic
+        from dpcl._io.atomic_io import write_text_atomic
 
         write_text_atomic(REPORT, text)
         print(f"wrote {REPORT.relative_to(ROOT)}")

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dpcl.guarantees.atomic_io import write_bytes_atomic  # noqa: E402
+from dpcl._io.atomic_io import write_bytes_atomic  # noqa: E402
 from dpcl.progress import progress  # noqa: E402
 from dpcl.runner.threads import THREAD_ENV_VARS, usable_cores  # noqa: E402
 

@@ -53,7 +53,7 @@ import numpy as np
 from dpcl.data.digits import load_digits
 from dpcl.data.streams import build_stream as build_stream_section
 from dpcl.data.streams import class_incremental_stream, permuted_stream
-from dpcl.guarantees.atomic_io import write_json_atomic
+from dpcl._io.atomic_io import write_json_atomic
 from dpcl.guarantees.lifelong import L2DPML_SPEC, dpsgd_agem_epsilons
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.base import MethodSetup, TrainingData

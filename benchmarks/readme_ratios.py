@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarise:
         text = summarise(args.summarise)
         if args.write is not None:
-            from dpcl.guarantees.atomic_io import write_text_atomic
+            from dpcl._io.atomic_io import write_text_atomic
 
             write_text_atomic(args.write, text)
         print(text)
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {r.get('error') or r.get('ratios')} (load {r['load_before'][0]:.1f}-{r['load_after'][0]:.1f}, "
               f"{r['wall_seconds']:.0f} s)", file=sys.stderr, flush=True)
         if args.out is not None:  # written after each section, so a stopped run keeps what it measured
-            from dpcl.guarantees.atomic_io import write_text_atomic
+            from dpcl._io.atomic_io import write_text_atomic
 
             args.out.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(args.out, json.dumps(run, indent=1, default=str) + "\n")

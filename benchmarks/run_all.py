@@ -36,7 +36,7 @@ import bench_accounting as bench  # noqa: E402
 import bench_audit  # noqa: E402
 import bench_training  # noqa: E402
 
-from dpcl.guarantees.atomic_io import write_bytes_atomic, write_text_atomic  # noqa: E402
+from dpcl._io.atomic_io import write_bytes_atomic, write_text_atomic  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
 PLOT = HERE / "composition_time.png"

@@ -1,12 +1,14 @@
 """dpcl: checkable differential privacy for continual learning.
 
-Layers (see DESIGN notes in the README): ``dpcl.accounting`` (mechanisms and
-numbers), ``dpcl.guarantees`` (task-wise DP semantics, certificates),
-``dpcl.audit`` (empirical lower bounds), ``dpcl.data``, ``dpcl.methods`` (torch),
-``dpcl.cli``. The first three never import torch.
+Layers (docs/architecture.md): ``dpcl._io`` (files that must not be lost),
+``dpcl.accounting`` (mechanisms and numbers), ``dpcl.guarantees`` (task-wise DP
+semantics, certificates), ``dpcl.audit`` (empirical lower bounds),
+``dpcl.certifier``, ``dpcl.data``, ``dpcl.methods`` (torch), ``dpcl.runner``,
+``dpcl.cli``. The first four never import torch (but ``dpcl.audit``'s two audits of a
+torch training step).
 """
 
-__version__ = "0.1.0"
+from dpcl._version import __version__
 
 __all__ = ["Certifier", "ReleaseCoverage", "__version__"]
 
@@ -14,10 +16,12 @@ __all__ = ["Certifier", "ReleaseCoverage", "__version__"]
 def __getattr__(name: str):
     """``from dpcl import Certifier, ReleaseCoverage``, imported on first use (``import dpcl`` stays light)."""
     if name == "Certifier":
+        # lazy import: keeps `import dpcl` (and so CLI start-up) light
         from dpcl.certifier import Certifier
 
         return Certifier
     if name == "ReleaseCoverage":
+        # lazy import: keeps `import dpcl` (and so CLI start-up) light
         from dpcl.guarantees.method_schema import ReleaseCoverage
 
         return ReleaseCoverage

@@ -87,7 +87,7 @@ import numpy as np
 from dpcl.accounting.events import Adjacency, PoissonSampledGaussianEvent, PrivacyEvent, RepeatedEvent
 from dpcl.accounting.validation import check_count, check_positive_scalar, check_sample_rate
 from dpcl.errors import ConfigError, ExistingRunError, InvalidParameterError, LedgerCorruptError, PrivacyViolationError
-from dpcl.guarantees.atomic_io import sha256_file, write_bytes_atomic
+from dpcl._io.atomic_io import sha256_file, write_bytes_atomic
 from dpcl.guarantees.certificates import (
     ScopedLedger,
     certificate_from_ledger,
@@ -105,6 +105,7 @@ from dpcl.guarantees.label_space import (
 )
 from dpcl.guarantees.ledger import Charge, ReleaseRecord, StreamGuarantee, TaskLedger, compress_events
 from dpcl.guarantees.method_schema import ReleaseCoverage
+from dpcl.guarantees.signing import load_private_key, sign_certificate
 
 __all__ = [
     "ACROSS_TASKS_CHOICES",
@@ -466,8 +467,6 @@ class Certifier:
         self.method = method.strip()
         self._sign_key = None
         if sign_key is not None:
-            from dpcl.guarantees.signing import load_private_key
-
             self._sign_key = load_private_key(sign_key, option="sign_key")
 
         self.run_dir = Path(run_dir)
@@ -910,7 +909,7 @@ class Certifier:
         run_dir = self.run_dir.resolve()
         if path.is_symlink() or run_dir not in path.resolve().parents:
             # a certificate names its checkpoint inside its run directory, never through a symlink
-            # (dpcl.guarantees.safe_paths): a file from elsewhere is released as a copy under checkpoints/
+            # (dpcl._io.safe_paths): a file from elsewhere is released as a copy under checkpoints/
             name = path.name if _FILENAME.match(path.name) else f"task{t + 1:03d}.ckpt"
             return self._checkpoint_file(t, path.read_bytes(), name)
         resolved = path.resolve()
@@ -1159,8 +1158,6 @@ class Certifier:
         verify_certificate(written).raise_if_invalid()
         signed_by = None
         if self._sign_key is not None:
-            from dpcl.guarantees.signing import sign_certificate
-
             signed_by = sign_certificate(written, self._sign_key, verify=False)  # verified just above
         listed = self._state().setdefault("certificates", [])
         relative = written.relative_to(self.run_dir).as_posix()

@@ -86,7 +86,7 @@ def same_outputs(stored: tuple[str, list[float]], fresh: tuple[str, list[float]]
 def main(argv: list[str]) -> int:
     import nbformat
 
-    from dpcl.guarantees.atomic_io import write_text_atomic
+    from dpcl._io.atomic_io import write_text_atomic
 
     paths = [NOTEBOOK_DIR / name for name in argv] if argv else sorted(NOTEBOOK_DIR.glob("*.ipynb"))
     for path in paths:

@@ -55,7 +55,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic  # noqa: E402
+from dpcl._io.atomic_io import write_json_atomic, write_text_atomic  # noqa: E402
 from dpcl.methods.pecl.canary import make_canaries  # noqa: E402
 from dpcl.methods.pecl.experiment import METHODS, fortunes_text_stream, public_corpus, run_method  # noqa: E402
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
+from dpcl._io.atomic_io import write_json_atomic, write_text_atomic
 from dpcl.progress import progress
 
 DIGITS_STREAM = """[stream]

@@ -83,6 +83,7 @@ from dpcl.accounting.events import (
     PoissonSampledGaussianEvent,
     PrivacyEvent,
 )
+from dpcl.accounting.fft_bound import bounded_self_convolve
 from dpcl.accounting.gaussian import gdp_epsilon
 from dpcl.accounting.laplace import laplace_epsilon_for_delta
 from dpcl.accounting import work as _work
@@ -954,8 +955,6 @@ def _lean_self_convolve(probs: np.ndarray, count: int, lower: int, output_len: i
     spectrum.
     """
     from scipy import fft
-
-    from dpcl.accounting.fft_bound import bounded_self_convolve
 
     fast_len = fft.next_fast_len(max(output_len, len(probs)), real=True)
     return bounded_self_convolve(probs, count, lower, output_len, fast_len)

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpcl.accounting.dpsgd import dpsgd_epsilon
 from dpcl.accounting.validation import check_positive_scalar
 from dpcl.audit.blackbox import AuditResult, audit_scores, check_confidence
 from dpcl.audit.one_run import check_integer_count
@@ -253,8 +254,6 @@ def audit_dpsgd_canary(
         raise InvalidParameterError(f"delta must be a number in (0, 1), got {delta!r}.") from None
     if isinstance(delta, bool) or not math.isfinite(dlt) or not 0 < dlt < 1:
         raise InvalidParameterError(f"delta must be a number in (0, 1), got {delta!r}.")
-
-    from dpcl.accounting.dpsgd import dpsgd_epsilon
 
     accounting = dpsgd_epsilon(z, q, t, dlt, accountant=accountant)
     scores = shadow_run_scores(

@@ -23,7 +23,9 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from dpcl.accounting.validation import check_positive_scalar
+from dpcl.accounting.gaussian import gaussian_epsilon, gaussian_sigma
+from dpcl.accounting.laplace import laplace_epsilon, laplace_scale
+from dpcl.accounting.validation import check_delta_scalar, check_positive_scalar
 from dpcl.audit.blackbox import AuditResult, ScoreFunction, audit_sampler, check_trials
 from dpcl.errors import InvalidParameterError
 
@@ -61,8 +63,6 @@ class GaussianMechanism:
     @classmethod
     def calibrated(cls, epsilon: float, delta: float, sensitivity: float = 1.0) -> "GaussianMechanism":
         """Analytic calibration (Balle & Wang 2018, Thm 8) through :func:`dpcl.accounting.gaussian.gaussian_sigma`."""
-        from dpcl.accounting.gaussian import gaussian_sigma
-
         return cls(sigma=float(gaussian_sigma(epsilon, delta, sensitivity)), sensitivity=sensitivity)
 
     def sample(self, data: Any, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -79,9 +79,6 @@ class GaussianMechanism:
         When ``sensitivity / sigma`` overflows a float no finite epsilon is representable: ``inf``
         (an upper bound) is returned instead of the NaN the profile would give.
         """
-        from dpcl.accounting.gaussian import gaussian_epsilon
-        from dpcl.accounting.validation import check_delta_scalar
-
         check_delta_scalar("delta", delta)
         return float(gaussian_epsilon(self.sigma, delta, self.sensitivity))
 
@@ -100,8 +97,6 @@ class LaplaceMechanism:
     @classmethod
     def calibrated(cls, epsilon: float, sensitivity: float = 1.0) -> "LaplaceMechanism":
         """``scale = sensitivity / epsilon`` (Dwork & Roth 2014, Thm 3.6) via :func:`dpcl.accounting.laplace.laplace_scale`."""
-        from dpcl.accounting.laplace import laplace_scale
-
         return cls(scale=float(laplace_scale(epsilon, sensitivity)), sensitivity=sensitivity)
 
     def sample(self, data: Any, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -117,9 +112,6 @@ class LaplaceMechanism:
 
         ``inf`` when ``sensitivity / scale`` overflows a float.
         """
-        from dpcl.accounting.laplace import laplace_epsilon
-        from dpcl.accounting.validation import check_delta_scalar
-
         check_delta_scalar("delta", delta, allow_zero=True)
         return float(laplace_epsilon(self.scale, self.sensitivity))
 

@@ -60,6 +60,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dpcl.accounting.gaussian import gdp_epsilon, gdp_mu
 from dpcl.accounting.validation import check_delta_scalar, check_nonnegative_scalar
 from dpcl.audit.blackbox import check_confidence
 from dpcl.errors import InvalidParameterError
@@ -241,8 +242,6 @@ def gaussian_fdp_epsilon_lower(canaries: int, guesses: int, correct: int, delta:
     Gaussian trade-off curve (full-batch DP-SGD, the Gaussian mechanism);
     see the module docstring.
     """
-    from dpcl.accounting.gaussian import gdp_mu  # noqa: PLC0415
-
     m, r, v = _game(canaries, guesses, correct)
     d = check_delta_scalar("delta", delta, allow_zero=True)
     if d == 0.0:
@@ -349,8 +348,6 @@ def gaussian_view_epsilon_lower(scores: Any, included: Any, delta: float, confid
     reason) where :func:`gaussian_view_assumption_holds` rejects the
     assumption. Holds with probability ``confidence`` when the assumption does.
     """
-    from dpcl.accounting.gaussian import gdp_epsilon  # noqa: PLC0415  (accounting loads scipy.stats at import)
-
     d = check_delta_scalar("delta", delta, allow_zero=True)
     if d == 0.0:
         raise InvalidParameterError("the Gaussian view needs delta > 0 (a Gaussian mechanism is not pure DP).")

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpcl.accounting.dpsgd import dpsgd_epsilon
 from dpcl.accounting.validation import check_positive_scalar, check_sample_rate
 from dpcl.audit.blackbox import check_confidence
 from dpcl.audit.one_run import OneRunAuditResult, audit_one_run, check_integer_count
@@ -238,8 +239,6 @@ def audit_dpsgd_one_run(
     conf = check_confidence(confidence)
     if canary_kind not in CANARY_KINDS:
         raise InvalidParameterError(f"canary_kind must be one of {', '.join(CANARY_KINDS)}; got {canary_kind!r}.")
-    from dpcl.accounting.dpsgd import dpsgd_epsilon  # noqa: PLC0415  (accounting imports scipy.stats lazily too)
-
     accounting = dpsgd_epsilon(z, q, t, delta, accountant=accountant)
     gen = generator if generator is not None else os_generator()
     dpsgd = step if step is not None else DpsgdStep(z, c, gen)

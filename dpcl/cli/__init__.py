@@ -21,7 +21,8 @@ import sys
 import warnings
 from typing import Sequence
 
-from dpcl import __version__
+from dpcl._version import __version__
+from dpcl.cli.time_limit import CommandTimeLimitExceeded, refusal_message, time_limit
 from dpcl.errors import DpclError
 
 #: Command modules, in the order they appear in ``dpcl --help``.
@@ -132,8 +133,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_json:
             _print_json_error(message, 2)
         return 2
-    from dpcl.cli.time_limit import CommandTimeLimitExceeded, refusal_message, time_limit
-
     try:
         with time_limit(args.command), warnings.catch_warnings():
             # numpy's floating-point RuntimeWarnings (an intermediate that overflows, which dpcl then checks: every

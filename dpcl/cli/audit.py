@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _data_stream_keys() -> tuple[str, ...] | None:
     try:
+        # lazy import: keeps CLI start-up fast (only this command needs it)
         from dpcl.data import STREAM_KEYS
     except ImportError:  # pragma: no cover - data layer not installed in this build
         return None
@@ -59,12 +60,14 @@ def stream_task_sizes(config: TrainingConfig) -> tuple[list[int], list[FilterRep
     each task are filtered to the task's public label set (Eq. 6). Under
     ``label_space = "data"`` (refused by the audit anyway) nothing is filtered.
     """
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.label_space import FilterReport, filter_task, output_label_sets
 
     stream = config.stream
     if stream.get("task_sizes") is not None:
         return list(stream["task_sizes"]), [], ["task sizes taken from [stream] task_sizes (after label filtering)."]
     try:
+        # lazy import: keeps CLI start-up fast (only this command needs it)
         import dpcl.data as data
     except ImportError as exc:  # pragma: no cover - data layer not installed in this build
         raise ConfigError(f"cannot load dataset {stream['dataset']!r} ({exc}); give [stream] task_sizes.") from None
@@ -110,6 +113,7 @@ def stream_task_sizes(config: TrainingConfig) -> tuple[list[int], list[FilterRep
 
 def _loadable_dataset(name: Any) -> bool:
     """Whether the data layer knows the dataset name (it may still fail to read its files)."""
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.data.registry import _resolve
 
     try:
@@ -125,6 +129,7 @@ def stream_unit_ids(config: TrainingConfig) -> list[Any] | None:
     if config.stream.get("task_sizes") is not None:
         return None
     try:
+        # lazy import: keeps CLI start-up fast (only this command needs it)
         import dpcl.data as data
     except ImportError:  # pragma: no cover
         return None
@@ -157,6 +162,7 @@ def non_private_report(report: AuditReport) -> AuditReport:
     For a plan that is not covered (PeCL as in the paper), the run trains the plan as it is: the per-task
     noise and the scoped statements stay in the report, the checkpoint has no guarantee.
     """
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.audit_config import AuditReport
 
     if report.release is not None and not report.release["covered"]:
@@ -199,6 +205,7 @@ def _no_unit(report: AuditReport) -> str:
 
 
 def _table_payload(report: AuditReport) -> dict[str, Any]:
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.audit_config import NOT_COVERED_PREFIX
 
     if not report.private and report.sound:
@@ -261,6 +268,7 @@ def _table_payload(report: AuditReport) -> dict[str, Any]:
 
 
 def run_audit(args: argparse.Namespace) -> int:
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.audit_config import NOT_COVERED_PREFIX, AuditReport, audit_config
     from dpcl.guarantees.config import load_config
 

@@ -21,6 +21,9 @@ import sys
 
 import numpy as np
 
+from dpcl.accounting.laplace import laplace_epsilon_for_delta
+from dpcl.audit.blackbox import MAX_TRIALS
+from dpcl.audit.mechanisms import GaussianMechanism, LaplaceMechanism, audit_mechanism
 from dpcl.cli.numbers import parse_count, parse_delta, parse_positive
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.errors import InvalidParameterError
@@ -45,8 +48,6 @@ def _parse_scale(option: str, text: str) -> float:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    from dpcl.audit.blackbox import MAX_TRIALS
-
     parser.add_argument(
         "--sensitivity", default="1.0", metavar="C",
         help="sensitivity of the query (l2 for gaussian, l1 for laplace) under your neighbouring relation (default 1)",
@@ -92,13 +93,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_audit_mechanism(args: argparse.Namespace) -> int:
-    from dpcl.audit.blackbox import MAX_TRIALS
-    from dpcl.audit.mechanisms import (
-        GaussianMechanism,
-        LaplaceMechanism,
-        audit_mechanism,
-    )
-
     sensitivity = _parse_scale("--sensitivity", args.sensitivity)
     claimed = parse_positive("--claimed-epsilon", args.claimed_epsilon)
     delta = parse_delta("--delta", args.delta, allow_zero=True)
@@ -112,8 +106,6 @@ def run_audit_mechanism(args: argparse.Namespace) -> int:
         exact = mechanism.epsilon(delta) if delta > 0 else math.inf
         exact_note = "exact epsilon of this sigma at delta (Balle & Wang 2018, Thm 8)"
     else:
-        from dpcl.accounting.laplace import laplace_epsilon_for_delta
-
         mechanism = LaplaceMechanism(_parse_scale("--scale", args.scale), sensitivity)
         payload["scale"] = mechanism.scale
         with np.errstate(over="ignore", invalid="ignore"):  # sensitivity / scale may overflow: epsilon is then inf

@@ -97,6 +97,7 @@ def load_step_class(spec: str | None) -> Any:
     """``--step MODULE:CLASS`` as a :class:`~dpcl.audit.one_run_dpsgd.DpsgdStep` subclass (``None``: dpcl's own)."""
     import importlib
 
+    # lazy import: keeps torch out of CLI start-up (only this command needs it)
     from dpcl.audit.one_run_dpsgd import DpsgdStep
 
     if spec is None:
@@ -114,7 +115,8 @@ def load_step_class(spec: str | None) -> Any:
 
 
 def run_audit_run(args: argparse.Namespace) -> int:
-    from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic  # noqa: PLC0415 - CLI start-up
+    # lazy import: keeps CLI start-up fast (only this command writes files)
+    from dpcl._io.atomic_io import write_json_atomic, write_text_atomic
 
     canaries = parse_count("--canaries", args.canaries, 2, 1_000_000)
     confidence = parse_delta("--confidence", args.confidence)
@@ -141,6 +143,7 @@ def harness_audit(args: argparse.Namespace, out: Path, canaries: int, confidence
     and ``required`` is false (a method without DP-SGD is refused when it is true)."""
     import numpy as np
 
+    # lazy import: keeps CLI start-up fast and torch-free (only this command trains)
     from dpcl.audit.one_run_dpsgd import audit_dpsgd_one_run, os_generator
     from dpcl.runner.run import audit_run, load_run, prepare_stream
 
@@ -155,6 +158,7 @@ def harness_audit(args: argparse.Namespace, out: Path, canaries: int, confidence
     plans = [(task, _dpsgd_plan(entry, loaded.method_name)) for task, entry in zip(prepared.tasks, report.per_task)]
     delta = float(report.delta)
     per_task_confidence = 1.0 - (1.0 - confidence) / len(plans)
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.progress import progress
 
     tasks = []
@@ -204,8 +208,9 @@ def _plans_dpsgd(entry: dict[str, Any]) -> bool:
 def _stream_audit(args: argparse.Namespace, out: Path, canaries: int, confidence: float) -> dict[str, Any]:
     """``--mode stream`` or ``both``: the canary run into ``out`` (a run directory), audited black box, and with
     ``both`` the harness beside it (white box); the confidence is split between the two (Bonferroni)."""
-    from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic  # noqa: PLC0415 - CLI start-up
-    from dpcl.runner.canary_run import run_with_canaries  # noqa: PLC0415 - CLI start-up (torch)
+    # lazy import: keeps CLI start-up fast and torch-free (only this command trains)
+    from dpcl._io.atomic_io import write_json_atomic, write_text_atomic
+    from dpcl.runner.canary_run import run_with_canaries
 
     each = confidence if args.mode == "stream" else 1.0 - (1.0 - confidence) / 2
     harness = None
@@ -278,7 +283,8 @@ def render_in_stream_markdown(payload: dict[str, Any]) -> str:
 
 def render_markdown(payload: dict[str, Any]) -> str:
     """The readable report: per-task and stream bounds beside the certified epsilon, with the setting."""
-    from dpcl.audit.one_run import GAUSSIAN_VIEW_ASSUMPTION  # noqa: PLC0415 - CLI start-up
+    # lazy import: keeps CLI start-up fast (only this command renders an audit)
+    from dpcl.audit.one_run import GAUSSIAN_VIEW_ASSUMPTION
     lines = [
         *_heading(payload, ""),
         "The canary run is not a release: it writes no checkpoint and no certificate.",

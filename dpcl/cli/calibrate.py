@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
+from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_epsilon, gaussian_sigma
 from dpcl.cli.numbers import computed, parse_delta, parse_dpsgd_inputs, parse_positive
 from dpcl.cli.output import add_json_flag, emit
 from dpcl.errors import InvalidParameterError
@@ -92,8 +94,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def calibrate_gaussian_payload(epsilon: float, delta: float, sensitivity: float) -> dict:
     """The ``dpcl calibrate gaussian`` answer as a dict (keys documented in docs/cli.md)."""
-    from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_epsilon, gaussian_sigma
-
     inputs = f"--epsilon {epsilon!r}, --delta {delta!r}, --sensitivity {sensitivity!r}"
     with np.errstate(all="ignore"):  # extreme inputs: the result is checked below instead of warned about
         try:
@@ -150,8 +150,6 @@ def run_calibrate_dpsgd(args: argparse.Namespace) -> int:
     epsilon = parse_positive("--epsilon", args.epsilon)
     delta = parse_delta("--delta", args.delta)
     sample_rate, steps = parse_dpsgd_inputs(args)
-
-    from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 
     calibration = dpsgd_noise_multiplier(epsilon, delta, sample_rate, steps, accountant=args.accountant)
     inputs = f"--epsilon {epsilon!r}, --delta {delta!r}, --sample-rate {sample_rate!r}, --steps {steps}"

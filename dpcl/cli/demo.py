@@ -29,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from dpcl.accounting.dpsgd import dpsgd_epsilon
+from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_delta, gaussian_epsilon, gaussian_sigma
 from dpcl.cli.output import add_json_flag, print_json
+from dpcl.cli.run import quiet_accounting_logs
 
 #: Targets of the calibration table; the classic formula is a theorem only for the first (epsilon < 1).
 DEMO_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -62,8 +65,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _gaussian_rows() -> list[dict[str, Any]]:
-    from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_epsilon, gaussian_sigma
-
     epsilons = np.asarray(DEMO_EPSILONS, dtype=np.float64)
     analytic = np.asarray(gaussian_sigma(epsilons, DEMO_DELTA), dtype=np.float64)
     classic = classic_gaussian_sigma(epsilons, DEMO_DELTA)
@@ -86,8 +87,6 @@ def _gaussian_rows() -> list[dict[str, Any]]:
 def _dpsgd_rows() -> list[dict[str, Any]]:
     import dp_accounting  # noqa: F401  -- imported before timing, so the times below are accounting only
     import prv_accountant  # noqa: F401
-
-    from dpcl.accounting.dpsgd import dpsgd_epsilon
 
     rows = []
     for accountant in DEMO_ACCOUNTANTS:
@@ -114,8 +113,6 @@ def _dpsgd_rows() -> list[dict[str, Any]]:
 
 
 def _token_calibration() -> dict[str, Any]:
-    from dpcl.accounting.gaussian import gaussian_delta, gaussian_sigma
-
     budgets = np.random.default_rng(0).uniform(0.5, 8.0, DEMO_TOKENS)
     start = time.perf_counter()
     sigmas = np.asarray(gaussian_sigma(budgets, DEMO_DELTA), dtype=np.float64)
@@ -205,7 +202,7 @@ def _print_walkthrough(console: Any, result: dict[str, Any]) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from dpcl.cli.run import quiet_accounting_logs
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.runner.demo import certified_demo_run, print_demo_run
 
     quiet_accounting_logs()

@@ -23,6 +23,9 @@ import math
 
 import numpy as np
 
+from dpcl.accounting.composition import compose_gaussians_epsilon, gaussian_composition_mu
+from dpcl.accounting.dpsgd import dpsgd_epsilon
+from dpcl.accounting.gaussian import gaussian_epsilon
 from dpcl.cli.numbers import (
     computed,
     parse_delta,
@@ -113,8 +116,6 @@ def run_epsilon_gaussian(args: argparse.Namespace) -> int:
     delta = parse_delta("--delta", args.delta)
     sensitivity = parse_positive("--sensitivity", args.sensitivity)
 
-    from dpcl.accounting.gaussian import gaussian_epsilon
-
     inputs = f"--sigma {sigma!r}, --delta {delta!r}, --sensitivity {sensitivity!r}"
     with np.errstate(all="ignore"):  # extreme inputs: the result is checked instead of warned about
         epsilon = computed("epsilon", gaussian_epsilon(sigma, delta, sensitivity=sensitivity), inputs, allow_inf=True)
@@ -133,8 +134,6 @@ def run_epsilon_dpsgd(args: argparse.Namespace) -> int:
     noise_multiplier = parse_noise_multiplier("--noise-multiplier", args.noise_multiplier)
     sample_rate, steps = parse_dpsgd_inputs(args)
     delta = parse_delta("--delta", args.delta)
-
-    from dpcl.accounting.dpsgd import dpsgd_epsilon
 
     result = dpsgd_epsilon(noise_multiplier, sample_rate, steps, delta, accountant=args.accountant)
     inputs = f"--noise-multiplier {noise_multiplier!r}, --sample-rate {sample_rate!r}, --steps {steps}, --delta {delta!r}"
@@ -160,8 +159,6 @@ def run_epsilon_compose_gaussians(args: argparse.Namespace) -> int:
     delta = parse_delta("--delta", args.delta)
     sensitivity = parse_positive("--sensitivity", args.sensitivity)
     sigmas = read_sigmas("--sigmas", args.sigmas)
-
-    from dpcl.accounting.composition import compose_gaussians_epsilon, gaussian_composition_mu
 
     inputs = f"{sigmas.size} sigmas from --sigmas, --delta {delta!r}, --sensitivity {sensitivity!r}"
     # (sensitivity / sigma)^2 summed over the file must be a finite float: each sigma at least this

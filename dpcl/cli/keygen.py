@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_keygen(args: argparse.Namespace) -> int:
-    from dpcl.guarantees.signing import generate_key_pair
+    # lazy import: keeps CLI start-up fast (only this command needs it)
+    from dpcl.guarantees.ed25519 import generate_key_pair
 
     pair = generate_key_pair(args.out, force=args.force)
     emit(

@@ -53,6 +53,7 @@ def _origin(method: dict[str, Any]) -> str:
 def _summary(method: dict[str, Any]) -> str:
     if method["source"] == "built-in" and method["name"] in SUMMARIES:
         return SUMMARIES[method["name"]]
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.method_registry import REGISTRY
 
     doc = (type(REGISTRY.spec(method["name"])).__doc__ or "").strip()
@@ -66,6 +67,7 @@ def _type_name(kind: Any) -> str:
 
 def describe_methods() -> list[dict[str, Any]]:
     """One JSON-able description per registered method (specs only: no method class is imported)."""
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.method_registry import REGISTRY
     from dpcl.guarantees.method_schema import REQUIRED
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpcl.accounting.events import MAX_SAMPLED_STEPS, MIN_SAMPLE_RATE, NOISE_MULTIPLIER_RANGE, STEPS_HINT
 from dpcl.errors import InvalidParameterError
 
 
@@ -226,8 +227,6 @@ def computed(name: str, value: float, inputs: str, *, allow_inf: bool = False) -
 
 def parse_dpsgd_inputs(args: argparse.Namespace) -> tuple[float, int]:
     """``--sample-rate`` and ``--steps`` of a DP-SGD command, within what the accountants handle."""
-    from dpcl.accounting.events import MAX_SAMPLED_STEPS, MIN_SAMPLE_RATE, STEPS_HINT
-
     sample_rate = parse_sample_rate("--sample-rate", args.sample_rate)
     if sample_rate < MIN_SAMPLE_RATE:
         raise InvalidParameterError(
@@ -240,8 +239,6 @@ def parse_dpsgd_inputs(args: argparse.Namespace) -> tuple[float, int]:
 
 def parse_noise_multiplier(option: str, text: str) -> float:
     """A DP-SGD noise multiplier within what the accountants handle (:data:`NOISE_MULTIPLIER_RANGE`)."""
-    from dpcl.accounting.events import NOISE_MULTIPLIER_RANGE
-
     low, high = NOISE_MULTIPLIER_RANGE
     value = parse_positive(option, text)
     if value < low:

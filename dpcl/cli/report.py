@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from dpcl.cli.output import add_json_flag, emit
+from dpcl.errors import VerificationError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,12 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from dpcl.errors import VerificationError
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.report import certificate_paths, write_report
 
     certificate_paths(args.run_dir)  # a path that is not a run directory is refused before anything is read
     public_key = None
     if args.public_key is not None:
+        # lazy import: keeps CLI start-up fast (only this command needs it)
         from dpcl.guarantees.signing import load_public_key
 
         public_key = load_public_key(args.public_key)

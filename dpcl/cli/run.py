@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dpcl.cli.numbers import parse_count
 from dpcl.cli.output import add_json_flag, print_json
 
 
@@ -115,13 +116,14 @@ def quiet_accounting_logs() -> None:
 def parse_nproc(text: str) -> int:
     """``--nproc``: an integer, within what :func:`~dpcl.runner.distributed.check_nproc` allows (one rank per usable
     CPU core, or per CUDA device where there are more of those)."""
-    from dpcl.cli.numbers import parse_count
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.runner.distributed import check_nproc
 
     return check_nproc(parse_count("--nproc", text, minimum=1), "--nproc")
 
 
 def run_command(args: argparse.Namespace) -> int:
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.runner.distributed import launched_by_torchrun, run_data_parallel, run_under_torchrun
 
     nproc = parse_nproc(args.nproc)

@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_sign(args: argparse.Namespace) -> int:
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.signing import sign_certificates
 
     signed = sign_certificates(args.certificates, args.key)

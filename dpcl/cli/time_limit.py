@@ -30,6 +30,8 @@ import signal
 import threading
 from typing import Iterator
 
+from dpcl.errors import InvalidParameterError
+
 #: Seconds of processor time a command gets before it refuses (under the 60 s promised, leaving time to start the
 #: interpreter and print).
 DEFAULT_TIME_LIMIT_S = 40.0
@@ -48,8 +50,6 @@ class CommandTimeLimitExceeded(BaseException):
 
 def configured_limit() -> float:
     """The limit in seconds from ``DPCL_TIME_LIMIT_S`` (default :data:`DEFAULT_TIME_LIMIT_S`); 0 means none."""
-    from dpcl.errors import InvalidParameterError
-
     text = os.environ.get(TIME_LIMIT_VARIABLE)
     if text is None or not text.strip():
         return DEFAULT_TIME_LIMIT_S

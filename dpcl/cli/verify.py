@@ -114,6 +114,7 @@ def check_input_files(certificate: str, checkpoint: str | None) -> None:
             what = "is a directory" if Path(checkpoint).is_dir() else "does not exist"
             raise InvalidParameterError(f"--checkpoint {checkpoint!r} {what}; give the checkpoint file to check.")
         return
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.certificates import certified_checkpoint_path, read_certificate
 
     named = read_certificate(path).get("checkpoint")
@@ -153,6 +154,7 @@ def expand_inputs(paths: list[str]) -> list[str]:
 def signature_state(report: VerificationReport, keyed: bool) -> str:
     """The signature column: ``not signed``, ``signed, NOT CHECKED`` (no key), ``verified``, ``INVALID``,
     ``malformed``."""
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.signing import signature_state as state
 
     check = next((c for c in report.checks if c.name == "signature"), None)
@@ -161,6 +163,7 @@ def signature_state(report: VerificationReport, keyed: bool) -> str:
 
 def _summary_rows(paths: list[str], reports: list[VerificationReport], keyed: bool,
                   require_signature: bool) -> list[dict[str, str]]:
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.certificates import read_certificate
 
     rows = []
@@ -255,9 +258,11 @@ def run_verify(args: argparse.Namespace) -> int:
         check_input_files(path, args.checkpoint)
     public_key = None
     if getattr(args, "public_key", None) is not None:
+        # lazy import: keeps CLI start-up fast (only this command needs it)
         from dpcl.guarantees.signing import load_public_key
 
         public_key = load_public_key(args.public_key)
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.certificates import verify_certificate
 
     reports = [verify_certificate(path, checkpoint=args.checkpoint, public_key=public_key) for path in paths]

@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any, Sequence
 
+from dpcl.cli.output import print_table
 from dpcl.errors import VerificationError
 
 
@@ -35,12 +36,11 @@ def run_cross_checks(args: argparse.Namespace, paths: Sequence[str]) -> tuple[li
     """
     if not getattr(args, "cross_check", False):
         return None, 0
+    # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.cross_check import cross_check_certificate
 
     reports = [cross_check_certificate(path) for path in paths]
     if not getattr(args, "json", False):
-        from dpcl.cli.output import print_table
-
         for path, report in zip(paths, reports):
             payload: dict[str, Any] = {"cross-check": "pass" if report.passed else "FAIL"}
             if report.message:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpcl.data import torch_adapter
 from dpcl.data.cifar import load_cifar
 from dpcl.data.dataset import LabelledDataset, concatenate
 from dpcl.data.digits import load_digits
@@ -97,7 +98,5 @@ _TORCH_NAMES = {"to_tensors", "to_tensor_dataset"}
 
 def __getattr__(name: str) -> Any:
     if name in _TORCH_NAMES:
-        from dpcl.data import torch_adapter  # noqa: PLC0415 - imports torch, only on demand
-
         return getattr(torch_adapter, name)
     raise AttributeError(f"module 'dpcl.data' has no attribute {name!r}")

@@ -4,7 +4,7 @@ A cache entry is one ``.npy`` file whose name is the SHA-256 of everything the
 features depend on (the encoder id and every input text). A changed text or a
 different encoder gives a different key, so a stale entry is never read. Files
 are written atomically (temp file + fsync + ``os.replace``) by
-:func:`dpcl.guarantees.atomic_io.write_bytes_atomic`, so a crash never leaves a
+:func:`dpcl._io.atomic_io.write_bytes_atomic`, so a crash never leaves a
 half-written entry under a valid name.
 
 Why not ``joblib.Memory``: joblib is only an indirect dependency (through
@@ -24,7 +24,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dpcl.guarantees.atomic_io import write_bytes_atomic
+from dpcl._io.atomic_io import write_bytes_atomic
 
 __all__ = ["default_cache_dir", "content_key", "cached_array_path", "load_cached_array", "save_cached_array"]
 

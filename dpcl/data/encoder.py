@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dpcl._io.atomic_io import sha256_file
 from dpcl.errors import MissingDependencyError
 
 __all__ = ["ENCODER_PACKAGE", "encoder_id", "encode_texts", "load_encoder", "minilm_directory"]
@@ -70,8 +71,6 @@ def minilm_directory() -> Path:
 
 @lru_cache(maxsize=4)
 def _weights_digest(path: str, size: int, mtime_ns: int) -> str:  # size/mtime: re-hash if the file changes
-    from dpcl.guarantees.atomic_io import sha256_file  # noqa: PLC0415
-
     return sha256_file(path)
 
 

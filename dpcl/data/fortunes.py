@@ -28,6 +28,7 @@ import numpy as np
 
 from dpcl.data.cache import cached_array_path, content_key, load_cached_array, save_cached_array
 from dpcl.data.dataset import LabelledDataset
+from dpcl.data.encoder import encode_texts, encoder_id
 from dpcl.errors import InvalidParameterError, MissingDependencyError
 
 __all__ = [
@@ -211,8 +212,6 @@ def load_fortunes(
     says ``"hit"``, ``"miss"`` or ``"unwritable"`` (computed, the cache could not be written: a warning
     says so) and ``meta["cache_file"]`` where the entry is.
     """
-    from dpcl.data.encoder import encode_texts, encoder_id  # noqa: PLC0415 - keeps import light
-
     batch_size = check_encoding_options(cache_dir, batch_size)
     texts = load_fortunes_texts(
         categories, min_count=min_count, max_per_class=max_per_class, fortunes_path=fortunes_path

@@ -11,7 +11,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dpcl.data.cifar import cifar_labels, load_cifar
 from dpcl.data.dataset import LabelledDataset
+from dpcl.data.digits import load_digits
+from dpcl.data.fortunes import check_encoding_options, load_fortunes, load_fortunes_texts
+from dpcl.data.idx import idx_labels, idx_own_test_start, load_idx
+from dpcl.data.image_folder import check_image_options, image_folder_index, load_image_folder
 from dpcl.errors import InvalidParameterError
 
 __all__ = ["DATASETS", "load_dataset", "dataset_labels", "dataset_modality", "dataset_own_test_start",
@@ -33,34 +38,24 @@ DATASETS: dict[str, str] = {
 
 
 def _digits(**options: Any) -> LabelledDataset:
-    from dpcl.data.digits import load_digits  # noqa: PLC0415
-
     return load_digits(**options)
 
 
 def _fortunes(**options: Any) -> LabelledDataset:
-    from dpcl.data.fortunes import load_fortunes  # noqa: PLC0415
-
     return load_fortunes(**options)
 
 
 def _fortunes_texts(**options: Any) -> LabelledDataset:
-    from dpcl.data.fortunes import load_fortunes_texts  # noqa: PLC0415
-
     return load_fortunes_texts(**options)
 
 
 def _image_folder(path: str, **options: Any) -> LabelledDataset:
-    from dpcl.data.image_folder import load_image_folder  # noqa: PLC0415
-
     if "size" in options and isinstance(options["size"], list):
         options = {**options, "size": tuple(options["size"])}
     return load_image_folder(path, **options)
 
 
 def _cifar(path: str, **options: Any) -> LabelledDataset:
-    from dpcl.data.cifar import load_cifar  # noqa: PLC0415
-
     return load_cifar(path, **options)
 
 
@@ -70,8 +65,6 @@ _LOADERS: dict[str, Callable[..., LabelledDataset]] = {
     "fortunes_texts": _fortunes_texts,
 }
 def _idx(path: str, **options: Any) -> LabelledDataset:
-    from dpcl.data.idx import load_idx  # noqa: PLC0415
-
     return load_idx(path, **options)
 
 
@@ -151,22 +144,16 @@ def dataset_labels(name: str, **options: Any) -> tuple[np.ndarray, np.ndarray, i
     loader, args, _ = _resolve(name)
     _check_options(name, loader, options)
     if loader is _fortunes or loader is _fortunes_texts:
-        from dpcl.data.fortunes import check_encoding_options, load_fortunes_texts  # noqa: PLC0415
-
         if loader is _fortunes:  # the encoder's options, checked although no text is encoded here
             check_encoding_options(options.get("cache_dir"), options.get("batch_size", 64))
         text_options = {k: v for k, v in options.items() if k not in ("cache_dir", "batch_size")}
         dataset = load_fortunes_texts(**text_options)
         return dataset.labels, dataset.unit_ids, dataset.n_classes
     if loader is _image_folder:
-        from dpcl.data.image_folder import check_image_options, image_folder_index  # noqa: PLC0415
-
         check_image_options(options.get("mode", "L"), options.get("size"))
         class_names, _, labels = image_folder_index(args[0])
         return labels, np.arange(labels.shape[0], dtype=np.int64), len(class_names)
     if loader is _idx:
-        from dpcl.data.idx import idx_labels  # noqa: PLC0415
-
         return idx_labels(args[0], **options)
     dataset = loader(*args, **options)
     return dataset.labels, dataset.unit_ids, dataset.n_classes
@@ -180,12 +167,8 @@ def dataset_own_test_start(name: str, **options: Any) -> int | None:
     loader, args, _ = _resolve(name)
     _check_options(name, loader, options)
     if loader is _idx:
-        from dpcl.data.idx import idx_own_test_start  # noqa: PLC0415
-
         return idx_own_test_start(args[0], **options)
     if loader is _cifar:
-        from dpcl.data.cifar import cifar_labels  # noqa: PLC0415
-
         if options.get("split", "all") != "all":
             return None
         return int(cifar_labels(args[0], **{**options, "split": "train"}).size)

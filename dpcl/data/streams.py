@@ -55,6 +55,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from dpcl.data.dataset import LabelledDataset, concatenate
+from dpcl.data.pretrained import check_encoder_for_dataset, encode_with_encoder, encoder_training_inputs
+from dpcl.data.registry import dataset_labels, dataset_modality, dataset_own_test_start, load_dataset
 from dpcl.data.splits import check_fraction, stratified_split
 from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError
 
@@ -566,14 +568,10 @@ def build_stream(
     ``film`` variant, :func:`dpcl.data.pretrained.encoder_training_inputs`): the images as square pixel
     rows, or the raw texts alone for a text encoder.
     """
-    from dpcl.data.registry import load_dataset  # noqa: PLC0415 - registry imports loaders lazily
-
     parsed = parse_stream_section(section)
     try:
         dataset = load_dataset(parsed["dataset"], **parsed["dataset_options"])
         if parsed["encoder"] is not None:
-            from dpcl.data.pretrained import encode_with_encoder, encoder_training_inputs  # noqa: PLC0415
-
             if encode:
                 dataset = encode_with_encoder(dataset, parsed["encoder"], device=device, progress=progress)
             else:
@@ -600,14 +598,9 @@ def _section_plans(
     stream_section: Mapping[str, Any],
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Labels and unit ids of the training split and the index plans of a section (no features)."""
-    from dpcl.data.registry import dataset_labels, dataset_own_test_start  # noqa: PLC0415
-
     parsed = parse_stream_section(stream_section)
     try:
         if parsed["encoder"] is not None:  # the directory and its modality, from JSON files only (no torch)
-            from dpcl.data.pretrained import check_encoder_for_dataset  # noqa: PLC0415
-            from dpcl.data.registry import dataset_modality  # noqa: PLC0415
-
             check_encoder_for_dataset(parsed["encoder"], dataset_modality(parsed["dataset"]))
         labels, unit_ids, n_classes = dataset_labels(parsed["dataset"], **parsed["dataset_options"])
         own_test_start = (dataset_own_test_start(parsed["dataset"], **parsed["dataset_options"])

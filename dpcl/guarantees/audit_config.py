@@ -50,7 +50,7 @@ from dpcl.guarantees.label_space import (
     output_label_sets,
     require_proper_release,
 )
-from dpcl.guarantees.ledger import TaskLedger
+from dpcl.guarantees.ledger import TaskLedger, compact_indices
 from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
 
 __all__ = ["AuditReport", "audit_config", "combined_release", "resolve_across_tasks", "NOT_COVERED_PREFIX"]
@@ -177,8 +177,6 @@ def merge_task_notes(notes: Sequence[str]) -> list[str]:
     Equal-size tasks get the same plan, so a stream of 10^4 of them would otherwise repeat one sentence 10^4
     times. Other notes are kept as they are, in order; a merged note takes the place of its first task's note.
     """
-    from dpcl.guarantees.ledger import compact_indices
-
     order: list[Any] = []
     tasks_of: dict[str, list[int]] = {}
     for note in notes:

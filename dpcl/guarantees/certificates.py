@@ -70,7 +70,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dpcl import __version__
+from dpcl._io.safe_paths import contained_path
+from dpcl._version import __version__
 from dpcl.errors import (
     DpclError,
     InvalidParameterError,
@@ -79,7 +80,7 @@ from dpcl.errors import (
     VerificationError,
 )
 from dpcl.accounting.validation import FLOAT_MAX_INTEGER, describe_number, integer_beyond_float
-from dpcl.guarantees.atomic_io import collector_paused, read_json, sha256_file, write_json_atomic
+from dpcl._io.atomic_io import collector_paused, read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.ledger import (
     ACROSS_TASKS,
     Charge,
@@ -95,6 +96,7 @@ from dpcl.guarantees.ledger import (
     expand_indices,
     indices_equal,
 )
+from dpcl.guarantees.ed25519 import signature_check
 from dpcl.guarantees.method_schema import ReleaseCoverage
 
 __all__ = [
@@ -1008,8 +1010,6 @@ def _verify(p: Path, checkpoint: "str | os.PathLike[str] | None", public_key: An
         )
 
     # 6. who issued it (only when a public key is given; otherwise the signature is reported, not checked).
-    from dpcl.guarantees.signing import signature_check
-
     signed_ok, signed_detail = signature_check(data, public_key)
     checks.append(VerificationCheck("signature", signed_ok, signed_detail))
 
@@ -1029,10 +1029,8 @@ def _verify(p: Path, checkpoint: "str | os.PathLike[str] | None", public_key: An
 
 def certified_checkpoint_path(certificate: "str | os.PathLike[str]", name: Any) -> Path:
     """The checkpoint file a certificate names (``name``, relative to the certificate), refusing with
-    :class:`~dpcl.guarantees.safe_paths.UnsafePathError` (exit code 2) a path that leaves the run directory (the
+    :class:`~dpcl._io.safe_paths.UnsafePathError` (exit code 2) a path that leaves the run directory (the
     certificate's folder's parent) or passes through a symbolic link."""
-    from dpcl.guarantees.safe_paths import contained_path
-
     p = Path(certificate)
     return contained_path(p.resolve().parent.parent, _relative_to_parent(p, name),
                           what=f"certificate {str(p)!r} checkpoint path")
@@ -1040,7 +1038,7 @@ def certified_checkpoint_path(certificate: "str | os.PathLike[str]", name: Any) 
 
 def _relative_to_parent(certificate: Path, name: Any) -> Any:
     """A checkpoint path relative to the certificate, rewritten relative to the run directory (the certificate's
-    folder's parent) for :func:`~dpcl.guarantees.safe_paths.contained_path`; non-strings are left for it to refuse."""
+    folder's parent) for :func:`~dpcl._io.safe_paths.contained_path`; non-strings are left for it to refuse."""
     if not isinstance(name, str) or not name or Path(name).is_absolute():
         return name
     return f"{certificate.resolve().parent.name}/{name}"

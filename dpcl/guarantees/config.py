@@ -48,7 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from dpcl._io.atomic_io import FileTooLargeError, JsonLimitError, check_nesting, read_bytes_limited
+from dpcl.accounting.validation import describe_number, integer_beyond_float
 from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.guarantees.label_space import output_label_sets
 from dpcl.guarantees.method_schema import METHOD_SPECS, REQUIRED, MethodSpec, get_method_spec
 
 __all__ = [
@@ -164,8 +167,6 @@ def _jsonable(value: Any) -> Any:
 
 def _refuse_integers_beyond_float(raw: Mapping[str, Any]) -> None:
     """Refuse (ConfigError naming the key) an integer of the config beyond float range (|n| > ~1.8e308)."""
-    from dpcl.accounting.validation import describe_number, integer_beyond_float
-
     found = integer_beyond_float(dict(raw))
     if found is None:
         return
@@ -423,8 +424,6 @@ def parse_config(
     )
     if stream["label_space"] != "data":
         # the public label sets the runner filters with: integer labels, one list per task under 'prior'
-        from dpcl.guarantees.label_space import output_label_sets
-
         try:
             n_tasks = config.n_tasks
         except (TypeError, ValueError):  # a malformed data-layer n_tasks is the data layer's to report
@@ -449,8 +448,6 @@ def load_config(
     arrays deeper than :data:`MAX_CONFIG_DEPTH` levels while or after it is parsed, so a hostile config cannot
     exhaust memory or the stack.
     """
-    from dpcl.guarantees.atomic_io import FileTooLargeError, JsonLimitError, check_nesting, read_bytes_limited
-
     p = Path(path)
     try:
         text = read_bytes_limited(p, MAX_CONFIG_BYTES, "config file").decode("utf-8")

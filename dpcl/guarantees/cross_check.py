@@ -59,7 +59,7 @@ from dpcl.accounting.accountants import PLD_LIBRARY_FAILURES, check_pld_fits
 from dpcl.accounting.events import Adjacency, ComposedEvent, PrivacyEvent
 from dpcl.accounting.interop import has_subsampling, neighboring_relation, to_dp_event
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, UnsupportedEventError
-from dpcl.guarantees.atomic_io import read_json
+from dpcl._io.atomic_io import read_json
 from dpcl.guarantees.ledger import (
     ACROSS_TASKS,
     _composition_groups,

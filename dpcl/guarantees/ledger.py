@@ -25,7 +25,7 @@ ledger checks it and refuses (:class:`~dpcl.errors.DisjointnessViolationError`)
 a task that shares a unit with another, naming one shared unit.
 
 Persistence: the ledger is one JSON file written atomically
-(:func:`dpcl.guarantees.atomic_io.write_json_atomic`) and a journal beside it to which every later change
+(:func:`dpcl._io.atomic_io.write_json_atomic`) and a journal beside it to which every later change
 appends one hash-chained line of what changed (:meth:`TaskLedger.save`), folded into the file by
 :meth:`TaskLedger.compact` when it grows larger than the file, when a run resumes and when it stops. Repetition is stored once
 with its count and never expanded (format version 2, :data:`LEDGER_VERSION`;
@@ -60,7 +60,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from dpcl.accounting.accountants import compute_epsilon
 from dpcl.accounting.events import Adjacency, ComposedEvent, PrivacyEvent, RepeatedEvent, event_from_dict
+from dpcl.accounting.filter import PrivacyFilter
 from dpcl.accounting.validation import check_delta, check_positive
 from dpcl.errors import (
     ConfigError,
@@ -69,7 +71,7 @@ from dpcl.errors import (
     LedgerCorruptError,
     PrivacyViolationError,
 )
-from dpcl.guarantees.atomic_io import (
+from dpcl._io.atomic_io import (
     MAX_JSON_BYTES,
     FileTooLargeError,
     append_bytes_durably,
@@ -505,8 +507,6 @@ def event_is_gaussian_type(event: PrivacyEvent) -> bool:
 
 
 def _compute(events: Sequence[PrivacyEvent], delta: float, accountant: str):
-    from dpcl.accounting.accountants import compute_epsilon
-
     return compute_epsilon(list(events), delta, accountant)
 
 
@@ -851,8 +851,6 @@ class TaskLedger:
         """A copy of the filter guarding ``key`` (a new one, its rule set by ``events``, if none exists yet)."""
         import copy
 
-        from dpcl.accounting.filter import PrivacyFilter
-
         if key in self._filters:
             return copy.deepcopy(self._filters[key])
         rule = "gdp" if all(event_is_gaussian_type(e) for e in events) else "basic"
@@ -867,8 +865,6 @@ class TaskLedger:
         long the stream is, and costs its epsilon at that share. Admission is
         tried on copies first so that a refusal by any filter changes none (and creates none).
         """
-        from dpcl.accounting.events import ComposedEvent
-
         event = charge.events[0] if len(charge.events) == 1 else ComposedEvent(list(charge.events))
         keys = self._filter_keys(charge.tasks)
         trial = {}

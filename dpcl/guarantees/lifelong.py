@@ -74,6 +74,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from dpcl.accounting.accountants import compute_epsilon
 from dpcl.accounting.events import Adjacency, ComposedEvent, LaplaceEvent, PoissonSampledGaussianEvent, RepeatedEvent
 from dpcl.accounting.validation import check_count, check_positive
 from dpcl.errors import ConfigError, InvalidParameterError
@@ -500,8 +501,6 @@ def dpsgd_agem_epsilons(
     its events are :func:`dpsgd_agem_unit_events`. Accounted by
     :func:`dpcl.accounting.accountants.compute_epsilon`.
     """
-    from dpcl.accounting.accountants import compute_epsilon
-
     n_tasks = len(task_steps)
     out = np.empty(n_tasks)
     for t in range(n_tasks):  # one accounting per (task, first task): tasks are few

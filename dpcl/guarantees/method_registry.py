@@ -38,7 +38,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from dpcl.errors import ConfigError, MethodPluginError
 
@@ -46,10 +46,28 @@ __all__ = [
     "BUILTIN_METHODS",
     "ENTRY_POINT_GROUP",
     "MethodEntry",
+    "MethodKey",
     "MethodRegistry",
     "REGISTRY",
     "RegistryView",
 ]
+
+
+@dataclass(frozen=True)
+class MethodKey:
+    """One documented key of a method's config section (a spec's ``keys``; re-exported by
+    :mod:`dpcl.guarantees.method_schema`, where specs are written). It lives here, below the schema, because
+    the registry checks a plugin spec's keys.
+
+    ``check`` returns an error message (what is allowed) for a bad value, or None.
+    """
+
+    name: str
+    type: type | tuple[type, ...]
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None
+
 
 #: Entry-point group third-party methods register in.
 ENTRY_POINT_GROUP = "dpcl.methods"
@@ -197,8 +215,6 @@ class MethodRegistry:
         if getattr(spec, "name", None) != entry.name:
             problems.append(f"its name is {getattr(spec, 'name', None)!r}, but the entry point is {entry.name!r}")
         keys = getattr(spec, "keys", None)
-        from dpcl.guarantees.method_schema import MethodKey
-
         if not isinstance(keys, tuple) or not all(isinstance(k, MethodKey) for k in keys):
             problems.append("keys must be a tuple of dpcl.guarantees.method_schema.MethodKey")
         elif "name" in {k.name for k in keys}:

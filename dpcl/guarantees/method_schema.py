@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from dpcl.accounting.events import PrivacyEvent
 from dpcl.errors import ConfigError, InvalidParameterError
-from dpcl.guarantees.method_registry import REGISTRY, RegistryView
+from dpcl.guarantees.method_registry import REGISTRY, MethodKey, RegistryView  # MethodKey: public here too
 
 
 class _Required:
@@ -31,20 +31,6 @@ class _Required:
 
 #: Default value of a key that must be given.
 REQUIRED: Any = _Required()
-
-
-@dataclass(frozen=True)
-class MethodKey:
-    """One documented key of a method's config section.
-
-    ``check`` returns an error message (what is allowed) for a bad value, or None.
-    """
-
-    name: str
-    type: type | tuple[type, ...]
-    default: Any
-    help: str
-    check: Callable[[Any], str | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from dpcl.accounting.events import Adjacency, GaussianEvent, RepeatedEvent
 from dpcl.accounting.gaussian import gaussian_delta, gaussian_epsilon, gaussian_sigma, gdp_epsilon
 from dpcl.accounting.validation import check_count, check_delta, check_positive
 from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 from dpcl.guarantees.method_schema import (
     TORCH_DEVICE_FORMS,
     MethodKey,
@@ -72,6 +73,14 @@ from dpcl.guarantees.method_schema import (
     positive_int,
     torch_device,
     unit_interval,
+)
+from dpcl.guarantees.schedules import (
+    DPSGD_ASSUMPTION,
+    EMPTY_DPSGD_RELEASE,
+    TASK_SIZE_ASSUMPTION,
+    _privacy,
+    calibrated_dpsgd_task,
+    dpsgd_noise_record,
 )
 
 #: Stated by every PeCL certificate whose frozen language model was loaded from ``pretrained_path``.
@@ -752,16 +761,6 @@ def _dpsgd_plan(
     notes: list[str], token: RepeatedEvent, pretrained: tuple[str, ...],
 ) -> TaskPlan:
     """The plan of a DP PeCL task: its DP-SGD run is the checkpoint's event, TDP a scoped statement."""
-    from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
-    from dpcl.guarantees.schedules import (
-        DPSGD_ASSUMPTION,
-        EMPTY_DPSGD_RELEASE,
-        TASK_SIZE_ASSUMPTION,
-        _privacy,
-        calibrated_dpsgd_task,
-        dpsgd_noise_record,
-    )
-
     eps, delta, adjacency, accountant = _privacy(privacy)
     max_grad_norm = float(v["max_grad_norm"])
     assumptions = (PUBLIC_STATE_ASSUMPTION, PECL_DPSGD_ASSUMPTION, DPSGD_ASSUMPTION, TASK_SIZE_ASSUMPTION) + pretrained

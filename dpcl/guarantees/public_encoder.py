@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from dpcl._io.atomic_io import sha256_file
 from dpcl.errors import ConfigError
 
 __all__ = [
@@ -213,8 +214,6 @@ def encoder_modality(path: Any) -> str:
 
 @lru_cache(maxsize=64)
 def _file_digest(path: str, size: int, mtime_ns: int) -> str:  # size/mtime: re-hash when the file changes
-    from dpcl.guarantees.atomic_io import sha256_file  # noqa: PLC0415
-
     return sha256_file(path)
 
 

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dpcl import __version__
+from dpcl._version import __version__
 from dpcl.errors import DpclError, InvalidParameterError
-from dpcl.guarantees.atomic_io import read_json, write_text_atomic
+from dpcl._io.atomic_io import read_json, write_text_atomic
+from dpcl.guarantees.certificates import _parse_charges, read_certificate, verify_certificate
+from dpcl.guarantees.ledger import compose_stream
 from dpcl.guarantees.signing import signature_state
 
 #: File name of the page when no output path is given (inside the run directory).
@@ -133,9 +135,6 @@ def _epsilon_figure(rows: Sequence[Mapping[str, Any]]) -> str:
 def _profile(data: Mapping[str, Any]) -> list[tuple[float, float]]:
     """(epsilon, delta) points of the privacy profile of a private certificate's headline, recomputed from its
     events with the accountant each composition group asked for (as ``dpcl verify`` recomputes it)."""
-    from dpcl.guarantees.certificates import _parse_charges
-    from dpcl.guarantees.ledger import compose_stream
-
     g = data["guarantee"]
     charges = _parse_charges(data["events"], version=int(data["version"]))
     accountants = [str(x.get("requested_accountant", x["accountant"])) for x in g["groups"]]
@@ -265,8 +264,6 @@ def write_report(
     ``audit`` is a one-run audit's ``audit.json`` (``dpcl audit-run``; default ``RUN_DIR/audit/audit.json`` when
     it exists), shown beside the certified epsilon.
     Refuses a path that is not a run directory (:func:`certificate_paths`)."""
-    from dpcl.guarantees.certificates import read_certificate, verify_certificate
-
     root = Path(run_dir)
     paths = certificate_paths(root)
     certificates = [read_certificate(p) for p in paths]

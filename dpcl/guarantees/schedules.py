@@ -52,7 +52,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dpcl.accounting.dpsgd import dpsgd_events, dpsgd_noise_multiplier
 from dpcl.accounting.events import Adjacency, GaussianEvent
+from dpcl.accounting.gaussian import gaussian_epsilon, gaussian_sigma
 from dpcl.errors import ConfigError, InvalidParameterError, UnsupportedEventError
 from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 from dpcl.guarantees.public_encoder import (
@@ -232,8 +234,6 @@ def dpsgd_schedule(n_examples: int, batch_size: int, epochs: int, task_index: in
 def _calibrate_dpsgd(eps: float, delta: float, q: float, steps: int, accountant: str, adjacency: str):
     """DP-SGD calibration; tasks of equal size share one calibration through
     :data:`dpcl.accounting.dpsgd.CALIBRATION_MEMO` (keyed on every input, under every accountant)."""
-    from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
-
     return dpsgd_noise_multiplier(eps, delta, q, steps, accountant=accountant, adjacency=adjacency)
 
 
@@ -284,8 +284,6 @@ def calibrated_dpsgd_task(
 
     An accountant that cannot account the run raises :class:`ConfigError` naming the task and what to change.
     """
-    from dpcl.accounting.dpsgd import dpsgd_events
-
     q, steps = dpsgd_schedule(n, batch_size, epochs, task_index)
     try:
         calibration = _calibrate_dpsgd(eps, delta, q, steps, calibration_accountant_for(accountant, adjacency),
@@ -312,8 +310,6 @@ class CosineSpec:
     def plan_task(
         self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
     ) -> TaskPlan:
-        from dpcl.accounting.gaussian import gaussian_epsilon, gaussian_sigma
-
         _check_size(n_examples)
         eps, delta, adjacency, _ = _privacy(privacy)
         sensitivity = cosine_sensitivity(adjacency)

@@ -49,6 +49,7 @@ import numpy as np
 from dpcl.errors import ConfigError, InvalidParameterError, MethodPluginError, MissingDependencyError
 from dpcl.guarantees.method_registry import REGISTRY, RegistryView
 from dpcl.guarantees.method_schema import TaskPlan
+from dpcl.methods.noise_source import noise_rng, noise_torch_generator
 
 #: ``[method] name`` -> "module:class" of its :class:`ContinualMethod`: a read-only view of the method
 #: registry (:mod:`dpcl.guarantees.method_registry`), built-in methods and installed plugins.
@@ -165,8 +166,6 @@ class ContinualMethod(ABC):
         Seeded from OS entropy unless the run opted in to ``reproducible_noise``
         (:func:`dpcl.methods.noise_source.noise_torch_generator`).
         """
-        from dpcl.methods.noise_source import noise_torch_generator
-
         return noise_torch_generator(
             int(self.setup.seed), self.setup.reproducible_noise, int(task_index), int(stream),
             device=device if device is not None else self.setup.device,
@@ -174,8 +173,6 @@ class ContinualMethod(ABC):
 
     def noise_rng(self, task_index: int, stream: int = 0) -> np.random.Generator:
         """A fresh numpy generator for task ``task_index``'s noise (see :meth:`noise_generator`)."""
-        from dpcl.methods.noise_source import noise_rng
-
         return noise_rng(int(self.setup.seed), self.setup.reproducible_noise, int(task_index), int(stream))
 
     def mark_released(self, output_labels: Sequence[int]) -> None:

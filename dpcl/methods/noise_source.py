@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpcl.accounting.events import PoissonSampledGaussianEvent
 from dpcl.errors import InvalidParameterError
 
 if TYPE_CHECKING:  # pragma: no cover - torch is imported lazily so this module stays torch-free at import
@@ -82,8 +83,6 @@ def noise_assumptions(reproducible: bool, *, subsampled: bool = True) -> tuple[s
 
 def poisson_subsampled(events: Any) -> bool:
     """True when any of ``events`` (dpcl.accounting.events, repeated or composed) is a Poisson-subsampled step."""
-    from dpcl.accounting.events import PoissonSampledGaussianEvent
-
     return any(isinstance(leaf, PoissonSampledGaussianEvent) for event in events for leaf, _ in event.leaves())
 
 

@@ -73,11 +73,22 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from dpcl.data.pretrained import (
+    image_embedding,
+    load_pretrained,
+    pixel_settings,
+    text_embedding,
+    text_tokens,
+    to_pixel_values,
+)
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
+from dpcl.guarantees.public_encoder import encoder_directory, encoder_fingerprint, encoder_modality
 from dpcl.guarantees.schedules import PEFT_HEADS, peft_variant
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
 from dpcl.methods.dpsgd_training import AdapterClassifier, schedule_from_plan, seeded_adapter, train_classifier
+from dpcl.methods.film import FilmClassifier, TextFilmClassifier, freeze_all_but_film
+from dpcl.methods.lora_text import LoraTextEncoder, TextMember, pooled_features, tokenize
 
 #: Aggregation rules of the ensemble (Tobaben et al., eq. 10, eq. A41, App. H.2).
 AGGREGATION_RULES = ("argmax", "median", "entropy")
@@ -142,8 +153,6 @@ class PeftEnsemble(ContinualMethod):
         #: film variant: "image" (pixel rows in, FilmClassifier) or "text" (texts in, TextFilmClassifier)
         self.encoder_modality: str | None = None
         if self.encoder_path is not None:
-            from dpcl.guarantees.public_encoder import encoder_fingerprint, encoder_modality
-
             self.encoder_sha256 = encoder_fingerprint(self.encoder_path)
             self.encoder_modality = encoder_modality(self.encoder_path)
         self._film_model: Any = None
@@ -183,8 +192,6 @@ class PeftEnsemble(ContinualMethod):
 
     def _encoder(self) -> Any:
         if self._text_encoder is None:
-            from dpcl.methods.lora_text import LoraTextEncoder
-
             self._text_encoder = LoraTextEncoder(self.adapter_dim).to(self.device)
         return self._text_encoder
 
@@ -212,8 +219,6 @@ class PeftEnsemble(ContinualMethod):
 
     def _fit_text_member(self, task_index: int, data: TrainingData, targets: np.ndarray, n_outputs: int,
                          schedule: Any, progress: ProgressCallback | None) -> None:
-        from dpcl.methods.lora_text import TextMember, tokenize
-
         if data.texts is None:
             raise InvalidParameterError("text mode needs the raw texts of the task (TrainingData.texts).")
         encoder = self._encoder()
@@ -232,9 +237,6 @@ class PeftEnsemble(ContinualMethod):
         if self._film_model is None:
             import copy
 
-            from dpcl.data.pretrained import load_pretrained, pixel_settings
-            from dpcl.methods.film import freeze_all_but_film
-
             shared, tokenizer = load_pretrained(self.encoder_path, str(self.device))
             backbone = copy.deepcopy(shared)  # the process-wide cached encoder stays untouched
             names = freeze_all_but_film(backbone)
@@ -249,8 +251,6 @@ class PeftEnsemble(ContinualMethod):
         ``(input_ids, attention_mask)`` of an array of texts (one tokenizer call, padded to the longest)."""
         if self.encoder_modality != "text":
             return torch.tensor(np.asarray(examples), dtype=torch.float32, device=self.device)
-        from dpcl.data.pretrained import text_tokens
-
         _, tokenizer, _ = self._film_backbone()
         return text_tokens(tokenizer, np.asarray(examples, dtype=object).ravel().tolist(), self.device)
 
@@ -262,8 +262,6 @@ class PeftEnsemble(ContinualMethod):
 
     def _fit_film_member(self, task_index: int, data: TrainingData, targets: np.ndarray, n_outputs: int,
                          schedule: Any, progress: ProgressCallback | None) -> None:
-        from dpcl.methods.film import FilmClassifier, TextFilmClassifier
-
         backbone, settings, initial = self._film_backbone()
         self._load_film(backbone, initial)  # every member starts from the public pre-trained values
         if self.encoder_modality == "text":
@@ -286,8 +284,6 @@ class PeftEnsemble(ContinualMethod):
         backbone, settings, _ = self._film_backbone()
         self._load_film(backbone, member["film"])
         weight, bias = member["head"]["weight"].to(self.device), member["head"]["bias"].to(self.device)
-        from dpcl.data.pretrained import image_embedding, text_embedding, to_pixel_values
-
         parts = inputs if isinstance(inputs, tuple) else (inputs,)
         out = []
         for start in range(0, parts[0].shape[0], batch_size):  # batches of examples, bounded memory
@@ -359,8 +355,6 @@ class PeftEnsemble(ContinualMethod):
                     masks[i, positions] = True
             return logits, masks
         if self.text_mode:
-            from dpcl.methods.lora_text import pooled_features, tokenize
-
             inputs = tokenize(np.asarray(features, dtype=object).ravel(), self.device)
             logits = np.zeros((len(self.text_members), inputs[0].shape[0], n_labels))
             masks = np.zeros((len(self.text_members), n_labels), dtype=bool)
@@ -386,8 +380,6 @@ class PeftEnsemble(ContinualMethod):
         trains inside (resolved path and files' SHA-256; the backbone is public and not in the checkpoint)."""
         extra: dict[str, Any] = {"variant": self.variant, "members": len(self.model_labels)}
         if self.variant == "film":
-            from dpcl.guarantees.public_encoder import encoder_directory
-
             extra["encoder"] = {"path": str(encoder_directory(self.encoder_path)), "sha256": self.encoder_sha256,
                                 "modality": self.encoder_modality,
                                 "trained": "scale and shift of every nn.LayerNorm (FiLM), per member, plus a head"}

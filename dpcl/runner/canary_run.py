@@ -43,7 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from dpcl.audit.one_run import audit_one_run
 from dpcl.errors import ConfigError
+from dpcl.runner.run import StageClock, audit_run, load_run, open_run, prepare_stream, run_task, write_summary
 
 __all__ = ["CanarySet", "add_canaries", "run_with_canaries"]
 
@@ -130,9 +132,6 @@ def run_with_canaries(config_path: "str | Path", out_dir: "str | Path", *, canar
 
     Returns the audit's payload (what ``audit.json`` holds). ``progress(t)`` is called after each task.
     """
-    from dpcl.audit.one_run import audit_one_run
-    from dpcl.runner.run import StageClock, audit_run, load_run, open_run, prepare_stream, run_task, write_summary
-
     loaded = load_run(config_path, out_dir, seed=seed, device=device, quiet=quiet)
     if not loaded.private:
         raise ConfigError("the config trains without privacy ([privacy] private = false): there is no certified epsilon to audit.")

@@ -3,7 +3,7 @@
 A checkpoint is ``torch.save`` of a plain dict (format tag, method name, task
 index, the method's :meth:`~dpcl.methods.base.ContinualMethod.state_dict`). It is
 serialised to memory and written with
-:func:`dpcl.guarantees.atomic_io.write_bytes_atomic` (temp file + fsync +
+:func:`dpcl._io.atomic_io.write_bytes_atomic` (temp file + fsync +
 ``os.replace``), so a crash never leaves a half-written checkpoint. Loading uses
 ``torch.load(weights_only=True)`` (tensors and plain containers only) and
 first compares the file's SHA-256 with the one its certificate records.
@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import torch
 
 from dpcl.errors import InvalidParameterError, LedgerCorruptError, VerificationError
-from dpcl.guarantees.atomic_io import sha256_file, write_bytes_atomic
+from dpcl._io.atomic_io import sha256_file, write_bytes_atomic
 
 CHECKPOINT_FORMAT = "dpcl-checkpoint"
 CHECKPOINT_VERSION = 1

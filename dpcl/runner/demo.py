@@ -15,6 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dpcl.guarantees.certificates import verify_certificate
+from dpcl.runner.run import check_run_directory, run_training
+
 #: The demo's config: written to ``DIR/demo.toml`` and trained like any ``dpcl run`` config.
 DEMO_CONFIG = """\
 # dpcl demo: the DP Cosine Classifier (Tobaben et al., Alg. 1) on split digits.
@@ -40,9 +43,6 @@ name = "cosine"
 
 def certified_demo_run(out_dir: "str | Path | None" = None, *, seed: int = 0) -> dict[str, Any]:
     """Train and certify the demo run; returns a JSON-able summary (releases, metrics, verification)."""
-    from dpcl.guarantees.certificates import verify_certificate
-    from dpcl.runner.run import check_run_directory, run_training
-
     out = Path(tempfile.mkdtemp(prefix="dpcl-demo-")) if out_dir is None else check_run_directory(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = out / "demo.toml"

@@ -49,7 +49,22 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from dpcl._io.atomic_io import read_json
+from dpcl.data import STREAM_KEYS
 from dpcl.errors import ConfigError, DistributedRunError, InvalidParameterError
+from dpcl.guarantees.audit_config import resolve_across_tasks
+from dpcl.guarantees.config import load_config
+from dpcl.methods.base import method_class
+from dpcl.runner.run import resolve_device, run_training
+from dpcl.runner.tasks import (
+    build_run_stream,
+    label_sets,
+    method_setup,
+    prepare_tasks,
+    release_data,
+    run_options,
+    task_plan,
+)
 from dpcl.runner.threads import usable_cores
 
 #: Methods that train by DP-SGD through :func:`dpcl.methods.dpsgd_training.train_classifier` (data-parallel ready).
@@ -65,24 +80,6 @@ def launched_by_torchrun() -> bool:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1
     except ValueError:
         return False
-
-
-def refuse_on_other_ranks() -> None:
-    """Raise unless this process may write a run directory: no process group, or rank 0 of it.
-
-    :func:`~dpcl.runner.run.run_training` calls it before anything is written, so a user script that calls it on
-    every rank of a process group gets a clear error instead of several writers of one ledger.
-    """
-    try:
-        import torch.distributed as dist
-    except ModuleNotFoundError:  # no torch: run_training reports the missing training extra
-        return
-    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
-        raise InvalidParameterError(
-            f"run_training was called on rank {dist.get_rank()} of a torch.distributed process group: only rank 0 "
-            "writes the ledger, checkpoints and certificates. Start the run with `dpcl run --nproc N` or `torchrun "
-            "... -m dpcl run`, or call dpcl.runner.distributed.run_under_torchrun on every rank."
-        )
 
 
 def run_training_options(*, seed: int, quiet: bool, stop_after_task: int | None, reproducible_noise: bool,
@@ -117,10 +114,6 @@ def check_nproc(nproc: Any, name: str = "nproc") -> int:
 
 def _check_config(config_path: "str | Path", device: str | None, world: int) -> tuple[str, str]:
     """The method must train by DP-SGD; returns (backend, base device) for ``world`` ranks."""
-    from dpcl.data import STREAM_KEYS
-    from dpcl.guarantees.config import load_config
-    from dpcl.runner.run import resolve_device
-
     config = load_config(Path(config_path), data_stream_keys=STREAM_KEYS)
     name = config.method["name"]
     if name not in DATA_PARALLEL_METHODS:
@@ -174,8 +167,8 @@ def _lead(config_path: Any, out_dir: Any, *, device: str, run_options: dict[str,
     """Rank 0: the ordinary run, then the end-of-run word to the other ranks (also when it fails)."""
     import torch.distributed as dist
 
+    # lazy import: imports torch; keeps it out of CLI start-up and a run's config checks
     from dpcl.methods.dpsgd_training import end_data_parallel_run
-    from dpcl.runner.run import run_training
 
     ok = False
     try:
@@ -200,8 +193,6 @@ def _lead(config_path: Any, out_dir: Any, *, device: str, run_options: dict[str,
 # -- ranks > 0 ----------------------------------------------------------------------------------------------------
 def _resume_point(out: Path) -> int:
     """The first task rank 0 will train: one after the last release ``run.json`` records (0 for a new run)."""
-    from dpcl.guarantees.atomic_io import read_json
-
     state_path = out / "run.json"
     if not state_path.exists():
         return 0
@@ -219,20 +210,8 @@ def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproduci
     (:mod:`dpcl.runner.tasks`), so that its training calls match rank 0's. Returns True when rank 0 finished
     the run without an error (then every rank meets at :func:`_meet_at_end`).
     """
-    from dpcl.data import STREAM_KEYS
-    from dpcl.guarantees.audit_config import resolve_across_tasks
-    from dpcl.guarantees.config import load_config
-    from dpcl.methods.base import method_class
+    # lazy import: imports torch; keeps it out of CLI start-up and a run's config checks
     from dpcl.methods.dpsgd_training import DataParallelStop, wait_for_end_of_run
-    from dpcl.runner.tasks import (
-        build_run_stream,
-        label_sets,
-        method_setup,
-        prepare_tasks,
-        release_data,
-        run_options,
-        task_plan,
-    )
 
     # Read before this rank joins any collective: rank 0 cannot pass the header of its first training call (an
     # all_reduce) before every rank has joined it, so it writes no run.json before this read.
@@ -314,8 +293,6 @@ def run_data_parallel(
     :class:`~dpcl.runner.run.RunResult` (the same files, ledger and epsilons as
     a single-process run of the same config).
     """
-    from dpcl.runner.run import run_training
-
     world = check_nproc(nproc)
     options = run_training_options(seed=seed, quiet=quiet, stop_after_task=stop_after_task,
                                    reproducible_noise=reproducible_noise, sign_key=sign_key, resume=resume)

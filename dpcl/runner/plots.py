@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dpcl.guarantees.atomic_io import write_bytes_atomic
+from dpcl._io.atomic_io import write_bytes_atomic
 
 
 def plot_accuracy(

@@ -49,7 +49,7 @@ Run directory::
     DIR/curator/task001.state.pt         curator state per release (private), atomic
     DIR/scoped/NAME.ledger.json          one ledger per scoped statement (private), atomic
     DIR/metrics.json, DIR/accuracy.png
-    DIR/run.lock                         held while a run works on DIR (dpcl.guarantees.run_lock)
+    DIR/run.lock                         held while a run works on DIR (dpcl._io.run_lock)
 
 What may be published: ``checkpoints/`` and ``certificates/`` (each
 certificate covers its checkpoint and nothing else). ``curator/``,
@@ -102,17 +102,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from dpcl import __version__
+from dpcl._io.atomic_io import read_json, sha256_file, write_json_atomic
+from dpcl._io.run_lock import acquire_run_lock, releases_run_locks  # one live run per --out directory
+from dpcl._io.safe_paths import contained_path
+from dpcl._version import __version__
+from dpcl.certifier import Certifier, existing_run_files
+from dpcl.data import STREAM_KEYS
 from dpcl.errors import (
     ConfigError,
+    ExistingRunError,
     InvalidParameterError,
     LedgerCorruptError,
-    MissingDependencyError,
     PrivacyViolationError,
 )
-from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
+from dpcl.guarantees.audit_config import audit_config, resolve_across_tasks
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
-from dpcl.guarantees.run_lock import acquire_run_lock, releases_run_locks  # one live run per --out directory
+from dpcl.guarantees.config import load_config
+from dpcl.guarantees.label_space import describe_filtering
+from dpcl.guarantees.method_schema import TORCH_DEVICE_FORMS, ReleaseCoverage, torch_device
+from dpcl.guarantees.signing import load_private_key
+from dpcl.methods.base import method_class  # without torch it raises MissingDependencyError naming the extra
+from dpcl.methods.noise_source import noise_assumptions, poisson_subsampled
+from dpcl.metrics import accuracy_rows, summarize
+from dpcl.runner.plots import plot_accuracy
+from dpcl.runner.ranks import refuse_on_other_ranks
 from dpcl.runner.run_state import (
     RUN_STATE_FORMAT,
     RUN_STATE_VERSION,
@@ -218,8 +231,6 @@ def resolve_device(requested: str | None, method_section: Mapping[str, Any]) -> 
     The string form is checked like the config key (:func:`dpcl.guarantees.method_schema.torch_device`); a CUDA
     device must exist: CUDA available and ``N < torch.cuda.device_count()``.
     """
-    from dpcl.guarantees.method_schema import TORCH_DEVICE_FORMS, torch_device
-
     device = requested or str(method_section.get("device", "cpu") or "cpu")
     source = "--device" if requested else "[method] device"
     if torch_device(device) is not None:
@@ -284,8 +295,6 @@ def _check_arguments(seed: Any, reproducible_noise: Any, sign_key: Any) -> Any:
         raise InvalidParameterError(f"--reproducible-noise is a switch (true/false), got {reproducible_noise!r}.")
     if sign_key is None:
         return None
-    from dpcl.guarantees.signing import load_private_key
-
     return load_private_key(sign_key, option="--sign")
 
 
@@ -325,9 +334,6 @@ def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0,
     Refused on a rank > 0 of a process group (only rank 0 writes a run directory), and, unless ``resume``, on
     an ``--out`` that already holds a run (:class:`~dpcl.errors.ExistingRunError`, before anything is written).
     """
-    from dpcl.data import STREAM_KEYS
-    from dpcl.guarantees.config import load_config
-
     key = _check_arguments(seed, reproducible_noise, sign_key)
     config_file = Path(config_path)
     config = load_config(config_file, data_stream_keys=STREAM_KEYS)
@@ -338,15 +344,7 @@ def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0,
         _refuse_existing_run(out)
     options = run_options(config)
     resolved = resolve_device(device, config.method)
-    from dpcl.runner.distributed import refuse_on_other_ranks
-
     refuse_on_other_ranks()  # only rank 0 writes the ledger, checkpoints and certificates
-    try:
-        from dpcl.methods.base import method_class
-    except ModuleNotFoundError as exc:  # torch missing
-        raise MissingDependencyError(
-            f"dpcl run needs {exc.name}; install the training extra: pip install torch==2.13.0 && pip install 'dpcl[train]'"
-        ) from exc
     return LoadedRun(
         config=config, config_file=config_file, out=out, seed=seed, private=bool(options["private"]),
         reproducible=bool(reproducible_noise or options["reproducible_noise"]), device=resolved,
@@ -357,9 +355,6 @@ def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0,
 
 def _refuse_existing_run(out: Path) -> None:
     """``--out`` must not hold a run unless ``--resume`` asks to continue it (a rerun would charge it again)."""
-    from dpcl.certifier import existing_run_files
-    from dpcl.errors import ExistingRunError
-
     found = existing_run_files(out, run_state=True)
     if found:
         raise ExistingRunError(
@@ -407,8 +402,6 @@ def prepare_stream(run: LoadedRun) -> PreparedStream:
 def audit_run(run: LoadedRun, prepared: PreparedStream) -> Any:
     """Stage ``audit``: ``dpcl audit`` on the filtered task sizes; a refused config raises
     :class:`~dpcl.errors.PrivacyViolationError` (exit 3) before anything is written or trained."""
-    from dpcl.guarantees.audit_config import audit_config
-
     report = audit_config(run.config, prepared.sizes, filter_reports=prepared.filter_reports)
     if not report.sound:
         raise PrivacyViolationError(
@@ -469,8 +462,6 @@ def open_certifier(loaded: LoadedRun, report: Any, *, resume: bool) -> Any:
     """The :class:`~dpcl.Certifier` of the run directory: the config's privacy settings and the audit's adjacency
     and unit, ``private = false`` without a headline ledger; ``resume`` when ``run.json`` lists releases (its
     ledger must then exist). ``--resume`` (``loaded.resume``) lets it continue a run recorded there."""
-    from dpcl.certifier import Certifier
-
     config = loaded.config
     return Certifier(
         loaded.out,
@@ -512,10 +503,10 @@ def _check_ledgers_record(run: RunInProgress) -> None:
 
 def _restore_last_release(run: RunInProgress) -> None:
     """The method's state after the last release ``run.json`` lists: its certified checkpoint and curator state."""
-    from dpcl.guarantees.safe_paths import contained_path  # run.json may have been edited: stay inside --out
+    # lazy import: imports torch; keeps it out of CLI start-up and a run's config checks
     from dpcl.runner.checkpoints import load_checkpoint, load_curator_state
 
-    last, out = run.releases[-1], run.out
+    last, out = run.releases[-1], run.out  # run.json may have been edited: contained_path stays inside --out
     where = f"{str(run.state_path)!r} release of task {last.task_index + 1}:"
     last = ReleaseSummary(**{**last.__dict__, **{
         name: contained_path(out, getattr(last, name), what=f"{where} {name} path").relative_to(out.resolve())
@@ -563,8 +554,6 @@ def open_run(loaded: LoadedRun, prepared: PreparedStream, report: Any, clock: St
 
 
 def _resolved_across(config: Any) -> str:
-    from dpcl.guarantees.audit_config import resolve_across_tasks
-
     across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
     return across
 
@@ -572,6 +561,7 @@ def _resolved_across(config: Any) -> str:
 def finish_committed_releases(run: RunInProgress) -> None:
     """Resume a private run whose ledger committed a release that ``run.json`` does not list yet (a crash after the
     commit point): finish it from its committed files (their SHA-256 must be the recorded ones), never retrain it."""
+    # lazy import: imports torch; keeps it out of CLI start-up and a run's config checks
     from dpcl.runner.checkpoints import load_checkpoint, load_curator_state
 
     listed = [r.task_index for r in run.releases]
@@ -651,6 +641,7 @@ def commit_release(run: RunInProgress, t: int, plan: Any) -> tuple[Path, str]:
     """Stages ``release`` and ``commit``: release ``t`` as one atomic commit. The checkpoint and the curator state
     are written under pending names, the Certifier's ledger records the release (the commit point, with both
     files' SHA-256), then the files get their final names. Returns the curator state's path and SHA-256."""
+    # lazy import: imports torch; keeps it out of CLI start-up and a run's config checks
     from dpcl.runner.checkpoints import save_checkpoint, save_curator_state
 
     checkpoint, curator_file, _ = run.paths(t)
@@ -678,8 +669,6 @@ def commit_release(run: RunInProgress, t: int, plan: Any) -> tuple[Path, str]:
 
 
 def _certificate_assumptions(run: RunInProgress, plan: Any) -> list[str]:
-    from dpcl.methods.noise_source import noise_assumptions, poisson_subsampled
-
     assumptions = list(run.report.assumptions)
     assumptions += [a for a in plan.assumptions if a not in assumptions]
     if run.trains_plan:
@@ -692,8 +681,6 @@ def _certificate_assumptions(run: RunInProgress, plan: Any) -> list[str]:
 
 def _coverage(run: RunInProgress, plan: Any) -> Any:
     """The headline of release ``t``: the plan's coverage (private), else not covered with the run's reasons."""
-    from dpcl.guarantees.method_schema import ReleaseCoverage
-
     if run.loaded.private:
         return plan.release
     if not run.trains_plan:
@@ -771,10 +758,6 @@ def run_task(run: RunInProgress, t: int) -> None:
 def write_summary(run: RunInProgress) -> dict[str, Any]:
     """Stage ``summary``: ``metrics.json`` (accuracy matrix and every metric of :func:`dpcl.metrics.summarize`;
     final AA under ``average_accuracy``) and ``accuracy.png``. Returns the metrics as written."""
-    from dpcl.guarantees.label_space import describe_filtering
-    from dpcl.metrics import accuracy_rows, summarize
-    from dpcl.runner.plots import plot_accuracy
-
     loaded, releases, config = run.loaded, run.releases, run.loaded.config
     complete = bool(releases) and releases[-1].task_index == run.n_tasks - 1
     matrix = accuracy_rows([r.accuracies for r in releases], run.n_tasks)

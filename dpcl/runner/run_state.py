@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpcl.errors import ConfigError
-from dpcl.guarantees.atomic_io import read_json, write_json_atomic
+from dpcl._io.atomic_io import read_json, write_json_atomic
 
 RUN_STATE_FORMAT = "dpcl-run"
 RUN_STATE_VERSION = 2  # 2: releases record their curator state (checkpoints of version 1 held it)

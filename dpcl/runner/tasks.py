@@ -21,8 +21,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dpcl.data import build_stream
 from dpcl.errors import ConfigError
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
+from dpcl.guarantees.label_space import filter_task, output_label_sets
+from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
+from dpcl.methods.base import MethodSetup, TrainingData
 
 NON_PRIVATE_STATEMENT = (
     "This checkpoint was trained WITHOUT differential privacy ([run] private = false): no noise was added and "
@@ -41,8 +45,6 @@ def build_run_stream(config: Any, method_class: Any, *, seed: int, device: str, 
     ``[stream] encoder`` features are computed on ``device``; a method that trains inside the encoder (PEFT
     Ensemble's film variant) gets the images as pixel rows instead of the encoder's features.
     """
-    from dpcl.data import build_stream
-
     stream_options = dict(config.raw["stream"])
     stream_options.setdefault("seed", seed)
     trains_encoder = bool(getattr(method_class, "trains_encoder", lambda _method: False)(config.method))
@@ -51,8 +53,6 @@ def build_run_stream(config: Any, method_class: Any, *, seed: int, device: str, 
 
 def label_sets(config: Any, n_tasks: int) -> list[tuple[int, ...]]:
     """The public output label set O_t of every task (sorted), from ``[stream] label_space`` and ``prior_labels``."""
-    from dpcl.guarantees.label_space import output_label_sets
-
     sets = output_label_sets(config.stream["label_space"], config.stream["prior_labels"], n_tasks)
     return [tuple(sorted(s)) for s in sets]
 
@@ -73,8 +73,6 @@ class PreparedTask:
 
 
 def _prepared_task(task: Any, output: Sequence[int], needs_texts: bool) -> tuple[PreparedTask, Any]:
-    from dpcl.guarantees.label_space import filter_task
-
     text_only = task.train.features is None
     mask, report = filter_task(task.train.labels, output, task.index)
     if len(task.test) == 0:
@@ -123,8 +121,6 @@ def prepare_tasks(
 
 def release_data(prepared: Sequence[PreparedTask], t: int, reuses_past_tasks: bool) -> tuple[Any, tuple[int, ...], list[int]]:
     """The data, output labels and task indices release ``t`` reads (the union 0..t for Non-CL)."""
-    from dpcl.methods.base import TrainingData
-
     parts = prepared[: t + 1] if reuses_past_tasks else [prepared[t]]
     data = TrainingData(
         features=np.concatenate([p.features for p in parts]),
@@ -139,8 +135,6 @@ def release_data(prepared: Sequence[PreparedTask], t: int, reuses_past_tasks: bo
 def method_setup(config: Any, output_sets: Sequence[tuple[int, ...]], prepared: Sequence[PreparedTask], *,
                  across: str, seed: int, device: str, reproducible_noise: bool) -> Any:
     """The method's :class:`~dpcl.methods.base.MethodSetup`; ``across`` is the resolved composition the ledger applies."""
-    from dpcl.methods.base import MethodSetup
-
     return MethodSetup(
         method=config.method,
         privacy={**config.privacy, "across_tasks": across},
@@ -160,8 +154,6 @@ def task_plan(config: Any, t: int, n_examples: int, *, trains_plan: bool) -> Any
     """
     if trains_plan:
         return config.spec.plan_task(config.method, config.privacy, n_examples, t)
-    from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
-
     return TaskPlan(events=(), noise={}, assumptions=(), release=ReleaseCoverage.not_covered(NON_PRIVATE_STATEMENT))
 
 

@@ -15,7 +15,7 @@ import dpcl
 from dpcl.accounting.events import GaussianEvent
 from dpcl.cli import main
 from dpcl.guarantees import ledger as ledger_module
-from dpcl.guarantees.atomic_io import sha256_file
+from dpcl._io.atomic_io import sha256_file
 from dpcl.guarantees.certificates import certificate_from_ledger, write_certificate
 from dpcl.guarantees.ledger import TaskLedger
 from dpcl.guarantees.method_schema import ReleaseCoverage
@@ -131,7 +131,7 @@ def test_audit_declared_disjoint_stream_with_shared_units_exit_3(tmp_path, capsy
     """A writer contributes two consecutive digit images (unit id = row // 2): a class-incremental split by
     label puts a writer's two images in different tasks, so the declared-disjoint stream shares units."""
     import dpcl.data
-    from dpcl.data import registry
+    from dpcl.data import registry, streams  # patched where the stream builder binds it
 
     real = registry.dataset_labels
 
@@ -139,7 +139,7 @@ def test_audit_declared_disjoint_stream_with_shared_units_exit_3(tmp_path, capsy
         labels, _units, n_classes = real(name, **options)
         return labels, np.arange(labels.size, dtype=np.int64) // 2, n_classes
 
-    monkeypatch.setattr(registry, "dataset_labels", by_writer)
+    monkeypatch.setattr(streams, "dataset_labels", by_writer)
     section = {"dataset": "digits", "tasks": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]}
     units = dpcl.data.task_train_unit_ids(section)
     shared = np.intersect1d(units[0], np.concatenate(units[1:]))
@@ -155,18 +155,18 @@ def test_audit_declared_disjoint_stream_with_shared_units_exit_3(tmp_path, capsy
     assert sum(unit in u for u in map(set, units)) >= 2  # the named unit really is in two tasks
     assert f"share unit '{unit}'" in err and err.count("\n") == 1
 
-    monkeypatch.setattr(registry, "dataset_labels", real)
+    monkeypatch.setattr(streams, "dataset_labels", real)
     code, out, err = _run(capsys, "audit", _write(tmp_path, COSINE_TEXT), "--json")
     assert code == 0, err
 
 
 def test_audit_blurry_stream_of_multi_image_units_is_caught(tmp_path, capsys, monkeypatch):
     """Blurry hand-over is per example: with units of ten images some unit is split across tasks."""
-    from dpcl.data import registry
+    from dpcl.data import registry, streams  # patched where the stream builder binds it
 
     real = registry.dataset_labels
     monkeypatch.setattr(
-        registry, "dataset_labels",
+        streams, "dataset_labels",
         lambda name, **o: (lambda y, u, k: (y, np.arange(y.size, dtype=np.int64) // 10, k))(*real(name, **o)),
     )
     text = COSINE_TEXT.replace('dataset = "digits"', 'dataset = "digits"\nkind = "blurry"\nblurry_fraction = 0.3', 1)

@@ -539,7 +539,7 @@ def certificate_template(tmp_path_factory):
     """A run directory with one valid certificate: a Gaussian release and 1000 DP-SGD steps, accounted with RDP,
     and an Ed25519 key pair (``keys/key``, ``keys/key.pub``) and another one (``keys/other``)."""
     from dpcl.accounting.events import GaussianEvent, PoissonSampledGaussianEvent, RepeatedEvent
-    from dpcl.guarantees.atomic_io import sha256_file
+    from dpcl._io.atomic_io import sha256_file
     from dpcl.guarantees.certificates import certificate_from_ledger, write_certificate
     from dpcl.guarantees.ledger import TaskLedger
     from dpcl.guarantees.method_schema import ReleaseCoverage

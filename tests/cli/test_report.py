@@ -165,7 +165,7 @@ def test_a_real_browser_renders_the_report_and_its_figures(run_dir, tmp_path) ->
 def test_report_of_a_release_that_is_not_private_says_so_and_has_no_profile(tmp_path) -> None:
     # a Certifier-style directory (certificates only, no metrics.json) whose checkpoint has no DP guarantee
     from dpcl.cli import main
-    from dpcl.guarantees.atomic_io import sha256_file
+    from dpcl._io.atomic_io import sha256_file
     from dpcl.guarantees.certificates import non_private_certificate, write_certificate
 
     (tmp_path / "checkpoints").mkdir()

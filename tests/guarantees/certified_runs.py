@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from dpcl.guarantees.atomic_io import sha256_file
+from dpcl._io.atomic_io import sha256_file
 from dpcl.guarantees.certificates import certificate_from_ledger, write_certificate
 from dpcl.guarantees.ledger import TaskLedger
 from dpcl.guarantees.method_schema import ReleaseCoverage

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from dpcl.errors import InvalidParameterError
-from dpcl.guarantees.atomic_io import read_json, sha256_file, write_json_atomic
+from dpcl._io.atomic_io import read_json, sha256_file, write_json_atomic
 
 
 def test_round_trip_and_no_temp_files_left(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from dpcl import __version__
 from dpcl.accounting.events import GaussianEvent
 from dpcl.errors import InvalidParameterError, MalformedCertificateError, VerificationError
-from dpcl.guarantees.atomic_io import sha256_file
+from dpcl._io.atomic_io import sha256_file
 from dpcl.guarantees.certificates import (
     certificate_from_ledger,
     read_certificate,

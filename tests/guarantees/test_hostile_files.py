@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import dpcl
 import dpcl.data
 from dpcl.cli import main
-from dpcl.guarantees.atomic_io import (
+from dpcl._io.atomic_io import (
     MAX_JSON_BYTES,
     FileTooLargeError,
     JsonLimitError,
@@ -27,7 +27,7 @@ from dpcl.guarantees.atomic_io import (
 )
 from dpcl.guarantees.certificates import verify_certificate
 from dpcl.guarantees.config import MAX_CONFIG_BYTES
-from dpcl.guarantees.safe_paths import UnsafePathError
+from dpcl._io.safe_paths import UnsafePathError
 
 CONFIGS = os.path.join(os.path.dirname(dpcl.__file__), "configs")
 

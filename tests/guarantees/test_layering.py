@@ -9,7 +9,7 @@ import sys
 def test_guarantees_and_audit_cli_do_not_import_torch():
     code = (
         "import sys\n"
-        "import dpcl.guarantees.atomic_io, dpcl.guarantees.label_space, dpcl.guarantees.ledger\n"
+        "import dpcl._io.atomic_io, dpcl.guarantees.label_space, dpcl.guarantees.ledger\n"
         "import dpcl.guarantees.certificates, dpcl.guarantees.config, dpcl.guarantees.schedules\n"
         "import dpcl.guarantees.audit_config, dpcl.cli.audit, dpcl.cli.verify\n"
         "from dpcl.guarantees.method_schema import get_method_spec\n"

@@ -548,7 +548,7 @@ def test_a_journal_is_folded_in_when_it_outgrows_the_ledger_and_a_crash_in_betwe
 
 
 def test_the_part_of_a_line_a_failed_write_left_is_cut_off_by_the_next_save(tmp_path, monkeypatch):
-    import dpcl.guarantees.atomic_io as atomic_io
+    import dpcl._io.atomic_io as atomic_io
 
     path = tmp_path / "ledger.json"
     ledger = _journaled_ledger(path, tasks=2)

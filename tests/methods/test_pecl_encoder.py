@@ -147,7 +147,7 @@ def test_the_papers_pecl_on_minilm_is_refused_as_a_private_run(tmp_path, capsys)
     import tomllib
 
     from dpcl.cli import main
-    from dpcl.guarantees.atomic_io import write_text_atomic
+    from dpcl._io.atomic_io import write_text_atomic
 
     text = MINILM_CONFIG.read_text(encoding="utf-8")
     config = tomllib.loads(text)

@@ -30,7 +30,8 @@ if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover -
 from dpcl.errors import ConfigError, InvalidParameterError  # noqa: E402
 from dpcl.guarantees.certificates import verify_certificate  # noqa: E402
 from dpcl.runner import run_training  # noqa: E402
-from dpcl.runner.distributed import refuse_on_other_ranks, run_data_parallel  # noqa: E402
+from dpcl.runner.distributed import run_data_parallel  # noqa: E402
+from dpcl.runner.ranks import refuse_on_other_ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dpcl.cli import main  # noqa: E402
-from dpcl.guarantees.atomic_io import MAX_JSON_BYTES, sha256_file  # noqa: E402
+from dpcl._io.atomic_io import MAX_JSON_BYTES, sha256_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_helpers import write_config  # noqa: E402

@@ -90,16 +90,16 @@ def test_reproducible_noise_must_be_a_boolean(tmp_path):
 
 
 def _captured_stream_options(monkeypatch) -> list[dict]:
-    import dpcl.data
+    import dpcl.runner.tasks as tasks  # the runner builds its stream through tasks.build_run_stream
 
     seen: list[dict] = []
-    original = dpcl.data.build_stream
+    original = tasks.build_stream
 
     def capture(options, **kwargs):  # kwargs: device, progress, encode (the run's device and --quiet)
         seen.append(dict(options))
         return original(options, **kwargs)
 
-    monkeypatch.setattr(dpcl.data, "build_stream", capture)
+    monkeypatch.setattr(tasks, "build_stream", capture)
     return seen
 
 

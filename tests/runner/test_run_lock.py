@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dpcl.guarantees.run_lock import LOCK_NAME, RunDirectoryLockedError, acquire_run_lock, releases_run_locks
+from dpcl._io.run_lock import LOCK_NAME, RunDirectoryLockedError, acquire_run_lock, releases_run_locks
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 

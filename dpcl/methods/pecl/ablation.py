@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from dpcl.guarantees.atomic_io import write_text_atomic
+from dpcl._io.atomic_io import write_text_atomic
 from dpcl.methods.pecl.canary import make_canaries
 from dpcl.methods.pecl.experiment import (
     _write_json,

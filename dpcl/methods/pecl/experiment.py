@@ -42,10 +42,25 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from dpcl.certifier import Certifier
+from dpcl.accounting.accountants import compute_epsilon
+from dpcl.accounting.dpsgd import dpsgd_events, dpsgd_noise_multiplier, dpsgd_stream_noise_multiplier
+from dpcl.data import class_incremental_stream
+from dpcl.data.fortunes import load_fortunes_texts
 from dpcl.errors import InvalidParameterError
-from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
+from dpcl._io.atomic_io import write_json_atomic, write_text_atomic
+from dpcl.guarantees.method_schema import ReleaseCoverage
+from dpcl.guarantees.per_token import PECL_KEYS, PECL_SPEC
+from dpcl.methods.noise_source import noise_assumptions
 from dpcl.methods.pecl.canary import Canary, canary_exposures, insert_canaries, make_canaries
-from dpcl.methods.pecl.learner import ContinualLM, LearnerConfig, learner_config
+from dpcl.methods.pecl.learner import (
+    ContinualLM,
+    LearnerConfig,
+    baseline_dpsgd_schedule,
+    baseline_task_reads,
+    learner_config,
+)
+from dpcl.metrics import summarize
 
 #: Categories used as the private task stream (two per task) and the public pre-training corpus.
 STREAM_CATEGORIES = ("computers", "food", "law", "love", "politics", "science", "sports", "startrek", "work", "education")
@@ -96,9 +111,6 @@ def fortunes_text_stream(
     public_per_category: int = 200,
 ) -> tuple[list[TextTask], list[str], tuple[str, ...]]:
     """Class-incremental fortunes tasks (raw text) and the public pre-training texts."""
-    from dpcl.data import class_incremental_stream
-    from dpcl.data.fortunes import load_fortunes_texts
-
     n_classes = n_tasks * classes_per_task
     if n_classes > len(STREAM_CATEGORIES):
         raise InvalidParameterError(
@@ -123,16 +135,12 @@ def fortunes_text_stream(
 
 def public_corpus(public_per_category: int = 200) -> tuple[list[str], np.ndarray]:
     """The public pre-training texts and their category (Score_2's groups under ``training = "dp_sgd"``)."""
-    from dpcl.data.fortunes import load_fortunes_texts
-
     public = load_fortunes_texts(PUBLIC_CATEGORIES, max_per_class=public_per_category, min_count=1)
     return [str(x) for x in public.texts], np.asarray(public.labels, dtype=np.int64)
 
 
 def dp_pecl_plan(config: LearnerConfig, n_examples: int, task_index: int):
     """The plan ``dpcl run`` would make for a DP PeCL task (add/remove, one fortune, ``dpsgd_epsilon`` per task)."""
-    from dpcl.guarantees.per_token import PECL_KEYS, PECL_SPEC
-
     method = {k.name: getattr(config, k.name) for k in PECL_KEYS if hasattr(config, k.name)}
     privacy = {"epsilon": config.dpsgd_epsilon, "delta": config.delta, "adjacency": "add_remove", "accountant": "auto"}
     return PECL_SPEC.plan_task(method, privacy, int(n_examples), int(task_index))
@@ -150,9 +158,6 @@ def baseline_dpsgd_plan(config: LearnerConfig, task_sizes: Sequence[int]) -> lis
     (:func:`dpcl.accounting.dpsgd.dpsgd_stream_noise_multiplier`), the largest of them over the sets of runs
     that read one task's examples (nested here: the first task's kept examples are read by every run).
     """
-    from dpcl.accounting.dpsgd import dpsgd_noise_multiplier, dpsgd_stream_noise_multiplier
-    from dpcl.methods.pecl.learner import baseline_dpsgd_schedule, baseline_task_reads
-
     reads = baseline_task_reads(config, task_sizes)
     plan = [{"tasks": tasks, "n_trained": n, "max_grad_norm": config.max_grad_norm, "target_epsilon": config.dpsgd_epsilon}
             for tasks, n in reads]
@@ -189,8 +194,6 @@ def _checkpoint_bytes(learner: ContinualLM) -> bytes:
 
 
 def _dpsgd_certifier(label: str, run_dir: Path, tasks: Sequence[TextTask], config: LearnerConfig):
-    from dpcl import Certifier
-
     return Certifier(
         run_dir, delta=config.delta, label_space="prior", prior_labels=[list(t.label_set) for t in tasks],
         adjacency="add_remove", unit="example", across_tasks="parallel", disjoint_units=True, accountant="auto",
@@ -199,8 +202,6 @@ def _dpsgd_certifier(label: str, run_dir: Path, tasks: Sequence[TextTask], confi
 
 
 def _release_assumptions(config: LearnerConfig, reproducible_noise: bool) -> list[str]:
-    from dpcl.methods.noise_source import noise_assumptions
-
     kept = {"er": "The replay buffer", "gem": "The episodic memories"}.get(config.strategy)
     sentences = [
         "The pre-trained model, tokenizer and label sets are public (disjoint fortune categories, the public prior).",
@@ -247,8 +248,6 @@ def run_method(
                               canary_repeats=canary_repeats, n_candidates=n_candidates, base=base,
                               reproducible_noise=reproducible_noise, public_labels=public_labels,
                               canary_task=canary_task, run_dir=Path(tmp) / "run")
-    from dpcl.metrics import summarize
-
     config: LearnerConfig = learner_config(**{**(base or {}), **options})
     if not 0 <= canary_task < len(tasks):
         raise InvalidParameterError(f"canary_task must lie in [0, {len(tasks)}), got {canary_task}.")
@@ -273,9 +272,6 @@ def run_method(
     records = []
     releases = []
     if dp_baseline:
-        from dpcl.accounting.dpsgd import dpsgd_events
-        from dpcl.guarantees.method_schema import ReleaseCoverage
-
         run_path = Path(run_dir)
         if run_path.exists() and any(run_path.iterdir()):
             raise InvalidParameterError(
@@ -357,8 +353,6 @@ def run_method(
                                   "score": "sequence NLL (log-perplexity x length)" if learner.model.generative
                                   else f"classification loss -log p(label {canary_label} | text), released labels"}
     if dp_pecl:
-        from dpcl.accounting.accountants import compute_epsilon
-
         per_task = [compute_epsilon(p.events[0], config.delta).epsilon for p in plans if p.events]
         guarantees = [r["guarantee"] for r in records if "guarantee" in r]
         result["privacy"] = {
@@ -385,8 +379,6 @@ def run_method(
             "checkpoint": "not DP: trained on the clean private targets and labels (training = 'paper')",
         }
     elif dp_baseline:
-        from dpcl.accounting.accountants import compute_epsilon
-
         last = releases[-1].guarantee
         result["privacy"] = {
             "unit": "example (add/remove)",

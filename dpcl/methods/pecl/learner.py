@@ -107,6 +107,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 from dpcl.errors import InvalidParameterError, PrivacyViolationError
 from dpcl.methods.gem import gem_project
 from dpcl.methods.noise_source import noise_torch_generator
@@ -297,8 +298,6 @@ _ENCODED_LISTS = 64
 @functools.lru_cache(maxsize=64)
 def _noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """DP-SGD noise multiplier for (epsilon, delta) after ``steps`` Poisson steps (cached: calibration is costly)."""
-    from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
-
     return float(dpsgd_noise_multiplier(epsilon, delta, sample_rate, steps).noise_multiplier)
 
 

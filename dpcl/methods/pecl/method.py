@@ -48,11 +48,14 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 import torch
 
+from dpcl.data.fortunes import load_fortunes_texts
 from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.guarantees.per_token import PECL_KEYS
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
+from dpcl.methods.pecl.experiment import PUBLIC_CATEGORIES
 from dpcl.methods.pecl.learner import ContinualLM, learner_config
+from dpcl.methods.pecl.tdp import TokenDP
 
 #: curator-state keys (:meth:`PeCLMethod.curator_state_dict`): computed from the private text without noise
 CURATOR_KEYS = ("token_counts", "omegas", "seen", "task_records", "batch_generator_state")
@@ -81,9 +84,6 @@ class PeCLMethod(ContinualMethod):
 
     def __init__(self, setup: MethodSetup) -> None:
         super().__init__(setup)
-        from dpcl.data.fortunes import load_fortunes_texts
-        from dpcl.methods.pecl.experiment import PUBLIC_CATEGORIES
-
         method = {k.name: setup.method.get(k.name, k.default) for k in PECL_KEYS}
         public = load_fortunes_texts(PUBLIC_CATEGORIES, max_per_class=200, min_count=1)
         self.public_unit_ids = np.asarray(public.unit_ids)
@@ -177,8 +177,6 @@ class PeCLMethod(ContinualMethod):
                     f"the plan's {key} = {noise.get(key)!r} differs from the trained {key} = {value!r}; "
                     "what is trained must be what is certified."
                 )
-        from dpcl.methods.pecl.tdp import TokenDP
-
         table = TokenDP(
             epsilon_lower=cfg.epsilon_lower,
             epsilon_upper=cfg.epsilon_upper,

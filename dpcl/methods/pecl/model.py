@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from dpcl.data.encoder import minilm_directory
 from dpcl.errors import ConfigError
 from dpcl.methods.pecl.tokenizer import ByteTokenizer, PretrainedTokenizer, check_pretrained_directory
 
@@ -83,8 +84,6 @@ def resolve_pretrained_path(path: str) -> str:
     """``pretrained_path`` as a directory: the alias ``"minilm"`` is the installed MiniLM encoder's model folder
     (:func:`dpcl.data.encoder.minilm_directory`); anything else is returned as given (checked on load)."""
     if path == MINILM_ALIAS:
-        from dpcl.data.encoder import minilm_directory
-
         return str(minilm_directory())
     return path
 
