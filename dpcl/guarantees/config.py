@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from dpcl.accounting.accountants.registry import TRAINING_CHOICES
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import METHOD_SPECS, REQUIRED, MethodSpec, get_method_spec
 
@@ -65,7 +66,8 @@ __all__ = [
     "parse_config",
 ]
 
-CONFIG_ACCOUNTANTS = ("prv", "pld", "rdp", "auto")
+#: ``[privacy] accountant`` choices: the registered accountants offered for training (read when a config is parsed).
+CONFIG_ACCOUNTANTS = TRAINING_CHOICES
 ACROSS_TASKS_CHOICES = ("auto", "parallel", "sequential")
 LABEL_SPACES = ("data", "prior", "prior_const")
 #: Sections read by ``dpcl run`` rather than by the audit; their keys are validated here all the same.

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from dpcl.accounting.accountants.base import Accountant
 from dpcl.errors import InvalidParameterError
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "TOLERANCES",
     "TRAINING_CHOICES",
     "accountant_names",
     "get_accountant",
@@ -144,9 +145,9 @@ def get_accountant(name: Any) -> Accountant:
         hit = _REGISTRY.get(name)
     if hit is None:
         raise InvalidParameterError(
-            f"accountant must be one of {', '.join(accountant_names())}; got {name!r} (an accountant is added by "
-            f"installing a package that registers it in the entry-point group {ENTRY_POINT_GROUP!r}, or with "
-            "dpcl.accounting.register_accountant)."
+            f"accountant must be one of {', '.join(accountant_names())}; got {name!r}, which is not registered (an "
+            f"accountant is added by installing a package that registers it in the entry-point group "
+            f"{ENTRY_POINT_GROUP!r}, or with dpcl.accounting.register_accountant)."
         )
     return hit
 
@@ -187,3 +188,26 @@ class _Choices:
 
 #: The CLI's ``--accountant`` choices (see :class:`_Choices`).
 TRAINING_CHOICES = _Choices()
+
+
+class _Tolerances(Mapping[str, float]):
+    """Read-only view: accountant name -> its ``tolerance`` (what certificate verification allows between a
+    stated and a recomputed epsilon), over every registered accountant."""
+
+    def __getitem__(self, name: str) -> float:
+        known = _REGISTRY.get(name) if isinstance(name, str) else None
+        if known is None:
+            if name not in accountant_names():
+                raise KeyError(name)
+            known = _REGISTRY[name]
+        return float(known.tolerance)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(accountant_names())
+
+    def __len__(self) -> int:
+        return len(accountant_names())
+
+
+#: accountant name -> relative tolerance of certificate verification (see :class:`_Tolerances`).
+TOLERANCES = _Tolerances()
