@@ -90,7 +90,7 @@ class AdvancedAccountant(AccountantBase):
     def refusal(self, mech: Mechanisms) -> str | None:
         return replace_one_sampling_refusal(mech, "advanced")
 
-    def _epsilon(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    def epsilon_of(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         return _advanced(mech, delta)
 
     def cost(self, events: object) -> float:

@@ -318,7 +318,7 @@ class AutoAccountant(AccountantBase):
     def result(self, mech: Mechanisms, delta: float, base: dict[str, Any]) -> AccountingResult:
         return _auto(mech, delta, base)
 
-    def _epsilon(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    def epsilon_of(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         result = _auto(mech, delta, dict(delta=delta, adjacency=mech.adjacency.value, unit=mech.unit))
         return result.epsilon, result.notes
 

@@ -260,8 +260,8 @@ class Accountant(Protocol):
 
 
 class AccountantBase:
-    """An accountant from three methods: :meth:`refusal` (why it cannot take some events), :meth:`_epsilon`
-    (the number) and, optionally, :meth:`_delta` and :meth:`cost`. Subclasses are frozen dataclasses holding
+    """An accountant from three methods: :meth:`refusal` (why it cannot take some events), :meth:`epsilon_of`
+    (the number) and, optionally, :meth:`delta_of` and :meth:`cost`. Subclasses are frozen dataclasses holding
     ``name``, ``tolerance``, ``for_training`` and their parameters, so that two equal accountants compute the
     same numbers (the epsilon memo is keyed on the accountant object).
     """
@@ -282,9 +282,9 @@ class AccountantBase:
         why = self.refusal(mech)
         if why is not None:
             raise UnsupportedEventError(why)
-        return self._epsilon(mech, delta)
+        return self.epsilon_of(mech, delta)
 
-    def _epsilon(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    def epsilon_of(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         raise NotImplementedError
 
     def result(self, mech: Mechanisms, delta: float, base: dict[str, Any]) -> AccountingResult:
@@ -297,16 +297,16 @@ class AccountantBase:
         why = self.refusal(mech)
         if why is not None:
             raise UnsupportedEventError(why)
-        return self._delta(mech, float(epsilon))
+        return self.delta_of(mech, float(epsilon))
 
-    def _delta(self, mech: Mechanisms, epsilon: float) -> float:
+    def delta_of(self, mech: Mechanisms, epsilon: float) -> float:
         """The smallest delta on a grid of :data:`DELTA_SEARCH_STEPS` bisections of log10(delta) in
         [-300, 0] whose epsilon is at most ``epsilon``: an upper bound on delta(epsilon), since epsilon is
         a non-increasing function of delta and the delta returned was checked. Accountants with a direct
         route (a privacy profile) override it."""
         def meets(log_delta: float) -> bool:
             try:
-                return self._epsilon(mech, 10.0**log_delta)[0] <= epsilon
+                return self.epsilon_of(mech, 10.0**log_delta)[0] <= epsilon
             except (InvalidParameterError, UnsupportedEventError):
                 return False  # a delta too small to split or to bound: delta(epsilon) is larger
 
@@ -323,7 +323,7 @@ class AccountantBase:
         return float(1 + len(mech.gauss_mus) + len(mech.laplace) + len(mech.sampled) + len(mech.eps_delta))
 
 
-#: Bisection steps of :meth:`AccountantBase._delta` (log10(delta) to ~3e-10 of its range of 300).
+#: Bisection steps of :meth:`AccountantBase.delta_of` (log10(delta) to ~3e-10 of its range of 300).
 DELTA_SEARCH_STEPS = 40
 
 

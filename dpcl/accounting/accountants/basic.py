@@ -109,7 +109,7 @@ class BasicAccountant(AccountantBase):
     def refusal(self, mech: Mechanisms) -> str | None:
         return replace_one_sampling_refusal(mech, "basic")
 
-    def _epsilon(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    def epsilon_of(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         return _basic(mech, delta)
 
 

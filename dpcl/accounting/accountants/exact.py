@@ -56,10 +56,10 @@ class ExactAccountant(AccountantBase):
     def refusal(self, mech: Mechanisms) -> str | None:
         return _exact_refusal(mech)
 
-    def _epsilon(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    def epsilon_of(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         return _exact(mech, delta)
 
-    def _delta(self, mech: Mechanisms, epsilon: float) -> float:
+    def delta_of(self, mech: Mechanisms, epsilon: float) -> float:
         if mech.only_gaussian:
             return float(gdp_delta(epsilon, mech.gaussian_mu_total()))
         return float(laplace_delta(epsilon, 1.0, sensitivity=mech.laplace[0][0]))

@@ -209,10 +209,10 @@ class PldAccountant(AccountantBase):
     def refusal(self, mech: Mechanisms) -> str | None:
         return eps_delta_refusal(mech, "pld")
 
-    def _epsilon(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    def epsilon_of(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         return _pld(mech, delta, self._interval())
 
-    def _delta(self, mech: Mechanisms, epsilon: float) -> float:
+    def delta_of(self, mech: Mechanisms, epsilon: float) -> float:
         interval = self._interval()
         pieces, piece_keys, _ = _pld_pieces(mech)
         singles = _sized_single_steps_or_refuse(pieces, interval)

@@ -157,7 +157,7 @@ class PrvAccountant(AccountantBase):
     def refusal(self, mech: Mechanisms) -> str | None:
         return _rdp_like_refusal(mech, "prv")
 
-    def _epsilon(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    def epsilon_of(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         return _prv(mech, delta)
 
     def cost(self, events: Any) -> float:

@@ -219,10 +219,10 @@ class RdpAccountant(AccountantBase):
     def refusal(self, mech: Mechanisms) -> str | None:
         return _rdp_like_refusal(mech, "rdp")
 
-    def _epsilon(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    def epsilon_of(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
         return _rdp(mech, delta)
 
-    def _delta(self, mech: Mechanisms, epsilon: float) -> float:
+    def delta_of(self, mech: Mechanisms, epsilon: float) -> float:
         with _dp_accounting_warnings_dropped(), np.errstate(all="ignore"):
             return float(_rdp_accountant(mech).get_delta(epsilon))
 
