@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,3 +247,14 @@ def test_the_memo_is_keyed_on_the_accountant_object(toy):
         unregister_accountant("pure_laplace")
         register_accountant(TOY)
     assert json.dumps(first.to_dict())  # the result stays plain data
+
+
+def test_the_docs_example_of_adding_an_accountant_runs(capsys):
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "accounting.md").read_text(encoding="utf-8")
+    section = doc.split("### Adding an accountant", 1)[1].split("\n### ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    exec(compile(block, "docs/accounting.md", "exec"), {"__name__": __name__})
+    assert capsys.readouterr().out.split() == ["pure_laplace", "1.25"]
+    assert "pure_laplace" not in accountant_names()
