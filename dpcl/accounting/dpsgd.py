@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from dpcl.accounting.accountants import AccountingResult, compute_epsilon, settings_key
+from dpcl.accounting.accountants import AccountingResult, compute_epsilon, get_accountant, settings_key
 from dpcl.accounting.accountants.auto import _auto_pld_start, _pld_refined
 from dpcl.accounting.accountants.base import _collect
 from dpcl.accounting.accountants.compute import _auto_epsilon, _check_accountant
@@ -144,7 +144,7 @@ def dpsgd_noise_multiplier(
     if rtol >= 0.5:
         raise InvalidParameterError(f"rtol must be < 0.5, got {rtol!r}.")
     relation = Adjacency.parse(adjacency)
-    key = (target, delta, q, steps, name, relation.value, rtol, _calibration_settings())
+    key = (target, delta, q, steps, name, get_accountant(name), relation.value, rtol, _calibration_settings())
     cached = CALIBRATION_MEMO.get(key)
     if cached is not None:
         return cached
@@ -240,7 +240,7 @@ def dpsgd_stream_noise_multiplier(
         raise InvalidParameterError(f"rtol must be < 0.5, got {rtol!r}.")
     relation = Adjacency.parse(adjacency)
     plan = tuple(checked)
-    key = ("stream", target, delta, plan, name, relation.value, rtol, _calibration_settings())
+    key = ("stream", target, delta, plan, name, get_accountant(name), relation.value, rtol, _calibration_settings())
     cached = CALIBRATION_MEMO.get(key)
     if cached is not None:
         return cached
