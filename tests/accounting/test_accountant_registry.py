@@ -79,6 +79,8 @@ EVENTS = {
     "dpsgd": [dpsgd_events(1.1, 0.01, 500)],
     "dpsgd replace-one": [dpsgd_events(1.5, 0.02, 100, adjacency="replace_one")],
     "epsilon-delta": [EpsilonDeltaEvent(epsilon=0.3, delta=1e-7)],
+    "nothing applies": [dpsgd_events(1.5, 0.02, 100, adjacency="replace_one"),
+                        EpsilonDeltaEvent(epsilon=0.3, delta=1e-7, adjacency="replace_one")],
 }
 
 

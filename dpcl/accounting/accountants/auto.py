@@ -315,6 +315,12 @@ class AutoAccountant(AccountantBase):
     tolerance: float = 1e-9  # a result of auto names its winner; this applies only where a stated name is "auto"
     for_training: bool = True
 
+    def refusal(self, mech: Mechanisms) -> str | None:
+        whys = [a.refusal(mech) for a in (_EXACT, _RDP, _PLD, _ADVANCED, _BASIC, _PRV)]
+        if all(whys):
+            return "no accountant can bound these events: " + " | ".join(str(w) for w in whys)
+        return None
+
     def result(self, mech: Mechanisms, delta: float, base: dict[str, Any]) -> AccountingResult:
         return _auto(mech, delta, base)
 
