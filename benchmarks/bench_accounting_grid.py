@@ -318,7 +318,7 @@ NOTES = """\
   (0.1, 10⁵, 0.6), (0.1, 10⁵, 1), (0.001, 10⁶, 0.6) and every (0.01 or 0.1, 10⁶, z). dp-accounting RDP is looser
   than opacus RDP at large ε (e.g. 91894.6 vs 37676.2 at (0.1, 10⁶, 0.6)): dp-accounting drops fractional orders
   whose series does not converge in 1000 terms; dpcl `rdp` then also evaluates prv-accountant's RDP at those orders
-  (see `dpcl/accounting/accountants.py`).
+  (see `dpcl/accounting/accountants/rdp.py`).
 """
 
 

@@ -4,10 +4,23 @@ Never imports torch. Modules: :mod:`~dpcl.accounting.events` (immutable events),
 :mod:`~dpcl.accounting.gaussian` (exact Gaussian profile and calibration),
 :mod:`~dpcl.accounting.laplace`, :mod:`~dpcl.accounting.composition`,
 :mod:`~dpcl.accounting.accountants` (exact / basic / advanced / RDP / PLD / PRV /
-auto), :mod:`~dpcl.accounting.dpsgd`, :mod:`~dpcl.accounting.filter`.
+auto, one module each, found through one registry that packages extend with the entry-point group
+``dpcl.accountants``), :mod:`~dpcl.accounting.dpsgd`, :mod:`~dpcl.accounting.filter`.
 """
 
-from dpcl.accounting.accountants import ACCOUNTANT_NAMES, AccountingResult, compute_epsilon
+from dpcl.accounting.accountants import (
+    ACCOUNTANT_NAMES,
+    Accountant,
+    AccountantBase,
+    AccountingResult,
+    Mechanisms,
+    accountant_names,
+    compute_epsilon,
+    get_accountant,
+    register_accountant,
+    training_accountant_names,
+    unregister_accountant,
+)
 from dpcl.accounting.composition import (
     advanced_composition,
     advanced_composition_for_delta,
@@ -44,7 +57,15 @@ from dpcl.accounting.laplace import laplace_delta, laplace_epsilon, laplace_epsi
 
 __all__ = [
     "ACCOUNTANT_NAMES",
+    "Accountant",
+    "AccountantBase",
     "AccountingResult",
+    "Mechanisms",
+    "accountant_names",
+    "get_accountant",
+    "register_accountant",
+    "training_accountant_names",
+    "unregister_accountant",
     "Adjacency",
     "FilterBudget",
     "FilterCharge",

@@ -13,16 +13,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from dpcl.accounting import accountants as _accountants
-from dpcl.accounting.accountants import (
-    AccountingResult,
-    _auto_epsilon,
-    _check_accountant,
-    _collect,
-    _Memo,
-    compute_epsilon,
-    settings_key,
-)
+from dpcl.accounting.accountants import AccountingResult, compute_epsilon, get_accountant, settings_key
+from dpcl.accounting.accountants.auto import _auto_pld_start, _pld_refined
+from dpcl.accounting.accountants.base import _collect
+from dpcl.accounting.accountants.compute import _auto_epsilon, _check_accountant
+from dpcl.accounting.accountants.memo import _Memo
+from dpcl.accounting.accountants.pld import _pld
 from dpcl.accounting.events import (
     MAX_SAMPLED_STEPS,
     STEPS_HINT,
@@ -148,7 +144,7 @@ def dpsgd_noise_multiplier(
     if rtol >= 0.5:
         raise InvalidParameterError(f"rtol must be < 0.5, got {rtol!r}.")
     relation = Adjacency.parse(adjacency)
-    key = (target, delta, q, steps, name, relation.value, rtol, _calibration_settings())
+    key = (target, delta, q, steps, name, get_accountant(name), relation.value, rtol, _calibration_settings())
     cached = CALIBRATION_MEMO.get(key)
     if cached is not None:
         return cached
@@ -244,7 +240,7 @@ def dpsgd_stream_noise_multiplier(
         raise InvalidParameterError(f"rtol must be < 0.5, got {rtol!r}.")
     relation = Adjacency.parse(adjacency)
     plan = tuple(checked)
-    key = ("stream", target, delta, plan, name, relation.value, rtol, _calibration_settings())
+    key = ("stream", target, delta, plan, name, get_accountant(name), relation.value, rtol, _calibration_settings())
     cached = CALIBRATION_MEMO.get(key)
     if cached is not None:
         return cached
@@ -314,7 +310,7 @@ def _coarse_guess(target: float, delta: float, q: float, steps: int, relation: A
         mech = _mechanisms(z, q, steps, relation)
         # at small sampling rates the coarse interval is far too coarse (q = 0.001: ~30 % at 1e-3, where the
         # root came out at z = 28 instead of 2): finer where the error predicted from the events asks for it
-        return _Epsilon(_accountants._pld(mech, delta, _accountants._auto_pld_start(mech, None, COARSE_PLD_TOLERANCE, interval))[0])
+        return _Epsilon(_pld(mech, delta, _auto_pld_start(mech, None, COARSE_PLD_TOLERANCE, interval))[0])
 
     try:
         z, _, slope = _search(coarse, target, delta, q, steps, 0.02)
@@ -328,9 +324,9 @@ def _calibrate_auto(
 ) -> tuple[float, AccountingResult]:
     """``auto`` calibration on PLD evaluations only, finished on plain ``auto`` (see :func:`dpsgd_noise_multiplier`)."""
     mech = _mechanisms(start, q, steps, relation)
-    first = _accountants._auto_pld_start(mech, target, CALIBRATION_PLD_TOLERANCE)
+    first = _auto_pld_start(mech, target, CALIBRATION_PLD_TOLERANCE)
     try:
-        _, _, info = _accountants._pld_refined(mech, delta, first, tolerance=CALIBRATION_PLD_TOLERANCE)
+        _, _, info = _pld_refined(mech, delta, first, tolerance=CALIBRATION_PLD_TOLERANCE)
     except UnsupportedEventError:
         return _calibrate_auto_full(target, delta, q, steps, relation, rtol, start, slope)
     if not info.stopped.startswith("converged"):
@@ -339,7 +335,7 @@ def _calibrate_auto(
     seed = {start: _Epsilon(next(e for h, e, _ in info.steps if h == interval))}
 
     def pld_at_interval(z: float) -> _Epsilon:
-        return _Epsilon(_accountants._pld(_mechanisms(z, q, steps, relation), delta, interval)[0])
+        return _Epsilon(_pld(_mechanisms(z, q, steps, relation), delta, interval)[0])
 
     try:
         z, _, slope = _search(pld_at_interval, target, delta, q, steps, rtol, start=start, slope=slope, seed=seed)

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from dpcl.accounting.accountants.registry import TRAINING_CHOICES
 from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_epsilon, gaussian_sigma
 from dpcl.cli.numbers import computed, parse_delta, parse_dpsgd_inputs, parse_positive
@@ -37,8 +38,9 @@ def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
         payload = {**payload, "notes": "\n".join(payload["notes"])}
     emit(args, title, payload)
 
-#: Accountants that can calibrate DP-SGD noise (default ``auto``: the tightest sound bound).
-DPSGD_CALIBRATION_ACCOUNTANTS = ("auto", "prv", "pld", "rdp")
+#: Accountants that can calibrate DP-SGD noise (default ``auto``: the tightest sound bound): the registered
+#: accountants offered for training.
+DPSGD_CALIBRATION_ACCOUNTANTS = TRAINING_CHOICES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

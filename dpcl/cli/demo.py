@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from dpcl.accounting.accountants.registry import TRAINING_CHOICES
 from dpcl.accounting.dpsgd import dpsgd_epsilon
 from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_delta, gaussian_epsilon, gaussian_sigma
 from dpcl.cli.output import add_json_flag, print_json
@@ -39,7 +40,8 @@ DEMO_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 DEMO_DELTA = 1e-5
 #: The DP-SGD run of part 2: 10 epochs of batches of 1% of the data, noise multiplier 1.
 DEMO_DPSGD = {"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 1000, "delta": 1e-5}
-DEMO_ACCOUNTANTS = ("rdp", "pld", "prv", "auto")
+#: The accountants part 2 compares: the registered accountants offered for training.
+DEMO_ACCOUNTANTS = TRAINING_CHOICES
 DEMO_TOKENS = 1_000_000
 
 

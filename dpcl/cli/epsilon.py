@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from dpcl.accounting.accountants.registry import TRAINING_CHOICES
 from dpcl.accounting.composition import compose_gaussians_epsilon, gaussian_composition_mu
 from dpcl.accounting.dpsgd import dpsgd_epsilon
 from dpcl.accounting.gaussian import gaussian_epsilon
@@ -47,8 +48,8 @@ def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
             payload = {**payload, "notes": "\n".join(payload["notes"])}
     emit(args, title, payload)
 
-#: Accountants ``dpcl epsilon dpsgd`` offers.
-DPSGD_ACCOUNTANTS = ("auto", "prv", "pld", "rdp")
+#: Accountants ``dpcl epsilon dpsgd`` offers: the registered accountants offered for training.
+DPSGD_ACCOUNTANTS = TRAINING_CHOICES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

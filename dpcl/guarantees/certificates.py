@@ -79,6 +79,7 @@ from dpcl.errors import (
     UndeclaredReleaseError,
     VerificationError,
 )
+from dpcl.accounting.accountants.registry import TOLERANCES
 from dpcl.accounting.validation import FLOAT_MAX_INTEGER, describe_number, integer_beyond_float
 from dpcl._io.atomic_io import collector_paused, read_json, sha256_file, write_json_atomic
 from dpcl.guarantees.ledger import (
@@ -135,18 +136,12 @@ REPEATED_CHARGES_VERSION = 3
 #: Versions this dpcl reads and verifies (1: headline always private, no scoped statements).
 READABLE_VERSIONS = (1, 2, 3)
 
-#: Relative tolerance between stated and recomputed epsilon, per accountant.
-#: Closed-form and RDP accountants are deterministic to rounding (1e-9). PLD and
-#: PRV are recomputed deterministically from the same events, but their FFT-based
-#: numerics may differ in the last digits across numpy/scipy builds, hence 1e-6.
-RELATIVE_TOLERANCE: dict[str, float] = {
-    "exact": 1e-9,
-    "basic": 1e-9,
-    "advanced": 1e-9,
-    "rdp": 1e-9,
-    "pld": 1e-6,
-    "prv": 1e-6,
-}
+#: Relative tolerance between stated and recomputed epsilon, per accountant: each registered accountant's
+#: ``tolerance`` (a read-only view of :mod:`dpcl.accounting.accountants.registry`). Closed-form and RDP
+#: accountants are deterministic to rounding (1e-9); PLD and PRV are recomputed deterministically from the same
+#: events, but their FFT-based numerics may differ in the last digits across numpy/scipy builds, hence 1e-6.
+RELATIVE_TOLERANCE: Mapping[str, float] = TOLERANCES
+#: Used only where nothing can be recomputed (a stated accountant that is not registered fails verification).
 DEFAULT_RELATIVE_TOLERANCE = 1e-9
 
 COMPOSITION_TEXT = {

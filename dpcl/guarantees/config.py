@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from dpcl._io.atomic_io import FileTooLargeError, JsonLimitError, check_nesting, read_bytes_limited
+from dpcl.accounting.accountants.registry import TRAINING_CHOICES
 from dpcl.accounting.validation import describe_number, integer_beyond_float
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.label_space import output_label_sets
@@ -68,7 +69,8 @@ __all__ = [
     "parse_config",
 ]
 
-CONFIG_ACCOUNTANTS = ("prv", "pld", "rdp", "auto")
+#: ``[privacy] accountant`` choices: the registered accountants offered for training (read when a config is parsed).
+CONFIG_ACCOUNTANTS = TRAINING_CHOICES
 ACROSS_TASKS_CHOICES = ("auto", "parallel", "sequential")
 LABEL_SPACES = ("data", "prior", "prior_const")
 #: Sections read by ``dpcl run`` rather than by the audit; their keys are validated here all the same.

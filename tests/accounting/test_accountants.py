@@ -359,16 +359,16 @@ def test_rdp_excluded_orders_are_stated_in_notes_not_logged(caplog, capfd):
 def test_dpcl_warnings_still_shown_while_dp_accounting_is_quiet():
     import warnings
 
-    from dpcl.accounting import accountants
+    from dpcl.accounting.accountants import rdp
 
-    with accountants._dp_accounting_warnings_dropped(), pytest.warns(UserWarning, match="dpcl's own"):
+    with rdp._dp_accounting_warnings_dropped(), pytest.warns(UserWarning, match="dpcl's own"):
         warnings.warn("dpcl's own warning", UserWarning)
 
 
 def test_exact_gaussian_mu_total_is_never_below_the_exact_value() -> None:
     # mu of count repetitions of a Gaussian is sqrt(count) * Delta / sigma exactly. The old n u
     # margin let the float value fall an ulp below it (37 of 20000 random draws); 50-digit check.
-    from dpcl.accounting.accountants import _collect
+    from dpcl.accounting.accountants import collect as _collect
 
     mpmath = pytest.importorskip("mpmath")
     mpmath.mp.dps = 50
@@ -465,7 +465,8 @@ def test_basic_and_advanced_subsampling_amplification_stay_above_the_true_epsilo
 def test_rdp_laplace_event_never_rounds_epsilon0_down(scale: float, sensitivity: float) -> None:
     """dp-accounting takes the noise multiplier b and uses 1 / b; for about 7% of events 1 / fl(1 / eps0) < eps0,
     so the multiplier handed over is stepped down one ulp."""
-    from dpcl.accounting.accountants import _collect, _rdp_accountant
+    from dpcl.accounting.accountants import collect as _collect
+    from dpcl.accounting.accountants.rdp import _rdp_accountant
 
     mech = _collect(LaplaceEvent(scale=scale, sensitivity=sensitivity))
     ((stored, _),) = mech.laplace
@@ -492,7 +493,7 @@ def test_pld_of_a_sparse_pmf_self_composes_without_the_integer_power() -> None:
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
     from dp_accounting.pld import pld_pmf
 
-    from dpcl.accounting.accountants import _self_compose
+    from dpcl.accounting.accountants._pld_grid import _self_compose
 
     pld = pld_lib.from_gaussian_mechanism(standard_deviation=1.0, sensitivity=1.0, pessimistic_estimate=True,
                                           value_discretization_interval=1e-4, sampling_prob=1e-6)

@@ -143,11 +143,12 @@ def test_auto_starts_coarse_where_epsilon_is_large_and_still_converges_to_half_a
 
 
 def test_auto_start_is_unchanged_where_its_grid_is_small() -> None:
-    from dpcl.accounting import accountants
+    from dpcl.accounting.accountants import collect
+    from dpcl.accounting.accountants.auto import _auto_pld_fast_start, _auto_pld_start
 
-    mech = accountants._collect(dpsgd_events(1.0, 0.01, 10_000))
-    start = accountants._auto_pld_start(mech, 6.7)
-    assert accountants._auto_pld_fast_start(mech, start, 6.7) == start
+    mech = collect(dpsgd_events(1.0, 0.01, 10_000))
+    start = _auto_pld_start(mech, 6.7)
+    assert _auto_pld_fast_start(mech, start, 6.7) == start
 
 
 def test_auto_calibration_is_within_a_fifth_of_a_percent_of_fine_pld() -> None:

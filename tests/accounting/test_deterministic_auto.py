@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 import dpcl.accounting.accountants as accountants
+from dpcl.accounting.accountants import collect
+from dpcl.accounting.accountants.auto import _auto_pld_start, _pld_refined
 from dpcl.accounting import LaplaceEvent, RepeatedEvent, compute_epsilon, dpsgd_events
 from dpcl.accounting import dpsgd as dpsgd_module
 from dpcl.accounting import filter as filter_module
@@ -84,14 +86,14 @@ def test_laplace_example_never_returns_another_number_when_every_clock_runs_fast
 
 def test_refinement_reports_its_work_and_stops_on_it_alone(monkeypatch):
     """The steps carry grid points, not seconds; a smaller work budget stops earlier, whatever the clock."""
-    mech = accountants._collect(dpsgd_events(2.0, 0.001, 10**5))
-    start = accountants._auto_pld_start(mech, None)
-    eps, _, info = accountants._pld_refined(mech, 1e-5, start)
+    mech = collect(dpsgd_events(2.0, 0.001, 10**5))
+    start = _auto_pld_start(mech, None)
+    eps, _, info = _pld_refined(mech, 1e-5, start)
     assert info.stopped.startswith("converged") and len(info.steps) >= 2
     assert all(points > 0 and float(points).is_integer() for _, _, points in info.steps)
     first = info.steps[0][2]
     _scaled_clocks(monkeypatch, 0.1)
-    small, _, stopped = accountants._pld_refined(mech, 1e-5, start, budget_points=first * 2)
+    small, _, stopped = _pld_refined(mech, 1e-5, start, budget_points=first * 2)
     assert "work budget" in stopped.stopped and len(stopped.steps) == 1
     assert small == info.steps[0][1] >= eps  # the coarser PLD: still an upper bound, only looser
 

@@ -7,7 +7,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.privacy_accountant import NeighboringRelation
 
-from dpcl.accounting.accountants import _gaussian_pld
+from dpcl.accounting.accountants._pld_grid import _gaussian_pld
 
 
 def _pmfs(pld):
@@ -57,7 +57,7 @@ def test_replace_one_is_dp_accountings_own() -> None:
 def test_self_composition_and_epsilon_are_dp_accountings_own(z: float, q: float, count: int, interval: float) -> None:
     from dp_accounting.pld import common
 
-    from dpcl.accounting.accountants import _epsilon_for_delta, _self_compose_uncached, _self_convolve_bounds
+    from dpcl.accounting.accountants._pld_grid import _epsilon_for_delta, _self_compose_uncached, _self_convolve_bounds
 
     single = pld_lib.from_gaussian_mechanism(
         z, sensitivity=1.0, pessimistic_estimate=True, value_discretization_interval=interval, sampling_prob=q
@@ -76,11 +76,12 @@ def test_self_composition_and_epsilon_are_dp_accountings_own(z: float, q: float,
 
 def test_epsilon_scan_spans_several_chunks(monkeypatch) -> None:
     from dpcl.accounting import accountants
+    from dpcl.accounting.accountants import _pld_grid
 
     pld = _gaussian_pld(1.0, 1e-4, 0.01).self_compose(1_000)
     expected = [pld.get_epsilon_for_delta(d) for d in (1e-9, 1e-5, 0.5)]
     monkeypatch.setattr(accountants, "_EPSILON_SCAN_CHUNK", 997)  # the stopping point falls inside a later chunk
-    assert [accountants._epsilon_for_delta(pld, d) for d in (1e-9, 1e-5, 0.5)] == pytest.approx(expected, rel=1e-13, abs=1e-15)
+    assert [_pld_grid._epsilon_for_delta(pld, d) for d in (1e-9, 1e-5, 0.5)] == pytest.approx(expected, rel=1e-13, abs=1e-15)
 
 
 def test_auto_starts_where_its_refinement_converges_in_two_steps() -> None:
@@ -105,13 +106,14 @@ def test_lean_self_convolution_agrees_with_dp_accounting_to_rounding(monkeypatch
     # the real-FFT path that dpcl takes above 1e6 points, forced here on small grids: dp-accounting's window, its
     # infinity mass plus the aliasing allowance, each point a bound at most ~1e-13 above dp-accounting's
     from dpcl.accounting import accountants
+    from dpcl.accounting.accountants import _pld_grid
 
     single = pld_lib.from_gaussian_mechanism(
         z, sensitivity=1.0, pessimistic_estimate=True, value_discretization_interval=1e-3, sampling_prob=q
     )
     reference = single.self_compose(count)
     monkeypatch.setattr(accountants, "_LEAN_SELF_COMPOSE_POINTS", 0)
-    lean = accountants._self_compose_uncached(single, count)
+    lean = _pld_grid._self_compose_uncached(single, count)
     for a, b in zip(_pmfs(reference), _pmfs(lean)):
         assert a._lower_loss == b._lower_loss and b._infinity_mass == pytest.approx(a._infinity_mass + 1e-15, rel=1e-12)
         assert a._probs.shape == b._probs.shape
@@ -123,7 +125,7 @@ def test_lean_self_convolution_agrees_with_dp_accounting_to_rounding(monkeypatch
     # where a tilt is accurate); below, dp-accounting's epsilon is read where its composed masses are of the order
     # of its FFT's rounding noise (~1e-17 a point), see the tests below
     for delta in (1e-6, 1e-5, 1e-3, 0.3):
-        assert accountants._epsilon_for_delta(lean, delta) == pytest.approx(reference.get_epsilon_for_delta(delta), rel=1e-6, abs=1e-12)
+        assert _pld_grid._epsilon_for_delta(lean, delta) == pytest.approx(reference.get_epsilon_for_delta(delta), rel=1e-6, abs=1e-12)
 
 
 def _exact_self_convolution(probs: np.ndarray, count: int) -> np.ndarray:
@@ -220,17 +222,18 @@ def _lean_pld_against_the_exact_one(z: float, q: float, count: int, interval: fl
     (:func:`_tilted_dp_accounting_reference`) and within 1e-7 of it (~1e-9 measured); returns dpcl's epsilon
     function and dp-accounting's plain PLD."""
     from dpcl.accounting import accountants
+    from dpcl.accounting.accountants import _pld_grid
 
     single = _gaussian_pld(z, interval, q)
     for pmf in _pmfs(single):
-        lower, upper = accountants._self_convolve_bounds(pmf.to_dense_pmf()._probs, count, 1e-15)
+        lower, upper = _pld_grid._self_convolve_bounds(pmf.to_dense_pmf()._probs, count, 1e-15)
         assert upper - lower + 1 > accountants._LEAN_SELF_COMPOSE_POINTS
-    ours = accountants._self_compose_uncached(single, count)
+    ours = _pld_grid._self_compose_uncached(single, count)
     reference, plain = _tilted_dp_accounting_reference(single, count)
     for delta in (1e-12, 1e-8, 1e-5):
-        eps, exact = accountants._epsilon_for_delta(ours, delta), reference.get_epsilon_for_delta(delta)
+        eps, exact = _pld_grid._epsilon_for_delta(ours, delta), reference.get_epsilon_for_delta(delta)
         assert exact <= eps <= exact * (1 + 1e-7)
-    return (lambda delta: accountants._epsilon_for_delta(ours, delta)), plain
+    return (lambda delta: _pld_grid._epsilon_for_delta(ours, delta)), plain
 
 
 def test_lean_pld_at_delta_1e_12_is_not_below_dp_accountings_on_a_1e6_point_grid() -> None:

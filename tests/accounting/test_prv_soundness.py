@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from dpcl.accounting import accountants
+from dpcl.accounting.accountants import prv
 from dpcl.accounting.dpsgd import dpsgd_epsilon
 from dpcl.errors import UnsupportedEventError
 
@@ -52,7 +53,7 @@ def test_a_step_with_negative_mean_privacy_loss_is_refused() -> None:
     ts = np.linspace(-1.0, 1.0, 5)
     single = _discrete(ts, np.array([0.5, 0.2, 0.1, 0.1, 0.1]))  # mean -0.35: not a KL divergence
     with pytest.raises(UnsupportedEventError, match="negative mean"):
-        accountants._check_prv_composition([single], [3], single, mesh=0.01)
+        prv._check_prv_composition([single], [3], single, mesh=0.01)
 
 
 def test_a_wrapped_composition_is_refused() -> None:
@@ -60,9 +61,9 @@ def test_a_wrapped_composition_is_refused() -> None:
     single = _discrete(ts, np.array([0.0, 0.1, 0.2, 0.3, 0.4]))  # mean 0.5
     wrapped = _discrete(ts, np.array([0.4, 0.3, 0.2, 0.1, 0.0]))  # mean -0.5 instead of 1.5
     with pytest.raises(UnsupportedEventError, match="inconsistent"):
-        accountants._check_prv_composition([single], [3], wrapped, mesh=0.01)
+        prv._check_prv_composition([single], [3], wrapped, mesh=0.01)
     consistent = _discrete(np.linspace(-3.0, 3.0, 7), np.array([0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.0]))
-    accountants._check_prv_composition([single], [3], consistent, mesh=0.01)
+    prv._check_prv_composition([single], [3], consistent, mesh=0.01)
 
 
 def test_a_non_positive_prv_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
