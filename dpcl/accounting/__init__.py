@@ -8,19 +8,9 @@ auto, one module each, found through one registry that packages extend with the 
 ``dpcl.accountants``), :mod:`~dpcl.accounting.dpsgd`, :mod:`~dpcl.accounting.filter`.
 """
 
-from dpcl.accounting.accountants import (
-    ACCOUNTANT_NAMES,
-    Accountant,
-    AccountantBase,
-    AccountingResult,
-    Mechanisms,
-    accountant_names,
-    compute_epsilon,
-    get_accountant,
-    register_accountant,
-    training_accountant_names,
-    unregister_accountant,
-)
+# the registry's functions (register_accountant, get_accountant, accountant_names, ...) are public in
+# dpcl.accounting.accountants
+from dpcl.accounting.accountants import ACCOUNTANT_NAMES, Accountant, AccountantBase, AccountingResult, Mechanisms, compute_epsilon
 from dpcl.accounting.composition import (
     advanced_composition,
     advanced_composition_for_delta,
@@ -61,11 +51,6 @@ __all__ = [
     "AccountantBase",
     "AccountingResult",
     "Mechanisms",
-    "accountant_names",
-    "get_accountant",
-    "register_accountant",
-    "training_accountant_names",
-    "unregister_accountant",
     "Adjacency",
     "FilterBudget",
     "FilterCharge",

@@ -15,19 +15,15 @@ import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from dpcl.accounting import (
-    ACCOUNTANT_NAMES,
-    Accountant,
-    AccountantBase,
-    Mechanisms,
+from dpcl.accounting import ACCOUNTANT_NAMES, Accountant, AccountantBase, Mechanisms, compute_epsilon
+from dpcl.accounting.accountants import (
     accountant_names,
-    compute_epsilon,
     get_accountant,
     register_accountant,
+    registry,
     training_accountant_names,
     unregister_accountant,
 )
-from dpcl.accounting.accountants import registry
 from dpcl.accounting.dpsgd import dpsgd_events
 from dpcl.accounting.events import EpsilonDeltaEvent, GaussianEvent, LaplaceEvent, RepeatedEvent
 from dpcl.errors import ConfigError, InvalidParameterError, UnsupportedEventError

@@ -147,7 +147,7 @@ def get_accountant(name: Any) -> Accountant:
         raise InvalidParameterError(
             f"accountant must be one of {', '.join(accountant_names())}; got {name!r}, which is not registered (an "
             f"accountant is added by installing a package that registers it in the entry-point group "
-            f"{ENTRY_POINT_GROUP!r}, or with dpcl.accounting.register_accountant)."
+            f"{ENTRY_POINT_GROUP!r}, or with dpcl.accounting.accountants.register_accountant)."
         )
     return hit
 
