@@ -313,6 +313,8 @@ def build_certificate(
     filter_state: Mapping[str, Any] | None = None,
     label_filtering: Sequence[Mapping[str, int]] | None = None,
     extra: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
+    model: type[Certificate] = Certificate,
 ) -> dict[str, Any]:
     """Assemble a version-2 certificate for the checkpoint released after ``release_task``: a
     :class:`~dpcl.guarantees.certificate_model.Certificate`, returned as its JSON form (``to_json``).
@@ -323,7 +325,9 @@ def build_certificate(
     ``scoped_guarantees`` are entries built from scoped ledgers (see :func:`certificate_from_ledger`).
     ``checkpoint`` is the checkpoint file (hashed here unless ``checkpoint_sha256`` is given; when both
     are given they must agree); its path is made relative to the certificate by :func:`write_certificate`.
-    ``assumptions`` are plain sentences; ``extra`` holds method-specific fields.
+    ``assumptions`` are plain sentences; ``extra`` holds method-specific fields (stated, not verified).
+    ``fields`` sets further attributes of ``model`` (a :class:`~dpcl.guarantees.certificate_model.Certificate`
+    subclass, or a field added to it), each checked by its own verify rule.
     """
     release = _require_release(release)
     sentences = _sentences(assumptions, "assumption")
@@ -352,7 +356,7 @@ def build_certificate(
     if repeated:  # version 3: charge runs stored once, and so the index runs of groups too
         headline = _compact_groups(headline)
         scoped = [_compact_groups(e) for e in scoped]
-    return Certificate(
+    attributes: dict[str, Any] = dict(
         format=CERTIFICATE_FORMAT,
         version=REPEATED_CHARGES_VERSION if repeated else CERTIFICATE_VERSION,
         dpcl_version=__version__,
@@ -368,7 +372,11 @@ def build_certificate(
         tolerance={"relative": tolerance},
         config=dict(config or {}),
         extra=dict(extra or {}),
-    ).to_json()
+    )
+    try:
+        return model(**attributes, **dict(fields or {})).to_json()
+    except TypeError as exc:  # a name in ``fields`` that the model does not declare, or one set above
+        raise InvalidParameterError(f"fields must name other attributes of {model.__name__}: {exc}.") from None
 
 
 def _scoped_guarantee(entry: "ScopedGuarantee | Mapping[str, Any]") -> ScopedGuarantee:
@@ -394,6 +402,8 @@ def certificate_from_ledger(
     config: Mapping[str, Any] | None = None,
     label_filtering: Sequence[Mapping[str, int]] | None = None,
     extra: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
+    model: type[Certificate] = Certificate,
 ) -> dict[str, Any]:
     """Certificate of release ``release_index`` (default: the latest) recorded in ``ledger``.
 
@@ -423,6 +433,8 @@ def certificate_from_ledger(
             config=config if config is not None else ledger.metadata.get("config"),
             label_filtering=label_filtering,
             extra=extra,
+            fields=fields,
+            model=model,
         )
     filter_state = ledger.filter_state()
     if ledger.uses_filter and record.n_charges < len(ledger.charges):
@@ -446,6 +458,8 @@ def certificate_from_ledger(
         filter_state=filter_state or None,
         label_filtering=label_filtering,
         extra=extra,
+        fields=fields,
+        model=model,
     )
 
 
@@ -462,6 +476,8 @@ def non_private_certificate(
     config: Mapping[str, Any] | None = None,
     label_filtering: Sequence[Mapping[str, int]] | None = None,
     extra: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
+    model: type[Certificate] = Certificate,
 ) -> dict[str, Any]:
     """Certificate of a checkpoint that is NOT differentially private (``private: false``).
 
@@ -485,6 +501,8 @@ def non_private_certificate(
         config=config,
         label_filtering=label_filtering,
         extra=extra,
+        fields=fields,
+        model=model,
     )
 
 

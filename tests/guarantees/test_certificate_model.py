@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dpcl.errors import MalformedCertificateError
+from dpcl.accounting.events import GaussianEvent
+from dpcl.errors import InvalidParameterError, MalformedCertificateError
 from dpcl.guarantees.certificate_model import (
     CERTIFICATE_VERSION,
     MIGRATIONS,
@@ -28,9 +29,10 @@ from dpcl.guarantees.certificates import (
     verify_certificate,
     write_certificate,
 )
+from dpcl.guarantees.ledger import TaskLedger
 from dpcl.guarantees.signing import signed_bytes
 
-from .certified_runs import edit_certificate
+from .certified_runs import certify, edit_certificate
 
 DATA = Path(__file__).parent / "data"
 BEFORE = DATA / "before_model"
@@ -148,23 +150,29 @@ class EnergyCertificate(Certificate):
     energy_joules: float | None = json_field(number, optional=True, verify=_energy_rule)
 
 
-def test_a_new_field_is_one_attribute_and_one_verify_rule(before):
+def test_a_new_field_is_one_attribute_and_one_verify_rule(before, tmp_path):
     path = before / "certificates" / "private_v2.cert.json"
     older = load_certificate(path, EnergyCertificate)  # written before the field: it reads, without it
     assert older.energy_joules is None and "energy" not in [c.name for c in verify_certificate(path).checks]
     assert "energy" not in [c.name for c in verify_certificate(path, model=EnergyCertificate).checks]
 
-    # write_certificate stores the checkpoint path relative to the certificate, from where it is now
-    checkpoint = replace(older.checkpoint, path=str(before / "checkpoints" / "private_v2_task1.pt"))
-    write_certificate(path, replace(older, energy_joules=12.5, checkpoint=checkpoint))
+    # the builders set it (fields=) like any other attribute; write_certificate writes it, verify checks it
+    ledger = TaskLedger(delta=1e-5, across_tasks="sequential")
+    path, _ = certify(tmp_path, ledger, 0, GaussianEvent(sigma=2.0), name="task001", checkpoint_bytes=b"w",
+                      method="toy", assumptions=["x."], fields={"energy_joules": 12.5}, model=EnergyCertificate)
     written = json.loads(path.read_text())
     assert list(written)[-2:] == ["energy_joules", "sha256"] and written["energy_joules"] == 12.5
     report = verify_certificate(path, model=EnergyCertificate).raise_if_invalid()
     assert [c.name for c in report.checks][-3:] == ["energy", "integrity", "signature"]
     assert verify_certificate(path).valid  # a dpcl without the field still verifies the rest
+    assert load_certificate(path, EnergyCertificate) == replace(load_certificate(path, EnergyCertificate),
+                                                                energy_joules=12.5)
 
     edit_certificate(path, lambda d: d.__setitem__("energy_joules", -1.0), reseal=True)
     assert [c.name for c in verify_certificate(path, model=EnergyCertificate).failed] == ["energy"]
     edit_certificate(path, lambda d: d.__setitem__("energy_joules", "a lot"), reseal=True)
     with pytest.raises(MalformedCertificateError, match="energy_joules must be a finite number"):
         verify_certificate(path, model=EnergyCertificate)
+    with pytest.raises(InvalidParameterError, match="fields must name other attributes"):
+        certify(tmp_path, ledger, 1, GaussianEvent(sigma=2.0), name="task002", checkpoint_bytes=b"v",
+                method="toy", assumptions=["x."], fields={"energy_joules": 1.0})  # the base model has no such field
