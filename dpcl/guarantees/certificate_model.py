@@ -102,62 +102,40 @@ def is_json_number(value: Any) -> bool:
             and (isinstance(value, float) or abs(value) <= FLOAT_MAX_INTEGER) and math.isfinite(value))
 
 
-def any_json(value: Any, where: str, reading: Reading) -> Any:
-    return value
+Parser = Callable[[Any, str, Reading], Any]
 
 
-def number(value: Any, where: str, reading: Reading) -> Any:
-    if not is_json_number(value):
-        raise _malformed(where, f"must be a finite number, got {value!r}")
-    return value
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
-def integer(value: Any, where: str, reading: Reading) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _malformed(where, f"must be an integer, got {value!r}")
-    return value
+def accepting(test: Callable[[Any], bool], what: str, convert: Callable[[Any], Any] = lambda v: v) -> Parser:
+    """A parser that keeps (``convert``-ed) a value for which ``test`` holds and refuses any other as not ``what``."""
+    def parse(value: Any, where: str, reading: Reading) -> Any:
+        if not test(value):
+            raise _malformed(where, f"must be {what}, got {_short(value)}")
+        return convert(value)
+
+    return parse
 
 
-def string(value: Any, where: str, reading: Reading) -> str:
-    if not isinstance(value, str):
-        raise _malformed(where, f"must be a string, got {value!r}")
-    return value
+def _is_sentence(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
 
 
-def sentence(value: Any, where: str, reading: Reading) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _malformed(where, f"must be a non-empty sentence, got {value!r}")
-    return value
-
-
-def boolean(value: Any, where: str, reading: Reading) -> bool:
-    if not isinstance(value, bool):
-        raise _malformed(where, f"must be true or false, got {value!r}")
-    return value
-
-
-def scope_sentence(value: Any, where: str, reading: Reading) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _malformed(where, "must be a scope sentence saying what the statement covers (and what it does not)")
-    return value
-
-
-def sentences(value: Any, where: str, reading: Reading) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
-        raise _malformed(where, "must be a list of sentences")
-    return tuple(value)
-
-
-def json_object(value: Any, where: str, reading: Reading) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _malformed(where, f"must be an object, got {type(value).__name__}")
-    return value
-
-
-def objects(value: Any, where: str, reading: Reading) -> tuple[dict[str, Any], ...]:
-    if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
-        raise _malformed(where, "must be a list of objects")
-    return tuple(value)
+any_json = accepting(lambda v: True, "any JSON value")
+number = accepting(is_json_number, "a finite number")
+integer = accepting(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+string = accepting(lambda v: isinstance(v, str), "a string")
+boolean = accepting(lambda v: isinstance(v, bool), "true or false")
+sentence = accepting(_is_sentence, "a non-empty sentence")
+scope_sentence = accepting(_is_sentence, "a scope sentence saying what the statement covers (and what it does not)")
+sentences = accepting(lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v), "a list of sentences",
+                      tuple)
+json_object = accepting(lambda v: isinstance(v, dict), "an object")
+objects = accepting(lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), "a list of objects",
+                    tuple)
 
 
 def nullable(parse: Callable[[Any, str, Reading], Any]) -> Callable[[Any, str, Reading], Any]:
@@ -226,6 +204,9 @@ def _dump(value: Any) -> Any:
     return value
 
 
+_DECLARED: dict[type, tuple[Any, ...]] = {}
+
+
 class JsonModel:
     """Base of the certificate dataclasses: JSON in and out through the :func:`json_field` declarations.
 
@@ -235,10 +216,14 @@ class JsonModel:
     json_order: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def _declared(cls) -> list[Any]:
-        declared = [f for f in fields(cls) if "parse" in f.metadata]  # type: ignore[arg-type]
-        first = {name: i for i, name in enumerate(cls.json_order)}
-        return sorted(declared, key=lambda f: (first.get(f.name, len(first)),))
+    def _declared(cls) -> tuple[Any, ...]:
+        """The :func:`json_field` fields in JSON order (computed once per class)."""
+        cached = _DECLARED.get(cls)
+        if cached is None:
+            declared = [f for f in fields(cls) if "parse" in f.metadata]  # type: ignore[arg-type]
+            first = {name: i for i, name in enumerate(cls.json_order)}
+            cached = _DECLARED[cls] = tuple(sorted(declared, key=lambda f: first.get(f.name, len(first))))
+        return cached
 
     @staticmethod
     def _key(f: Any) -> str:

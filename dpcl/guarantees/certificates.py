@@ -42,6 +42,10 @@ hash detects edits and damage; it is not a signature: someone who rewrites the
 file can recompute it, so certificates must be stored where they cannot be
 edited if that threat matters.
 
+In Python a certificate is a :class:`~dpcl.guarantees.certificate_model.Certificate` (typed, frozen,
+one ``from_json`` and one ``to_json``); this module builds, writes, reads (:func:`load_certificate`) and
+verifies it, each check a rule of :data:`VERIFY_RULES` or a field's own rule.
+
 Formats: this dpcl writes version 2 (:data:`CERTIFICATE_VERSION`) and still
 reads and verifies version 1 (headline always private, no ``private`` field,
 no ``scoped_guarantees``). The statements ``dpcl-non-private-release`` that
