@@ -27,7 +27,6 @@ from dpcl.guarantees.certificates import (
     load_certificate,
     read_certificate,
     verify_certificate,
-    write_certificate,
 )
 from dpcl.guarantees.ledger import TaskLedger
 from dpcl.guarantees.signing import signed_bytes
