@@ -36,21 +36,9 @@ from dpcl.errors import InvalidParameterError, MalformedCertificateError
 from dpcl.guarantees.ledger import ACROSS_TASKS, Charge, charges_from_list, check_indices, expand_indices
 
 __all__ = [
-    "CERTIFICATE_FORMAT",
-    "CERTIFICATE_VERSION",
-    "REPEATED_CHARGES_VERSION",
-    "READABLE_VERSIONS",
-    "MIGRATIONS",
-    "Reading",
-    "JsonModel",
-    "json_field",
-    "Release",
-    "LabelSpace",
-    "CheckpointRef",
-    "CompositionGroup",
-    "Guarantee",
-    "ScopedGuarantee",
-    "Certificate",
+    "CERTIFICATE_FORMAT", "CERTIFICATE_VERSION", "REPEATED_CHARGES_VERSION", "READABLE_VERSIONS", "MIGRATIONS",
+    "Reading", "JsonModel", "json_field", "Release", "LabelSpace", "CheckpointRef", "CompositionGroup",
+    "Guarantee", "ScopedGuarantee", "Certificate", "accepting", "number", "string", "sentence", "nullable",
 ]
 
 CERTIFICATE_FORMAT = "dpcl-certificate"
@@ -161,7 +149,7 @@ def model(cls: "type[JsonModel]") -> Callable[[Any, str, Reading], Any]:
 
 
 def index_list(value: Any, where: str, reading: Reading) -> Any:
-    """Increasing indices, plain or compact (``[first, last]`` runs, :func:`~dpcl.guarantees.ledger.compact_indices`)."""
+    """Increasing indices, plain or compacted (:func:`~dpcl.guarantees.ledger.compact_indices`)."""
     try:
         check_indices(value, where)
     except (InvalidParameterError, TypeError, ValueError) as exc:
@@ -483,7 +471,7 @@ class Certificate(JsonModel, _HasCharges):
     def from_json(cls, data: Any, where: str = "", reading: Reading | None = None) -> "Certificate":
         """Validate a certificate (any readable version, migrated through :data:`MIGRATIONS`) and build it."""
         if not isinstance(data, dict):
-            raise MalformedCertificateError(f"this is not a dpcl certificate (a JSON object), got {type(data).__name__}.")
+            raise MalformedCertificateError(f"this is not a dpcl certificate (a JSON object): {type(data).__name__}.")
         _parse_format(data.get("format"), "format", Reading())
         version = _parse_version(data.get("version"), "version", Reading())
         layout, migrated = version, data

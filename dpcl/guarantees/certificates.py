@@ -931,7 +931,8 @@ def _verify_checkpoint(state: Verifying) -> None:
     else:
         digest = sha256_file(cpath)
         state.checks.append(VerificationCheck(
-            "checkpoint", digest == ckpt.sha256, f"{str(cpath)!r} hashes to {digest}; certificate records {ckpt.sha256}",
+            "checkpoint", digest == ckpt.sha256,
+            f"{str(cpath)!r} hashes to {digest}; certificate records {ckpt.sha256}",
         ))
 
 
