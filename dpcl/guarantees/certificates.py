@@ -42,6 +42,10 @@ hash detects edits and damage; it is not a signature: someone who rewrites the
 file can recompute it, so certificates must be stored where they cannot be
 edited if that threat matters.
 
+In Python a certificate is a :class:`~dpcl.guarantees.certificate_model.Certificate` (typed, frozen,
+one ``from_json`` and one ``to_json``); this module builds, writes, reads (:func:`load_certificate`) and
+verifies it, each check a rule of :data:`VERIFY_RULES` or a field's own rule.
+
 Formats: this dpcl writes version 2 (:data:`CERTIFICATE_VERSION`) and still
 reads and verifies version 1 (headline always private, no ``private`` field,
 no ``scoped_guarantees``). The statements ``dpcl-non-private-release`` that
@@ -61,15 +65,16 @@ Typical use by a training run (one certificate per release)::
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from dpcl._io.atomic_io import collector_paused, read_json, sha256_file, write_json_atomic
 from dpcl._io.safe_paths import contained_path
 from dpcl._version import __version__
 from dpcl.errors import (
@@ -80,17 +85,26 @@ from dpcl.errors import (
     VerificationError,
 )
 from dpcl.accounting.accountants.registry import TOLERANCES
-from dpcl.accounting.validation import FLOAT_MAX_INTEGER, describe_number, integer_beyond_float
-from dpcl._io.atomic_io import collector_paused, read_json, sha256_file, write_json_atomic
+from dpcl.accounting.validation import describe_number, integer_beyond_float
+from dpcl.guarantees.certificate_model import (
+    CERTIFICATE_FORMAT,
+    CERTIFICATE_VERSION,
+    READABLE_VERSIONS,
+    REPEATED_CHARGES_VERSION,
+    Certificate,
+    CheckpointRef,
+    CompositionGroup,
+    Guarantee,
+    LabelSpace,
+    Release,
+    ScopedGuarantee,
+)
 from dpcl.guarantees.ledger import (
-    ACROSS_TASKS,
     Charge,
     StreamGuarantee,
     TaskLedger,
     charge_runs,
-    charges_from_list,
     charges_to_list,
-    check_indices,
     compact_indices,
     compose_stream,
     distinct_charges,
@@ -116,25 +130,20 @@ __all__ = [
     "write_certificate",
     "content_sha256",
     "read_certificate",
+    "load_certificate",
     "verify_certificate",
+    "VERIFY_RULES",
+    "Verifying",
     "VerificationCheck",
     "VerificationReport",
     "ScopedVerification",
 ]
 
-CERTIFICATE_FORMAT = "dpcl-certificate"
 #: Format of the statement that ``dpcl run`` wrote before certificate version 2 for a release of a
 #: ``[run] private = false`` run (``taskNNN.nonprivate-cert.json``). It is not a certificate (no content
 #: hash, nothing to recompute) and is refused with :class:`NonPrivateReleaseError`; runs now write a
 #: version-2 certificate with ``private: false`` instead.
 NON_PRIVATE_FORMAT = "dpcl-non-private-release"
-#: Version this dpcl writes: 2 (headline = the checkpoint, ``private``, ``reasons``, ``scoped_guarantees``).
-CERTIFICATE_VERSION = 2
-#: Version written instead when a list of charges holds a run of equal consecutive charges stored once with
-#: ``"repeat": n`` (otherwise the same as version 2), so that a dpcl which would not expand it refuses the file.
-REPEATED_CHARGES_VERSION = 3
-#: Versions this dpcl reads and verifies (1: headline always private, no scoped statements).
-READABLE_VERSIONS = (1, 2, 3)
 
 #: Relative tolerance between stated and recomputed epsilon, per accountant: each registered accountant's
 #: ``tolerance`` (a read-only view of :mod:`dpcl.accounting.accountants.registry`). Closed-form and RDP
@@ -196,6 +205,8 @@ class ScopedLedger:
 
 
 def _stream_statement(guarantee: StreamGuarantee) -> dict[str, Any]:
+    """The fields of a stated guarantee (:class:`~dpcl.guarantees.certificate_model.Guarantee`,
+    :class:`~dpcl.guarantees.certificate_model.ScopedGuarantee`) from the ledger's guarantee."""
     return {
         "epsilon": guarantee.epsilon,
         "delta": guarantee.delta,
@@ -204,22 +215,22 @@ def _stream_statement(guarantee: StreamGuarantee) -> dict[str, Any]:
         "accountant": guarantee.accountant,
         "across_tasks": guarantee.across_tasks,
         "composition": COMPOSITION_TEXT[guarantee.across_tasks],
-        "groups": [g.to_dict() for g in guarantee.groups],
-        "notes": list(guarantee.notes),
+        "groups": tuple(CompositionGroup(**g.to_dict()) for g in guarantee.groups),
+        "notes": tuple(guarantee.notes),
     }
 
 
-def _compact_groups(statement: dict[str, Any]) -> None:
+def _compact_groups(statement: Any) -> Any:
     """Version 3: a group's runs of consecutive task and charge indices as ``[first, last]``."""
-    statement["groups"] = [
-        {**g, "tasks": compact_indices(g["tasks"]), "charges": compact_indices(g["charges"])}
-        for g in statement.get("groups", ())
-    ]
+    return dataclasses.replace(statement, groups=tuple(
+        dataclasses.replace(g, tasks=compact_indices(g.tasks), charges=compact_indices(g.charges))
+        for g in statement.groups
+    ))
 
 
-def _scoped_entries(scoped: Mapping[str, Any] | None, release_task: int) -> list[dict[str, Any]]:
+def _scoped_entries(scoped: Mapping[str, Any] | None, release_task: int) -> list[ScopedGuarantee]:
     """One ``scoped_guarantees`` entry per scope: the guarantee its ledger recorded for ``release_task``."""
-    entries: list[dict[str, Any]] = []
+    entries: list[ScopedGuarantee] = []
     for name, item in (scoped or {}).items():
         if isinstance(item, tuple) and len(item) == 2:
             item = ScopedLedger(scope=item[0], ledger=item[1])
@@ -237,20 +248,20 @@ def _scoped_entries(scoped: Mapping[str, Any] | None, release_task: int) -> list
             )
         record = records[-1]
         entries.append(
-            {
-                "name": str(name),
-                "scope": str(item.scope).strip(),
+            ScopedGuarantee(
+                name=str(name),
+                scope=str(item.scope).strip(),
                 **_stream_statement(record.guarantee),
-                "events": charges_to_list(item.ledger.charges[: record.n_charges]),
-                "tolerance": {"relative": _tolerance(record.guarantee.accountant)},
-            }
+                events=tuple(charges_to_list(item.ledger.charges[: record.n_charges])),
+                tolerance={"relative": _tolerance(record.guarantee.accountant)},
+            )
         )
     return entries
 
 
 def _checkpoint_entry(
     checkpoint: "str | os.PathLike[str] | None", checkpoint_sha256: str | None
-) -> dict[str, Any] | None:
+) -> CheckpointRef | None:
     if checkpoint is not None:
         cpath = Path(checkpoint)
         if not cpath.is_file():
@@ -260,9 +271,9 @@ def _checkpoint_entry(
             raise InvalidParameterError(
                 f"checkpoint {str(cpath)!r} hashes to {digest} but the ledger recorded {checkpoint_sha256}."
             )
-        return {"path": str(cpath.resolve()), "sha256": digest}
+        return CheckpointRef(path=str(cpath.resolve()), sha256=digest)
     if checkpoint_sha256 is not None:
-        return {"path": None, "sha256": str(checkpoint_sha256)}
+        return CheckpointRef(path=None, sha256=str(checkpoint_sha256))
     return None
 
 
@@ -296,15 +307,18 @@ def build_certificate(
     label_space: str,
     assumptions: Sequence[str],
     release: ReleaseCoverage,
-    scoped_guarantees: Sequence[Mapping[str, Any]] = (),
+    scoped_guarantees: "Sequence[ScopedGuarantee | Mapping[str, Any]]" = (),
     checkpoint: "str | os.PathLike[str] | None" = None,
     checkpoint_sha256: str | None = None,
     config: Mapping[str, Any] | None = None,
     filter_state: Mapping[str, Any] | None = None,
     label_filtering: Sequence[Mapping[str, int]] | None = None,
     extra: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
+    model: type[Certificate] = Certificate,
 ) -> dict[str, Any]:
-    """Assemble a version-2 certificate (a JSON-able dict) for the checkpoint released after ``release_task``.
+    """Assemble a version-2 certificate for the checkpoint released after ``release_task``: a
+    :class:`~dpcl.guarantees.certificate_model.Certificate`, returned as its JSON form (``to_json``).
 
     ``release`` says whether the checkpoint is covered by ``charges``: covered, the headline is
     ``guarantee`` (``private: true`` with the coverage's basis); not covered, the headline is
@@ -312,7 +326,9 @@ def build_certificate(
     ``scoped_guarantees`` are entries built from scoped ledgers (see :func:`certificate_from_ledger`).
     ``checkpoint`` is the checkpoint file (hashed here unless ``checkpoint_sha256`` is given; when both
     are given they must agree); its path is made relative to the certificate by :func:`write_certificate`.
-    ``assumptions`` are plain sentences; ``extra`` holds method-specific fields.
+    ``assumptions`` are plain sentences; ``extra`` holds method-specific fields (stated, not verified).
+    ``fields`` sets further attributes of ``model`` (a :class:`~dpcl.guarantees.certificate_model.Certificate`
+    subclass, or a field added to it), each checked by its own verify rule.
     """
     release = _require_release(release)
     sentences = _sentences(assumptions, "assumption")
@@ -321,7 +337,7 @@ def build_certificate(
             raise InvalidParameterError(
                 "a certificate of a covered (private) checkpoint needs its guarantee and at least one charged event."
             )
-        headline: dict[str, Any] = {"private": True, "basis": release.basis, **_stream_statement(guarantee)}
+        headline = Guarantee(private=True, basis=release.basis, **_stream_statement(guarantee))
         tolerance = _tolerance(guarantee.accountant)
     else:
         if guarantee is not None or charges:
@@ -329,48 +345,49 @@ def build_certificate(
                 "the checkpoint is not covered by any charged event, so its certificate states no headline guarantee "
                 "and no headline events; put statements about narrower releases into scoped guarantees."
             )
-        headline = {
-            "private": False,
-            "epsilon": None,
-            "delta": None,
-            "adjacency": None,
-            "unit": None,
-            "accountant": None,
-            "across_tasks": None,
-            "composition": None,
-            "groups": [],
-            "notes": [],
-            "reasons": list(release.reasons),
-        }
+        headline = Guarantee(private=False, epsilon=None, delta=None, adjacency=None, unit=None, accountant=None,
+                             across_tasks=None, composition=None, groups=(), notes=(), reasons=tuple(release.reasons))
         tolerance = DEFAULT_RELATIVE_TOLERANCE
-    names = [str(e["name"]) for e in scoped_guarantees]
+    scoped = [_scoped_guarantee(e) for e in scoped_guarantees]
+    names = [e.name for e in scoped]
     if len(set(names)) != len(names):
         raise InvalidParameterError(f"scoped guarantee names must be distinct, got {names}.")
     events = charges_to_list(charges)
-    repeated = any("repeat" in c for c in events) or any(
-        "repeat" in c for e in scoped_guarantees for c in e.get("events", ())
-    )
-    scoped_guarantees = [dict(e) for e in scoped_guarantees]
+    repeated = any("repeat" in c for e in (events, *(s.events for s in scoped)) for c in e)
     if repeated:  # version 3: charge runs stored once, and so the index runs of groups too
-        for statement in (headline, *scoped_guarantees):
-            _compact_groups(statement)
-    return {
-        "format": CERTIFICATE_FORMAT,
-        "version": REPEATED_CHARGES_VERSION if repeated else CERTIFICATE_VERSION,
-        "dpcl_version": __version__,
-        "created": _now(),
-        "release": {"task_index": int(release_task), "method": str(method)},
-        "guarantee": headline,
-        "scoped_guarantees": [dict(e) for e in scoped_guarantees],
-        "label_space": {"policy": str(label_space), "filtered": [dict(x) for x in (label_filtering or [])]},
-        "assumptions": sentences,
-        "events": events,
-        "filter": dict(filter_state) if filter_state else None,
-        "checkpoint": _checkpoint_entry(checkpoint, checkpoint_sha256),
-        "tolerance": {"relative": tolerance},
-        "config": dict(config or {}),
-        "extra": dict(extra or {}),
-    }
+        headline = _compact_groups(headline)
+        scoped = [_compact_groups(e) for e in scoped]
+    attributes: dict[str, Any] = dict(
+        format=CERTIFICATE_FORMAT,
+        version=REPEATED_CHARGES_VERSION if repeated else CERTIFICATE_VERSION,
+        dpcl_version=__version__,
+        created=_now(),
+        release=Release(task_index=int(release_task), method=str(method)),
+        guarantee=headline,
+        scoped_guarantees=tuple(scoped),
+        label_space=LabelSpace(policy=str(label_space), filtered=tuple(dict(x) for x in (label_filtering or []))),
+        assumptions=tuple(sentences),
+        events=tuple(events),
+        filter=dict(filter_state) if filter_state else None,
+        checkpoint=_checkpoint_entry(checkpoint, checkpoint_sha256),
+        tolerance={"relative": tolerance},
+        config=dict(config or {}),
+        extra=dict(extra or {}),
+    )
+    try:
+        return model(**attributes, **dict(fields or {})).to_json()
+    except TypeError as exc:  # a name in ``fields`` that the model does not declare, or one set above
+        raise InvalidParameterError(f"fields must name other attributes of {model.__name__}: {exc}.") from None
+
+
+def _scoped_guarantee(entry: "ScopedGuarantee | Mapping[str, Any]") -> ScopedGuarantee:
+    """A scoped statement given to :func:`build_certificate`: built by :func:`_scoped_entries`, or its JSON form."""
+    if isinstance(entry, ScopedGuarantee):
+        return entry
+    try:
+        return ScopedGuarantee.from_json(dict(entry), "scoped guarantee")
+    except (MalformedCertificateError, TypeError, ValueError) as exc:
+        raise InvalidParameterError(f"scoped_guarantees holds an entry that is not a scoped statement: {exc}") from None
 
 
 def certificate_from_ledger(
@@ -386,6 +403,8 @@ def certificate_from_ledger(
     config: Mapping[str, Any] | None = None,
     label_filtering: Sequence[Mapping[str, int]] | None = None,
     extra: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
+    model: type[Certificate] = Certificate,
 ) -> dict[str, Any]:
     """Certificate of release ``release_index`` (default: the latest) recorded in ``ledger``.
 
@@ -415,6 +434,8 @@ def certificate_from_ledger(
             config=config if config is not None else ledger.metadata.get("config"),
             label_filtering=label_filtering,
             extra=extra,
+            fields=fields,
+            model=model,
         )
     filter_state = ledger.filter_state()
     if ledger.uses_filter and record.n_charges < len(ledger.charges):
@@ -438,6 +459,8 @@ def certificate_from_ledger(
         filter_state=filter_state or None,
         label_filtering=label_filtering,
         extra=extra,
+        fields=fields,
+        model=model,
     )
 
 
@@ -454,6 +477,8 @@ def non_private_certificate(
     config: Mapping[str, Any] | None = None,
     label_filtering: Sequence[Mapping[str, int]] | None = None,
     extra: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
+    model: type[Certificate] = Certificate,
 ) -> dict[str, Any]:
     """Certificate of a checkpoint that is NOT differentially private (``private: false``).
 
@@ -477,13 +502,18 @@ def non_private_certificate(
         config=config,
         label_filtering=label_filtering,
         extra=extra,
+        fields=fields,
+        model=model,
     )
 
 
-def write_certificate(path: "str | os.PathLike[str]", certificate: Mapping[str, Any]) -> Path:
-    """Write ``certificate`` atomically to ``path``, storing the checkpoint path relative to it and the
-    SHA-256 of the certificate's content (:func:`content_sha256`) in its ``sha256`` field."""
+def write_certificate(path: "str | os.PathLike[str]", certificate: "Certificate | Mapping[str, Any]") -> Path:
+    """Write ``certificate`` (a :class:`~dpcl.guarantees.certificate_model.Certificate` or its JSON form)
+    atomically to ``path``, storing the checkpoint path relative to it and the SHA-256 of the certificate's
+    content (:func:`content_sha256`) in its ``sha256`` field."""
     target = Path(path)
+    if isinstance(certificate, Certificate):
+        certificate = certificate.to_json()
     # a signature covers the content it was made for: a (re)written certificate is unsigned until signed again
     cert = {k: v for k, v in certificate.items() if k not in ("sha256", "signature")}
     ckpt = cert.get("checkpoint")
@@ -525,36 +555,10 @@ def _non_private_message(path: Path, data: Mapping[str, Any]) -> str:
     )
 
 
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and (isinstance(value, float) or abs(value) <= FLOAT_MAX_INTEGER) and math.isfinite(value))
-
-
-def _check_statement(g: Any, what: str) -> None:
-    """Structure of a stated (private) guarantee: the headline of a private checkpoint or a scoped entry."""
-    needed = ("epsilon", "delta", "adjacency", "unit", "accountant", "across_tasks", "groups")
-    if not isinstance(g, dict) or any(k not in g for k in needed):
-        raise MalformedCertificateError(f"certificate {what} must have the fields {', '.join(needed)}.")
-    if not _is_number(g["epsilon"]):
-        raise MalformedCertificateError(f"certificate {what} epsilon must be a finite number, got {g['epsilon']!r}.")
-    if g["across_tasks"] not in ACROSS_TASKS:
-        raise MalformedCertificateError(
-            f"certificate {what} across_tasks must be one of {', '.join(ACROSS_TASKS)}, got {g['across_tasks']!r}."
-        )
-    if not _is_number(g["delta"]) or not 0 < g["delta"] < 1:
-        raise MalformedCertificateError(f"certificate {what} delta must be a number in (0, 1), got {g['delta']!r}.")
-    if not isinstance(g["groups"], list) or not all(isinstance(x, dict) for x in g["groups"]):
-        raise MalformedCertificateError(f"certificate {what} groups must be a list of objects.")
-
-
-def _check_sentences(value: Any, what: str) -> None:
-    if not isinstance(value, list) or not value or not all(isinstance(a, str) and a.strip() for a in value):
-        raise MalformedCertificateError(f"certificate {what} must be a non-empty list of sentences.")
-
-
-def read_certificate(path: "str | os.PathLike[str]") -> dict[str, Any]:
-    """Read and structurally validate a certificate (version 1 or 2); malformed input raises
-    MalformedCertificateError, a legacy statement of non-privacy NonPrivateReleaseError."""
+def load_certificate(path: "str | os.PathLike[str]", model: type[Certificate] = Certificate) -> Certificate:
+    """Read a certificate (any of :data:`READABLE_VERSIONS`) into ``model``
+    (:class:`~dpcl.guarantees.certificate_model.Certificate` or a subclass declaring more fields); malformed input
+    raises MalformedCertificateError naming the field, a legacy statement of non-privacy NonPrivateReleaseError."""
     p = Path(path)
     try:
         data = read_json(p)
@@ -573,69 +577,12 @@ def read_certificate(path: "str | os.PathLike[str]") -> dict[str, Any]:
             f"certificate {str(p)!r} field {where} must be a number within float range (~1.8e308), got "
             f"{describe_number(found[1])}."
         )
-    version = data.get("version")
-    if isinstance(version, bool) or version not in READABLE_VERSIONS:
-        raise MalformedCertificateError(
-            f"certificate version {version!r} is not supported (this dpcl reads "
-            f"{', '.join(str(v) for v in READABLE_VERSIONS)})."
-        )
-    required = ("guarantee", "events", "assumptions", "label_space", "checkpoint", "dpcl_version", "config")
-    if version >= 2:
-        required += ("scoped_guarantees",)
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise MalformedCertificateError(f"certificate {str(p)!r} lacks required field(s): {', '.join(missing)}.")
-    if data["checkpoint"] is not None and not isinstance(data["checkpoint"], dict):
-        raise MalformedCertificateError(
-            f"certificate checkpoint must be an object {{path, sha256}} or null, got {type(data['checkpoint']).__name__}."
-        )
-    g = data["guarantee"]
-    if not isinstance(g, dict):
-        raise MalformedCertificateError("certificate guarantee must be an object.")
-    if not isinstance(data["events"], list):
-        raise MalformedCertificateError("certificate events must be a list of charges.")
-    private = True if version == 1 else g.get("private")
-    if not isinstance(private, bool):
-        raise MalformedCertificateError(f"certificate guarantee private must be true or false, got {private!r}.")
-    if private:
-        _check_statement(g, "guarantee")
-        if version >= 2 and not (isinstance(g.get("basis"), str) and g["basis"].strip()):
-            raise MalformedCertificateError(
-                "a private certificate must state its coverage basis (guarantee.basis: why the checkpoint is a "
-                "post-processing of the charged events)."
-            )
-        if not data["events"]:
-            raise MalformedCertificateError("certificate events must be a non-empty list of charges.")
-    else:
-        if g.get("epsilon") is not None:
-            raise MalformedCertificateError(
-                f"a certificate whose checkpoint is not private states epsilon null, got {g.get('epsilon')!r}."
-            )
-        _check_sentences(g.get("reasons"), "guarantee reasons (why the checkpoint is not private)")
-        if data["events"] or g.get("groups"):
-            raise MalformedCertificateError(
-                "a certificate whose checkpoint is not private states no headline events or groups "
-                "(statements about narrower releases belong in scoped_guarantees)."
-            )
-    scoped = data.get("scoped_guarantees", [])
-    if not isinstance(scoped, list) or not all(isinstance(x, dict) for x in scoped):
-        raise MalformedCertificateError("certificate scoped_guarantees must be a list of objects.")
-    names = []
-    for i, entry in enumerate(scoped):
-        name = entry.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise MalformedCertificateError(f"certificate scoped guarantee {i} needs a non-empty name.")
-        if not isinstance(entry.get("scope"), str) or not entry["scope"].strip():
-            raise MalformedCertificateError(f"certificate scoped guarantee {name!r} needs a scope sentence.")
-        _check_statement(entry, f"scoped guarantee {name!r}")
-        if not isinstance(entry.get("events"), list) or not entry["events"]:
-            raise MalformedCertificateError(f"certificate scoped guarantee {name!r} needs a non-empty list of events.")
-        names.append(name)
-    if len(set(names)) != len(names):
-        raise MalformedCertificateError(f"certificate scoped guarantee names must be distinct, got {names}.")
-    if not isinstance(data["assumptions"], list) or not all(isinstance(a, str) for a in data["assumptions"]):
-        raise MalformedCertificateError("certificate assumptions must be a list of sentences.")
-    return data
+    return model.from_json(data)
+
+
+def read_certificate(path: "str | os.PathLike[str]") -> dict[str, Any]:
+    """Read and validate a certificate (:func:`load_certificate`); returns its JSON object as written."""
+    return dict(load_certificate(path).content())
 
 
 @dataclass(frozen=True)
@@ -726,22 +673,7 @@ class VerificationReport:
         }
 
 
-def _parse_charges(events: Any, what: str = "certificate events", version: int = CERTIFICATE_VERSION) -> list[Charge]:
-    """The charges of a certificate; ``"repeat": n`` (n equal consecutive charges) only from version 3 on."""
-    if version < REPEATED_CHARGES_VERSION and isinstance(events, list) and any(
-        isinstance(c, Mapping) and "repeat" in c for c in events
-    ):
-        raise MalformedCertificateError(
-            f"{what} use 'repeat', which only certificate version {REPEATED_CHARGES_VERSION} may use "
-            f"(this one states version {version})."
-        )
-    try:
-        return charges_from_list(events, what)
-    except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
-        raise MalformedCertificateError(f"{what} cannot be parsed: {exc}") from exc
-
-
-def _config_checks(config: Any, g: Mapping[str, Any], group_accountants: Sequence[str], what: str = "guarantee") -> list[str]:
+def _config_checks(config: Any, g: Any, group_accountants: Sequence[str], what: str = "guarantee") -> list[str]:
     """Disagreements between a stated guarantee and the privacy settings of the recorded config.
 
     Only keys the config states are compared; a config without ``[privacy]`` / ``[stream]`` (e.g. a
@@ -752,9 +684,9 @@ def _config_checks(config: Any, g: Mapping[str, Any], group_accountants: Sequenc
     privacy = config.get("privacy") if isinstance(config.get("privacy"), Mapping) else {}
     stream = config.get("stream") if isinstance(config.get("stream"), Mapping) else {}
     problems: list[str] = []
-    if "delta" in privacy and privacy["delta"] != g["delta"]:
-        problems.append(f"config [privacy] delta = {privacy['delta']!r} but the {what} states delta {g['delta']!r}")
-    if g["across_tasks"] == "parallel":
+    if "delta" in privacy and privacy["delta"] != g.delta:
+        problems.append(f"config [privacy] delta = {privacy['delta']!r} but the {what} states delta {g.delta!r}")
+    if g.across_tasks == "parallel":
         if stream.get("disjoint_units") is False:
             problems.append(
                 f"the {what} states parallel composition (Thm 4.4) but the config says disjoint_units = false"
@@ -777,51 +709,44 @@ def _count_events(charges: Sequence[Charge]) -> int:
 
 
 def _recompute(
-    g: Mapping[str, Any], charges: Sequence[Charge], prefix: str
+    g: Any, charges: Sequence[Charge], prefix: str
 ) -> tuple[list[VerificationCheck], float | None, float, list[str]]:
-    """Checks ``relation``, ``epsilon``, ``composition_groups`` and ``accountant`` of one stated guarantee.
+    """Checks ``relation``, ``epsilon``, ``composition_groups`` and ``accountant`` of one stated guarantee
+    (a private :class:`~dpcl.guarantees.certificate_model.Guarantee` or a
+    :class:`~dpcl.guarantees.certificate_model.ScopedGuarantee`).
 
     Returns (checks, recomputed epsilon or None, relative tolerance, accountant asked for each group).
     """
-    try:
-        stated = float(g["epsilon"])
-        delta = float(g["delta"])
-        # recompute with the accountant that was asked for: ``auto`` re-runs its own comparison, so the
-        # winner and its settings (e.g. auto's PLD discretisation) are reproduced exactly.
-        group_accountants = [str(x.get("requested_accountant", x["accountant"])) for x in g["groups"]]
-        # a group's charges are compared in their compact form (indices_equal), checked here like the rest
-        stated_groups = [
-            (expand_indices(x["tasks"], "group tasks"), float(x["epsilon"]), str(x["accountant"]),
-             x.get("charges", []))
-            for x in g["groups"]
-        ]
-        for x in stated_groups:
-            check_indices(x[3], "group charges")
-    except (KeyError, TypeError, ValueError, InvalidParameterError) as exc:
-        raise MalformedCertificateError(f"certificate {prefix or 'guarantee'} is malformed: {exc}") from exc
+    stated = float(g.epsilon)
+    delta = float(g.delta)
+    # recompute with the accountant that was asked for: ``auto`` re-runs its own comparison, so the
+    # winner and its settings (e.g. auto's PLD discretisation) are reproduced exactly.
+    group_accountants = [x.asked_accountant for x in g.groups]
+    # a group's charges are compared in their compact form (indices_equal)
+    stated_groups = [(x.task_indices, float(x.epsilon), x.accountant, x.charges or []) for x in g.groups]
     name = (lambda check: f"{prefix}{check}")
     checks: list[VerificationCheck] = []
     # The tolerance belongs to the accountant that really produced the recomputed value (set below); the
     # stated name is only a fallback when nothing can be recomputed, so editing it cannot loosen the check.
-    tolerance = _tolerance(str(g["accountant"]))
+    tolerance = _tolerance(g.accountant)
 
     # events agree with the stated neighbouring relation and unit.
     distinct = distinct_charges(charges)  # a run of equal charges is one object
     adj = {e.adjacency.value for c in distinct for e in c.events}
     units = {e.unit for c in distinct for e in c.events}
-    ok = adj == {g["adjacency"]} and units == {g["unit"]}
+    ok = adj == {g.adjacency} and units == {g.unit}
     checks.append(
         VerificationCheck(
             name("relation"),
             ok,
             f"events state adjacency {sorted(adj)} and unit {sorted(units)}; certificate states "
-            f"{g['adjacency']!r} / {g['unit']!r}",
+            f"{g.adjacency!r} / {g.unit!r}",
         )
     )
 
     recomputed: float | None = None
     try:
-        again = compose_stream(charges, str(g["across_tasks"]), delta, group_accountants=group_accountants)
+        again = compose_stream(charges, g.across_tasks, delta, group_accountants=group_accountants)
         recomputed = again.epsilon
         tolerance = _tolerance(again.accountant)
         close = abs(recomputed - stated) <= tolerance * max(abs(recomputed), 1e-300)
@@ -854,8 +779,8 @@ def _recompute(
         checks.append(
             VerificationCheck(
                 name("accountant"),
-                str(g["accountant"]) == again.accountant,
-                f"certificate states accountant {str(g['accountant'])!r}; the recomputed epsilon comes from "
+                g.accountant == again.accountant,
+                f"certificate states accountant {g.accountant!r}; the recomputed epsilon comes from "
                 f"{again.accountant!r}",
             )
         )
@@ -867,7 +792,11 @@ def _recompute(
 
 
 def verify_certificate(
-    path: "str | os.PathLike[str]", checkpoint: "str | os.PathLike[str] | None" = None, *, public_key: Any = None
+    path: "str | os.PathLike[str]",
+    checkpoint: "str | os.PathLike[str] | None" = None,
+    *,
+    public_key: Any = None,
+    model: type[Certificate] = Certificate,
 ) -> VerificationReport:
     """Check a certificate: recompute its guarantees from their events, re-hash its checkpoint and its content.
 
@@ -879,147 +808,173 @@ def verify_certificate(
     certificate states no epsilon and its reasons; the recorded config does not claim otherwise). For
     every scoped statement ``NAME``: the same four checks named ``scoped[NAME].relation`` and so on.
     Then ``config`` (delta, composition and accountant of every stated guarantee agree with the recorded
-    config's privacy settings), ``checkpoint`` (SHA-256 of the checkpoint file) and ``integrity``
+    config's privacy settings), ``checkpoint`` (SHA-256 of the checkpoint file), the checks of fields that
+    declare a rule (:func:`~dpcl.guarantees.certificate_model.json_field` ``verify``) and ``integrity``
     (SHA-256 of the certificate's own content, :func:`content_sha256`, so an edit of any field is noticed).
+    The rules run in the order of :data:`VERIFY_RULES`.
 
     ``checkpoint`` overrides the checkpoint path named in the certificate (which is
     relative to the certificate's directory and must stay inside the run directory holding the certificate's
     folder, through no symbolic link: :func:`certified_checkpoint_path`). ``signature``
     (:func:`dpcl.guarantees.signing.signature_check`) checks the Ed25519 signature against ``public_key`` (a
     PEM file or key object) when one is given, and otherwise only reports "unsigned" or "signed by ... (not
-    checked)". Returns a :class:`VerificationReport`;
-    call :meth:`VerificationReport.raise_if_invalid` to turn a failure into
+    checked)". ``model`` reads the certificate (a subclass of
+    :class:`~dpcl.guarantees.certificate_model.Certificate` adds fields and their rules). Returns a
+    :class:`VerificationReport`; call :meth:`VerificationReport.raise_if_invalid` to turn a failure into
     :class:`VerificationError`. A malformed certificate raises
     :class:`MalformedCertificateError` (exit code 2). Version-1 certificates are verified as
     private headlines without scoped statements.
     """
     with collector_paused():
-        return _verify(Path(path), checkpoint, public_key)
+        p = Path(path)
+        state = Verifying(path=p, certificate=load_certificate(p, model), checkpoint=checkpoint, public_key=public_key)
+        for rule in VERIFY_RULES:
+            rule(state)
+        return state.report()
 
 
-def _verify(p: Path, checkpoint: "str | os.PathLike[str] | None", public_key: Any) -> VerificationReport:
-    """:func:`verify_certificate` of the certificate at ``p``."""
-    data = read_certificate(p)
-    version = int(data["version"])
-    g = data["guarantee"]
-    private = True if version == 1 else bool(g["private"])
-    checks: list[VerificationCheck] = []
-    problems: list[str] = []
-    config = data["config"]
+@dataclass
+class Verifying:
+    """One verification under way: the certificate, what the caller gave, and what the rules found so far.
 
+    A rule of :data:`VERIFY_RULES` (or a field's ``verify`` rule) reads ``certificate`` and appends to ``checks``;
+    ``problems`` collects disagreements with the recorded config, reported together by the ``config`` check."""
+
+    path: Path
+    certificate: Certificate
+    checkpoint: "str | os.PathLike[str] | None" = None
+    public_key: Any = None
+    checks: list[VerificationCheck] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
     stated: float | None = None
     recomputed: float | None = None
     delta: float | None = None
-    tolerance = DEFAULT_RELATIVE_TOLERANCE
-    reasons: tuple[str, ...] = ()
-    if private:
-        charges = _parse_charges(data["events"], version=version)
-        headline_checks, recomputed, tolerance, accountants = _recompute(g, charges, "")
-        checks.extend(headline_checks)
-        stated, delta = float(g["epsilon"]), float(g["delta"])
-        problems.extend(_config_checks(config, g, accountants))
-        run = config.get("run") if isinstance(config, Mapping) and isinstance(config.get("run"), Mapping) else {}
-        if run.get("private") is False:
-            problems.append("the guarantee states a private checkpoint but the config says [run] private = false")
+    tolerance: float = DEFAULT_RELATIVE_TOLERANCE
+    scoped: list[ScopedVerification] = field(default_factory=list)
+
+    def report(self) -> VerificationReport:
+        g = self.certificate.guarantee
+        return VerificationReport(
+            path=str(self.path),
+            stated_epsilon=self.stated,
+            recomputed_epsilon=self.recomputed,
+            delta=self.delta,
+            relative_tolerance=self.tolerance,
+            checks=tuple(self.checks),
+            private=g.private,
+            version=self.certificate.version,
+            reasons=() if g.private else tuple(g.reasons or ()),
+            scoped=tuple(self.scoped),
+        )
+
+
+def _verify_headline(state: Verifying) -> None:
+    """A private headline is recomputed from its events; one that is not private states its reasons."""
+    cert, g = state.certificate, state.certificate.guarantee
+    if not g.private:
+        state.checks.append(VerificationCheck(
+            "private", True,
+            "the certificate states that the checkpoint is NOT differentially private (no epsilon bounds it): "
+            + " ".join(g.reasons or ()),
+        ))
+        return
+    checks, state.recomputed, state.tolerance, accountants = _recompute(g, cert.charges(), "")
+    state.checks.extend(checks)
+    state.stated, state.delta = float(g.epsilon), float(g.delta)  # type: ignore[arg-type]
+    state.problems.extend(_config_checks(cert.config, g, accountants))
+    run = cert.config.get("run") if isinstance(cert.config.get("run"), Mapping) else {}
+    if run.get("private") is False:
+        state.problems.append("the guarantee states a private checkpoint but the config says [run] private = false")
+
+
+def _verify_scoped(state: Verifying) -> None:
+    """Every scoped statement is recomputed from its own events, like the headline."""
+    for entry in state.certificate.scoped_guarantees:
+        checks, epsilon, _tol, accountants = _recompute(entry, entry.charges(), f"scoped[{entry.name}].")
+        state.checks.extend(checks)
+        state.problems.extend(
+            _config_checks(state.certificate.config, entry, accountants, f"scoped guarantee {entry.name!r}")
+        )
+        state.scoped.append(ScopedVerification(
+            name=entry.name, scope=entry.scope, stated_epsilon=float(entry.epsilon),  # type: ignore[arg-type]
+            recomputed_epsilon=epsilon, delta=float(entry.delta),  # type: ignore[arg-type]
+            adjacency=str(entry.adjacency), unit=str(entry.unit),
+        ))
+
+
+def _verify_config(state: Verifying) -> None:
+    """The stated guarantees agree with the recorded config's privacy settings."""
+    state.checks.append(VerificationCheck(
+        "config", not state.problems,
+        "; ".join(state.problems) if state.problems
+        else "the stated guarantees agree with the recorded config's privacy settings",
+    ))
+
+
+def _verify_checkpoint(state: Verifying) -> None:
+    """The checkpoint file hashes to the recorded SHA-256."""
+    ckpt = state.certificate.checkpoint
+    if state.checkpoint is None and not (ckpt and ckpt.path):
+        state.checks.append(VerificationCheck("checkpoint", True, "certificate names no checkpoint file (not checked)"))
+        return
+    if state.checkpoint is not None:
+        cpath = Path(state.checkpoint)
     else:
-        reasons = tuple(g["reasons"])
-        checks.append(
-            VerificationCheck(
-                "private",
-                True,
-                "the certificate states that the checkpoint is NOT differentially private (no epsilon bounds it): "
-                + " ".join(reasons),
-            )
-        )
-
-    scoped: list[ScopedVerification] = []
-    for entry in data.get("scoped_guarantees", []):
-        label = f"scoped[{entry['name']}]."
-        entry_charges = _parse_charges(entry["events"], f"scoped guarantee {entry['name']!r} events", version)
-        entry_checks, entry_eps, _tol, entry_accountants = _recompute(entry, entry_charges, label)
-        checks.extend(entry_checks)
-        problems.extend(_config_checks(config, entry, entry_accountants, f"scoped guarantee {entry['name']!r}"))
-        scoped.append(
-            ScopedVerification(
-                name=str(entry["name"]),
-                scope=str(entry["scope"]),
-                stated_epsilon=float(entry["epsilon"]),
-                recomputed_epsilon=entry_eps,
-                delta=float(entry["delta"]),
-                adjacency=str(entry["adjacency"]),
-                unit=str(entry["unit"]),
-            )
-        )
-
-    # the recorded config's privacy settings.
-    checks.append(
-        VerificationCheck(
-            "config",
-            not problems,
-            "; ".join(problems) if problems else "the stated guarantees agree with the recorded config's privacy settings",
-        )
-    )
-
-    # checkpoint hash.
-    ckpt = data.get("checkpoint")
-    if checkpoint is not None or (ckpt and ckpt.get("path")):
-        if checkpoint is not None:
-            cpath = Path(checkpoint)
-        else:
-            cpath = certified_checkpoint_path(p, ckpt["path"])
-        if not ckpt or not ckpt.get("sha256"):
-            checks.append(VerificationCheck("checkpoint", False, "certificate records no checkpoint SHA-256"))
-        elif not cpath.is_file():
-            checks.append(VerificationCheck("checkpoint", False, f"checkpoint file {str(cpath)!r} not found"))
-        else:
-            digest = sha256_file(cpath)
-            checks.append(
-                VerificationCheck(
-                    "checkpoint",
-                    digest == ckpt["sha256"],
-                    f"{str(cpath)!r} hashes to {digest}; certificate records {ckpt['sha256']}",
-                )
-            )
+        cpath = certified_checkpoint_path(state.path, ckpt.path)  # type: ignore[union-attr]
+    if not ckpt or not ckpt.sha256:
+        state.checks.append(VerificationCheck("checkpoint", False, "certificate records no checkpoint SHA-256"))
+    elif not cpath.is_file():
+        state.checks.append(VerificationCheck("checkpoint", False, f"checkpoint file {str(cpath)!r} not found"))
     else:
-        checks.append(VerificationCheck("checkpoint", True, "certificate names no checkpoint file (not checked)"))
+        digest = sha256_file(cpath)
+        state.checks.append(VerificationCheck(
+            "checkpoint", digest == ckpt.sha256,
+            f"{str(cpath)!r} hashes to {digest}; certificate records {ckpt.sha256}",
+        ))
 
-    # the certificate's own content.
-    stored = data.get("sha256")
-    actual = content_sha256(data)
+
+def _verify_fields(state: Verifying) -> None:
+    """The rule of every field that declares one (``json_field(..., verify=rule)``), fields of a subclass too."""
+    for owner, rule in state.certificate.field_rules():
+        state.checks.extend(rule(owner, state))
+
+
+def _verify_integrity(state: Verifying) -> None:
+    """The certificate's own content hashes to its ``sha256``: an edit of any field is noticed."""
+    content = state.certificate.content()
+    stored = content.get("sha256")
+    actual = content_sha256(content)
     if not isinstance(stored, str) or not stored:
-        checks.append(
-            VerificationCheck(
-                "integrity", False,
-                "certificate carries no SHA-256 of its content (field 'sha256'), so edits cannot be detected; "
-                "re-issue it with write_certificate",
-            )
-        )
-    else:
-        checks.append(
-            VerificationCheck(
-                "integrity",
-                stored == actual,
-                f"content hashes to {actual}; certificate records {stored}"
-                + ("" if stored == actual else " (the certificate was edited or damaged after it was written)"),
-            )
-        )
+        state.checks.append(VerificationCheck(
+            "integrity", False,
+            "certificate carries no SHA-256 of its content (field 'sha256'), so edits cannot be detected; "
+            "re-issue it with write_certificate",
+        ))
+        return
+    state.checks.append(VerificationCheck(
+        "integrity", stored == actual,
+        f"content hashes to {actual}; certificate records {stored}"
+        + ("" if stored == actual else " (the certificate was edited or damaged after it was written)"),
+    ))
 
-    # 6. who issued it (only when a public key is given; otherwise the signature is reported, not checked).
-    signed_ok, signed_detail = signature_check(data, public_key)
-    checks.append(VerificationCheck("signature", signed_ok, signed_detail))
 
-    return VerificationReport(
-        path=str(p),
-        stated_epsilon=stated,
-        recomputed_epsilon=recomputed,
-        delta=delta,
-        relative_tolerance=tolerance,
-        checks=tuple(checks),
-        private=private,
-        version=version,
-        reasons=reasons,
-        scoped=tuple(scoped),
-    )
+def _verify_signature(state: Verifying) -> None:
+    """Who issued it: checked against ``public_key`` when one is given; otherwise reported, not checked."""
+    signed_ok, signed_detail = signature_check(state.certificate.content(), state.public_key)
+    state.checks.append(VerificationCheck("signature", signed_ok, signed_detail))
+
+
+#: The verification rules, in the order their checks are reported. A new certificate field brings its rule
+#: in its declaration (:func:`~dpcl.guarantees.certificate_model.json_field` ``verify``), run by ``_verify_fields``.
+VERIFY_RULES = (
+    _verify_headline,
+    _verify_scoped,
+    _verify_config,
+    _verify_checkpoint,
+    _verify_fields,
+    _verify_integrity,
+    _verify_signature,
+)
 
 
 def certified_checkpoint_path(certificate: "str | os.PathLike[str]", name: Any) -> Path:

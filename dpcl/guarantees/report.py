@@ -31,7 +31,8 @@ from typing import Any, Mapping, Sequence
 from dpcl._version import __version__
 from dpcl.errors import DpclError, InvalidParameterError
 from dpcl._io.atomic_io import read_json, write_text_atomic
-from dpcl.guarantees.certificates import _parse_charges, read_certificate, verify_certificate
+from dpcl.guarantees.certificate_model import Certificate
+from dpcl.guarantees.certificates import read_certificate, verify_certificate
 from dpcl.guarantees.ledger import compose_stream
 from dpcl.guarantees.signing import signature_state
 
@@ -135,13 +136,14 @@ def _epsilon_figure(rows: Sequence[Mapping[str, Any]]) -> str:
 def _profile(data: Mapping[str, Any]) -> list[tuple[float, float]]:
     """(epsilon, delta) points of the privacy profile of a private certificate's headline, recomputed from its
     events with the accountant each composition group asked for (as ``dpcl verify`` recomputes it)."""
-    g = data["guarantee"]
-    charges = _parse_charges(data["events"], version=int(data["version"]))
-    accountants = [str(x.get("requested_accountant", x["accountant"])) for x in g["groups"]]
+    certificate = Certificate.from_json(data)
+    g = certificate.guarantee
+    charges = certificate.charges()
+    accountants = [x.asked_accountant for x in g.groups]
     points = []
-    for delta in sorted(set(PROFILE_DELTAS) | {float(g["delta"])}):
+    for delta in sorted(set(PROFILE_DELTAS) | {float(g.delta)}):
         try:
-            epsilon = compose_stream(charges, str(g["across_tasks"]), delta, group_accountants=accountants).epsilon
+            epsilon = compose_stream(charges, str(g.across_tasks), delta, group_accountants=accountants).epsilon
         except DpclError:  # an accountant that does not answer at this delta: the point is left out
             continue
         if math.isfinite(epsilon):
