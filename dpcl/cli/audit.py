@@ -271,10 +271,13 @@ def run_audit(args: argparse.Namespace) -> int:
         report = AuditReport(**{**report.__dict__, "notes": tuple(size_notes) + report.notes})
     if not config.private:
         report = non_private_report(report)
+    from dpcl.runner.cost import audit_cost, cost_rows  # training cost; refuses (exit 2) what cannot fit
+
+    cost = audit_cost(config, sizes)
     if getattr(args, "json", False):
-        emit(args, "dpcl audit", report.to_dict())
+        emit(args, "dpcl audit", {**report.to_dict(), "cost": cost})
     else:
-        emit(args, f"dpcl audit {args.config}", _table_payload(report))
+        emit(args, f"dpcl audit {args.config}", {**_table_payload(report), **cost_rows(cost)})
     if not report.sound:
         more = f" (and {len(report.violations) - 1} more, listed in the output)" if len(report.violations) > 1 else ""
         first = " ".join(report.violations[0].split())

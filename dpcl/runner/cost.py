@@ -201,8 +201,18 @@ def _idx_dim(folder: str, prefix: str) -> tuple[int | None, str]:
 
 
 # -- parameters counted on the meta device -------------------------------------------------------------------------
+#: Models with more parameters than this are counted analytically only (building them, even on ``meta``, is slow).
+META_LIMIT = 1 << 36
+
+
 def _meta_adapter_parameters(input_dim: int, n_outputs: int, adapter_dim: int) -> tuple[int, int]:
-    """(trainable, total) parameters of :class:`~dpcl.methods.dpsgd_training.AdapterClassifier`, built on ``meta``."""
+    """(trainable, total) parameters of :class:`~dpcl.methods.dpsgd_training.AdapterClassifier`, built on ``meta``
+    (analytically, ``2 d a + a + d`` for the adapter and ``d L + L`` for the head, when that is beyond
+    :data:`META_LIMIT`)."""
+    analytic = (2 * input_dim * adapter_dim + adapter_dim + input_dim if adapter_dim > 0 else 0) + (
+        input_dim * n_outputs + n_outputs)
+    if analytic > META_LIMIT:
+        return analytic, analytic
     import torch
 
     from dpcl.methods.dpsgd_training import AdapterClassifier
@@ -371,8 +381,8 @@ def _adapter_dpsgd(config: Any, sizes: list[int], d: int, labels: int, device: s
     size_key = "[method] adapter_dim" if adapter_heavy else "[method] batch_size"
     key = _largest_key(memory, {
         "model": size_key, "gradients": size_key, "optimizer_state": size_key,
-        "per_example_gradients": "[method] adapter_dim (or batch_size)" if adapter_heavy else "[method] batch_size",
-        "activations": "[method] batch_size", "data": "[stream] dataset (task sizes)",
+        "per_example_gradients": "[method] adapter_dim or batch_size" if adapter_heavy else "[method] batch_size",
+        "activations": "[method] batch_size", "data": "[stream] dataset or tasks (the task sizes)",
     })
     return TrainingCost(name, device, d, trainable, total, memory, steps, examples, key, tuple(notes))
 
@@ -436,8 +446,8 @@ def _l2dpml(config: Any, sizes: list[int], d: int, labels: int, device: str) -> 
         "episodic_memory": memory_batches * (d * d + p * p + p * labels) * FLOAT64,
     }
     return TrainingCost(name_of(config), device, d, trainable, trainable + fixed, memory, steps, sum(sizes),
-                        _largest_key(memory, {"work_arrays": "[method] batch_size (fewer, larger batches: "
-                                              "batch_size * d^2 floats per batch)",
+                        _largest_key(memory, {"work_arrays": "raise [method] batch_size (fewer batches, each "
+                                              "holding d x d coefficient matrices)",
                                               "episodic_memory": "[method] memory_batches_per_task",
                                               "model": "[method] hidden_sizes", "data": "[stream] dataset"}),
                         ("optimiser steps: descent steps of the A-GEM projected gradient (Alg. 2), over the auto-encoder "
@@ -458,9 +468,15 @@ def _pecl(config: Any, sizes: list[int], d: int, labels: int, device: str) -> Tr
         from dpcl.methods.pecl.tokenizer import ByteTokenizer
 
         tok = ByteTokenizer()
+        width, layers = int(method.get("n_embd") or 64), int(method.get("n_layer") or 2)
+        analytic = layers * (12 * width * width + 13 * width) + (tok.vocab_size + seq + 2) * width
+        if analytic > META_LIMIT or layers > 4096:
+            raise ConfigError(
+                f"the language model of [method] n_embd = {width}, n_layer = {layers} has about {analytic:,} "
+                "parameters, beyond what dpcl builds even on the meta device; lower [method] n_embd or n_layer")
         model = _meta_transformer(None, gpt2=dict(
-            vocab_size=tok.vocab_size, n_positions=seq, n_embd=int(method.get("n_embd") or 64),
-            n_layer=int(method.get("n_layer") or 2), n_head=int(method.get("n_head") or 2),
+            vocab_size=tok.vocab_size, n_positions=seq, n_embd=width, n_layer=layers,
+            n_head=int(method.get("n_head") or 2),
             bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id))
         lora = _lora_parameters(model, rank, ("c_attn",))
     width, layers = _hidden_width(model)
@@ -479,9 +495,9 @@ def _pecl(config: Any, sizes: list[int], d: int, labels: int, device: str) -> Tr
     per_example = layers * seq * width * 16 + seq * vocab  # hidden states per layer, and the LM logits
     memory = _dpsgd_memory(trainable, total, rows, per_example, seq)
     return TrainingCost(name_of(config), device, d, trainable, total, memory, steps, examples,
-                        _largest_key(memory, {"per_example_gradients": "[method] batch_size (or lora_rank)",
-                                              "activations": "[method] batch_size (or max_seq_len)",
-                                              "*": "[method] n_embd / n_layer (or pretrained_path)"}),
+                        _largest_key(memory, {"per_example_gradients": "[method] batch_size or lora_rank",
+                                              "activations": "[method] batch_size or max_seq_len",
+                                              "*": "[method] n_embd, n_layer or pretrained_path"}),
                         ("a LoRA adapter per task on a frozen language model (built on the meta device); the "
                          "public pre-training before the first task is not counted",))
 
@@ -617,6 +633,55 @@ def check_fits(cost: "TrainingCost | CostUnavailable", headroom: MemoryHeadroom)
     raise MemoryLimitError(
         f"training this config needs about {human_bytes(cost.peak_memory_bytes)} on {headroom.device} ({parts}; "
         f"{cost.trainable_parameters:,} trainable of {cost.total_parameters:,} parameters) but only "
-        f"{human_bytes(headroom.bytes)} is free ({headroom.binding}); lower {cost.largest_key} (or use a device "
-        "with more memory)."
+        f"{human_bytes(headroom.bytes)} is free ({headroom.binding}); "
+        f"{cost.largest_key if cost.largest_key.startswith('raise ') else 'lower ' + cost.largest_key} "
+        "(or use a device with more memory)."
     )
+
+
+def audit_cost(config: Any, sizes: Sequence[int], *, input_dim: int | None = None,
+               device: str | None = None) -> dict[str, Any]:
+    """The ``cost`` section of ``dpcl audit`` (and of ``dpcl run``'s check): the estimate, the device's free memory,
+    and whether it fits. Raises :class:`MemoryLimitError` (exit 2) when it does not fit."""
+    device = device or str(config.method.get("device") or "cpu")
+    cost = training_cost(config, sizes, input_dim=input_dim, device=device)
+    out = cost.to_dict()
+    if not isinstance(cost, TrainingCost):
+        return out
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            out["fits"] = None
+            out["headroom"] = f"not checked: {device} is not available on this machine"
+            return out
+    headroom = memory_headroom(device)
+    out["headroom"] = headroom.to_dict()
+    check_fits(cost, headroom)
+    out["fits"] = True
+    return out
+
+
+def cost_rows(section: Mapping[str, Any]) -> dict[str, str]:
+    """The cost section as rows of ``dpcl audit``'s table."""
+    if not section.get("available"):
+        return {"cost": f"unavailable: {section.get('reason', 'unknown')}"}
+    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in sorted(section["memory_bytes"].items(),
+                                                                    key=lambda kv: -kv[1]) if v)
+    headroom = section.get("headroom")
+    free = (f"{human_bytes(headroom['free_bytes'])} free on {headroom['device']} ({headroom['binding']})"
+            if isinstance(headroom, Mapping) else str(headroom))
+    return {
+        "cost parameters": f"{section['trainable_parameters']:,} trainable of {section['total_parameters']:,} "
+                           f"(input dimension {section['input_dim']})",
+        "cost peak memory": f"about {human_bytes(section['peak_memory_bytes'])} on {section['device']} ({parts}); "
+                            f"{free}",
+        "cost training": f"{section['optimizer_steps']:,} optimiser steps, {section['examples_processed']:,} "
+                         "examples processed (expected)",
+    }
+
+
+def check_run_cost(config: Any, sizes: Sequence[int], input_dim: int, device: str) -> dict[str, Any]:
+    """``dpcl run``'s check before the method is built: the cost on the loaded stream's real input dimension and
+    the run's device; :class:`MemoryLimitError` (exit 2) when it cannot fit, before anything is allocated."""
+    return audit_cost(config, sizes, input_dim=input_dim, device=device)
