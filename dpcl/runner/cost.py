@@ -58,6 +58,9 @@ __all__ = [
 ]
 
 FLOAT32, FLOAT64, INT64 = 4, 8, 8
+#: Batch x trainable arrays opacus holds at once in a DP-SGD step: the grad samples the backward hooks compute,
+#: the per-step accumulation buffer they are copied into, and the clipped product summed over the batch.
+OPACUS_COPIES = 3
 #: Standard deviations of the Poisson batch size above its mean that the per-example gradients are sized for.
 BATCH_SIGMAS = 4.0
 
@@ -315,9 +318,11 @@ def _dpsgd_memory(trainable: int, model_total: int, rows: Sequence[tuple[int, fl
         "model": model_total * FLOAT32,
         "gradients": trainable * FLOAT32,
         "optimizer_state": 2 * trainable * FLOAT32,
-        "per_example_gradients": batch * trainable * FLOAT32,
+        # opacus: the grad samples of the backward hooks, their accumulation buffer, and the clipped product
+        "per_example_gradients": OPACUS_COPIES * batch * trainable * FLOAT32,
         "activations": batch * per_example_floats * FLOAT32,
-        "data": largest * (input_floats * FLOAT32 + INT64),
+        # the release's features (the runner's float32 array and the method's torch copy) and labels
+        "data": largest * (2 * input_floats * FLOAT32 + INT64),
     }
 
 
@@ -341,8 +346,9 @@ def _cosine(config: Any, sizes: list[int], d: int, labels: int, device: str) -> 
     largest = max(sizes, default=0)
     memory = {
         "model": labels * d * FLOAT64,  # the released class sums
-        "data": largest * d * FLOAT64,  # the task's features in float64
-        "work_arrays": 2 * largest * d * FLOAT64,  # normalise_rows: the scaled rows and their quotient
+        "data": largest * d * (FLOAT32 + FLOAT64),  # the release's float32 features and their float64 tensor
+        # normalise_rows: |x| (then the scaled rows), their quotient by the norms and the selected result
+        "work_arrays": 3 * largest * d * FLOAT64,
     }
     return TrainingCost(name_of(config), device, d, 0, labels * d, memory, 0, sum(sizes),
                         _largest_key(memory, {"model": "[stream] prior_labels", "*": "[stream] dataset"}),
@@ -439,7 +445,7 @@ def _l2dpml(config: Any, sizes: list[int], d: int, labels: int, device: str) -> 
     memory_batches = int(method.get("memory_batches_per_task", 1)) * len(sizes)
     memory = {
         "model": (trainable + fixed) * FLOAT64,
-        "data": largest * d * FLOAT64,
+        "data": largest * d * (FLOAT32 + FLOAT64),  # the release's float32 features and their float64 copy
         # per batch: the padded rows, X^T X, the coefficients, the Laplace draw (numpy, its triangles) and the
         # normalised copy: about six d x d float64 matrices per batch at the peak of the auto-encoder phase
         "work_arrays": nb * (lam * d + 6 * d * d) * FLOAT64 + nb * (lam * (p + labels) + 6 * p * p) * FLOAT64,
