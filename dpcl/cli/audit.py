@@ -33,8 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="total privacy guarantee of a training config, without training",
         description=(
             "Plan every task of a training config with the method's privacy plan (the one `dpcl run` trains "
-            "with) and report the stream's (epsilon, delta), per-task costs, assumptions and privacy violations. "
-            "Exit 0: sound; 3: privacy violation; 2: invalid config."
+            "with) and report the stream's (epsilon, delta), per-task costs, assumptions and privacy violations, "
+            "and what training costs (parameters, peak memory, optimiser steps, examples). "
+            "Exit 0: sound; 3: privacy violation; 2: invalid config, or one whose training does not fit in memory."
         ),
     )
     parser.add_argument("config", metavar="CONFIG.toml", help="training config (see docs/guarantees.md)")
