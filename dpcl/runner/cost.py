@@ -523,6 +523,8 @@ def training_cost(config: Any, sizes: Sequence[int], *, input_dim: int | None = 
     """:func:`estimate_training_cost`, or :class:`CostUnavailable` saying why none can be made (never raises for
     a missing torch, a plugin method or a stream whose feature dimension is unknown)."""
     device = device or str(config.method.get("device") or "cpu")
+    if str(config.method["name"]) not in _ESTIMATORS:  # checked first: a plugin's audit never imports torch
+        return CostUnavailable(f"dpcl has no cost estimate for the plugin method {config.method['name']!r}")
     if input_dim is None:
         input_dim, why = stream_input_dim(config)
         if input_dim is None:
