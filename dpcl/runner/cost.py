@@ -404,11 +404,12 @@ def _transformer_peft(config: Any, sizes: list[int], d: int, labels: int, device
                              or "norm" in n.rsplit(".", 2)[-2].lower())
         key_name = "[stream] encoder"
     else:
-        from dpcl.methods.lora_text import LORA_TARGETS, _encoder_path
+        from dpcl.methods.lora_text import LORA_TARGETS, MAX_TOKENS, _encoder_path
 
         model = _meta_transformer(_encoder_path())
         trainable_body = _lora_parameters(model, int(method["adapter_dim"]), tuple(LORA_TARGETS))
         key_name = "[method] adapter_dim"
+        seq = MAX_TOKENS
     width, layers = _hidden_width(model)
     backbone = sum(p.numel() for p in model.parameters())
     head = width * labels + labels
@@ -416,7 +417,8 @@ def _transformer_peft(config: Any, sizes: list[int], d: int, labels: int, device
     members = len(sizes)
     total = int(backbone + members * trainable)
     rows, steps, examples = _dpsgd_schedule(config, sizes)
-    seq = int(method.get("max_seq_len") or getattr(model.config, "max_position_embeddings", 128) or 128)
+    if variant == "film":  # texts are truncated at min(model_max_length, 512) tokens (dpcl.methods.film)
+        seq = min(int(getattr(model.config, "max_position_embeddings", 512) or 512), 512)
     per_example = layers * seq * width * 16  # attention and feed-forward outputs kept per layer (about 16 widths)
     memory = _dpsgd_memory(trainable, total, rows, per_example, max(d, seq))
     return TrainingCost(name_of(config), device, d, trainable, total, memory, steps, examples,

@@ -128,6 +128,24 @@ def test_l2dpml_and_cosine_parameters_are_the_released_tensors():
             assert cost.total_parameters == released + sum(w.numel() + b.numel() for w, b in method.hidden)
 
 
+def test_lora_members_on_minilm_are_counted_like_the_real_encoder(tmp_path):
+    """PEFT ensemble on raw texts: LoRA (rank adapter_dim) on the bundled MiniLM, counted on the meta device,
+    equals the LoRA encoder dpcl run builds (peft's count) plus the member's head."""
+    from dpcl.methods.lora_text import LoraTextEncoder, TextMember
+
+    text = _config_text("peft_ensemble.toml", adapter_dim="4").replace(
+        'dataset = "digits"', 'dataset = "fortunes_texts"\ndataset_options = { categories = ["computers", "food", '
+        '"law", "love", "politics", "science", "sports", "startrek", "work", "education"], max_per_class = 60 }')
+    path = tmp_path / "peft_text.toml"
+    path.write_text(text, encoding="utf-8")
+    _, cost, sizes = _cost(path)
+    assert isinstance(cost, TrainingCost), cost
+    member = TextMember(LoraTextEncoder(4), 10)
+    assert cost.trainable_parameters == sum(p.numel() for p in member.parameters() if p.requires_grad)
+    backbone = sum(p.numel() for n, p in member.encoder.named_parameters() if "lora_" not in n)
+    assert cost.total_parameters == backbone + len(sizes) * cost.trainable_parameters
+
+
 def test_audit_prints_the_cost_and_json_has_it(capsys):
     code, out, err = _audit(capsys, str(CONFIGS / "naive.toml"))
     assert code == 0, err
