@@ -33,8 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="total privacy guarantee of a training config, without training",
         description=(
             "Plan every task of a training config with the method's privacy plan (the one `dpcl run` trains "
-            "with) and report the stream's (epsilon, delta), per-task costs, assumptions and privacy violations. "
-            "Exit 0: sound; 3: privacy violation; 2: invalid config."
+            "with) and report the stream's (epsilon, delta), per-task costs, assumptions and privacy violations, "
+            "and what training costs (parameters, peak memory, optimiser steps, examples). "
+            "Exit 0: sound; 3: privacy violation; 2: invalid config, or one whose training does not fit in memory."
         ),
     )
     parser.add_argument("config", metavar="CONFIG.toml", help="training config (see docs/guarantees.md)")
@@ -279,10 +280,13 @@ def run_audit(args: argparse.Namespace) -> int:
         report = AuditReport(**{**report.__dict__, "notes": tuple(size_notes) + report.notes})
     if not config.private:
         report = non_private_report(report)
+    from dpcl.runner.cost import audit_cost, cost_rows  # training cost; refuses (exit 2) what cannot fit
+
+    cost = audit_cost(config, sizes)
     if getattr(args, "json", False):
-        emit(args, "dpcl audit", report.to_dict())
+        emit(args, "dpcl audit", {**report.to_dict(), "cost": cost})
     else:
-        emit(args, f"dpcl audit {args.config}", _table_payload(report))
+        emit(args, f"dpcl audit {args.config}", {**_table_payload(report), **cost_rows(cost)})
     if not report.sound:
         more = f" (and {len(report.violations) - 1} more, listed in the output)" if len(report.violations) > 1 else ""
         first = " ".join(report.violations[0].split())

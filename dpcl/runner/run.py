@@ -844,6 +844,9 @@ def run_training(
         prepared = prepare_stream(loaded)
     with clock.stage("audit"):
         report = audit_run(loaded, prepared)
+        from dpcl.runner.cost import check_run_cost  # refuses (exit 2) a run that cannot fit, before it allocates
+
+        check_run_cost(loaded.config, prepared.sizes, int(prepared.tasks[0].features.shape[1]), loaded.device)
     with clock.stage("resume"):
         run = open_run(loaded, prepared, report, clock)
     for t in range(_next_task(run), run.n_tasks):

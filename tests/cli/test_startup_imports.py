@@ -28,7 +28,8 @@ def loaded_after(args: list[str]) -> set[str]:
     return set(json.loads(done.stderr.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("args", [["calibrate", "gaussian", "--epsilon", "1", "--delta", "1e-5", "--json"], ["--help"]])
+@pytest.mark.parametrize("args", [["calibrate", "gaussian", "--epsilon", "1", "--delta", "1e-5", "--json"], ["--help"],
+                                  ["audit", "--help"]])
 def test_light_commands_do_not_import_heavy_modules(args):
     loaded = loaded_after(args)
     assert "dpcl.cli" in loaded
