@@ -175,7 +175,7 @@ def _certify(tmp_path, accountant: str):
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(np.random.default_rng(0).bytes(200))
     ledger.charge(0, RepeatedEvent(LaplaceEvent(scale=4.0), 3), label="task 0")
-    from dpcl.guarantees.atomic_io import sha256_file
+    from dpcl._io.atomic_io import sha256_file
 
     ledger.release(0, checkpoint_sha256=sha256_file(checkpoint))
     path = tmp_path / "run" / "certificates" / "task0.cert.json"
