@@ -186,7 +186,8 @@ def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkp
     paper = {"epsilon": 51.7, "unit": "token (replace-one)", "checkpoint": "not DP"}
     runs = [run("DP PeCL (eps=8)", s, v, dp) for s, v in enumerate((0.4, 0.5, 0.6))] + [run("PeCL (paper sigma)", 0, 0.5, paper)]
     for r, exposure in zip(runs, (1.0, 2.0, 3.0)):
-        r["canary_exposure"] = exposure
+        r["canary_setup"] = {"candidates": 100}
+        r["canaries"] = [{"candidate_exposure": exposure}]
         r["tasks"] = [{"steps": 24}, {"dpsgd": {"steps": 28}}]
     lines = script.table(runs, ["PeCL (paper sigma)", "DP PeCL (eps=8)", "SeqFT"]).splitlines()
     assert len(lines) == 4  # header, rule, one line per row that has runs
@@ -194,3 +195,11 @@ def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkp
     assert lines[3] == ("| DP PeCL (eps=8) | 3 | 0.550 ± 0.050 | 0.500 ± 0.100 | 0.500 ± 0.000 | -0.100 ± 0.000 | "
                         "0.100 ± 0.000 | 0.200 ± 0.000 | – | 2.000 ± 1.000 | 8 per example | 1.63 | 24, 28 |")
     assert script.just_trained({"task_incremental": {"accuracy_matrix": [[0.5, 0.6, 0.7]]}}) is None  # MTL
+    # a canary stored with only the whole-space estimate: its rank among the candidates is recovered from it
+    from dpcl.methods.pecl.canary import candidate_exposure
+
+    space, below = 10**6, 7.5
+    whole = math.log2(space) - math.log2(1 + (space - 1) * below / 100)
+    old = {"canary_setup": {"candidates": 100}, "canaries": [{"exposure": whole, "max_exposure": math.log2(space)}]}
+    assert script.exposure_over_candidates(old) == pytest.approx(candidate_exposure(1 + below, 100))
+    assert script.exposure_over_candidates({}) is None
