@@ -23,8 +23,10 @@ the privacy noise (otherwise fresh OS entropy, and the accuracies move from run 
 
 Canary exposure (Carlini et al. 2019): ``--canaries`` fake secrets ("The secret code of <name> is <6 digits>")
 are inserted ``--canary-repeats`` times each into the first task's training text with its first label, and after
-the last task each is ranked among ``--candidates`` secrets drawn uniformly from the 10^6 (exposure in bits,
-at most 19.9). A causal LM ranks by the text's NLL; an encoder, which has no likelihood of a text, by its
+the last task each is ranked among ``--candidates`` secrets drawn uniformly from the 10^6; the column is the
+exposure over that scored set, log2(candidates + 1) - log2(rank) bits (at most 6.66 for 100 candidates, 1.40 on
+average for a canary ranked at random; :func:`dpcl.methods.pecl.canary.candidate_exposure`), averaged over the
+canaries. runs.json keeps each canary's estimate over the whole space too. A causal LM ranks by the text's NLL; an encoder, which has no likelihood of a text, by its
 classification loss under the canary's label (:meth:`dpcl.methods.pecl.learner.ContinualLM.label_nll`).
 
 ``--jobs N`` runs N (row, seed) pairs at once in worker processes (each keeps its loaded model's public
@@ -56,7 +58,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dpcl._io.atomic_io import write_json_atomic, write_text_atomic  # noqa: E402
-from dpcl.methods.pecl.canary import make_canaries  # noqa: E402
+from dpcl.methods.pecl.canary import candidate_exposure, make_canaries  # noqa: E402
 from dpcl.methods.pecl.experiment import METHODS, fortunes_text_stream, public_corpus, run_method  # noqa: E402
 
 #: the table's rows (labels of :data:`dpcl.methods.pecl.experiment.METHODS`): PeCL as in the paper, the DP PeCL
@@ -142,6 +144,28 @@ def optimiser_steps(result: dict[str, Any]) -> str:
     return ", ".join("–" if v is None else str(int(v)) for v in steps) if steps else "–"
 
 
+def exposure_over_candidates(result: dict[str, Any]) -> float | None:
+    """Mean over a run's canaries of the exposure over the scored set (:func:`.canary.candidate_exposure`: the
+    canary among its candidates, at most log2(candidates + 1) bits); None without canaries.
+
+    A canary recorded with only the estimate over the whole space gets its rank among the candidates back from
+    that estimate (rank = 1 + (|R| - 1) k / n, with k the candidates scored below it, ties counting half)."""
+    setup = result.get("canary_setup")
+    if not setup or not result.get("canaries"):
+        return None
+    n = int(setup["candidates"])
+    values = []
+    for canary in result["canaries"]:
+        if "candidate_exposure" in canary:
+            values.append(float(canary["candidate_exposure"]))
+            continue
+        space = 2.0 ** float(canary["max_exposure"])
+        rank = 2.0 ** (float(canary["max_exposure"]) - float(canary["exposure"]))
+        below = round(2 * (rank - 1) * n / (space - 1)) / 2
+        values.append(candidate_exposure(1.0 + below, n))
+    return float(np.mean(values))
+
+
 def table(runs: Sequence[dict[str, Any]], rows: Sequence[str]) -> str:
     """Mean +- sd over seeds per row; epsilon columns from the first seed (they do not depend on the seed)."""
     lines = [
@@ -159,7 +183,8 @@ def table(runs: Sequence[dict[str, Any]], rows: Sequence[str]) -> str:
             f"| {row} | {len(mine)} | {_mean_sd([just_trained(r) for r in mine])} | {_mean_sd([t['last'] for t in ti])} | {_mean_sd([t['avg'] for t in ti])} | "
             f"{_mean_sd([t['backward_transfer'] for t in ti])} | {_mean_sd([r['last'] for r in mine])} | "
             f"{_mean_sd([r['avg'] for r in mine])} | {_mean_sd([r['backward_transfer'] for r in mine])} | "
-            f"{_mean_sd([r.get('canary_exposure') for r in mine])} | {checkpoint} | {token} | {optimiser_steps(mine[0])} |"
+            f"{_mean_sd([exposure_over_candidates(r) for r in mine])} | {checkpoint} | {token} | "
+            f"{optimiser_steps(mine[0])} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -184,10 +209,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="(row, seed) runs at once, in worker processes")
     parser.add_argument("--reproducible-noise", action="store_true",
                         help="draw the privacy noise from the seed (research reproducibility; default: OS entropy)")
+    parser.add_argument("--table-only", action="store_true", help="write table.md from --out's runs.json, train nothing")
     args = parser.parse_args(argv)
     unknown = [r for r in args.rows if r not in METHODS]
     if unknown:
         parser.error(f"unknown rows {unknown}; known: {list(METHODS)}")
+    if args.table_only:
+        runs_file = Path(args.out) / "runs.json"
+        if not runs_file.exists():
+            parser.error(f"--table-only: {runs_file} does not exist.")
+        rendered = table(_finite(json.loads(runs_file.read_text())["runs"]), args.rows)
+        write_text_atomic(Path(args.out) / "table.md", rendered)
+        print(rendered)
+        return 0
     if args.jobs < 1 or args.canaries < 0 or args.candidates < 1 or args.canary_repeats < 1:
         parser.error("--jobs, --candidates and --canary-repeats must be >= 1 and --canaries >= 0.")
     if args.device == "cuda" and not torch.cuda.is_available():

