@@ -192,3 +192,34 @@ def test_resume_needs_the_memory_from_the_curator_state():
     second.load_curator_state_dict(first.curator_state_dict())
     second.fit_task(1, data, (2, 3), plan)
     assert second.tasks_fitted == 2
+
+
+@pytest.mark.thorough
+def test_dpcl_run_certifies_every_release_and_keeps_the_memory_private(tmp_path):
+    """End to end through the runner: sequential ε over the tasks, certificates verify, memory only in curator/."""
+    import json
+    import subprocess
+    import sys
+
+    config = tmp_path / "agem.toml"
+    config.write_text(
+        '[privacy]\nepsilon = 4.0\ndelta = 1e-5\naccountant = "auto"\nacross_tasks = "sequential"\n'
+        '[stream]\ndataset = "digits"\ntasks = [[0, 1], [2, 3]]\nlabel_space = "prior_const"\n'
+        'prior_labels = [0, 1, 2, 3]\ndisjoint_units = true\n'
+        '[method]\nname = "agem"\nepochs = 1\nbatch_size = 32\nmax_grad_norm = 1.0\nadapter_dim = 0\n'
+        'learning_rate = 0.5\nmemory_per_task = 40\n'
+    )
+    out = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "dpcl", "run", str(config), "--out", str(out), "--quiet"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["across_tasks"] == "sequential"
+    assert metrics["cumulative_epsilon"][1] > metrics["cumulative_epsilon"][0] > 0
+    verify = subprocess.run([sys.executable, "-m", "dpcl", "verify", str(out), "--cross-check"],
+                            capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout[-2000:]
+    release = torch.load(out / "checkpoints" / "task002.pt", map_location="cpu", weights_only=True)
+    assert "memory" not in json.dumps(list(release)) and "memory" not in json.dumps(list(release["state"]))
+    curator = torch.load(out / "curator" / "task002.state.pt", map_location="cpu", weights_only=True)
+    assert curator["state"]["memory_features"].shape[0] == 80
