@@ -43,6 +43,10 @@ import numpy as np
 
 from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tobaben_results import DPSGD_METHOD as FORTUNES_DPSGD  # noqa: E402  (the fortunes suite's, unchanged)
+from tobaben_results import FORTUNES_STREAM  # noqa: E402
+
 CONFIGS = Path(__file__).resolve().parents[1] / "dpcl" / "configs"
 EPSILONS: tuple[float | None, ...] = (1.0, 8.0, None)
 METHODS = ("cosine", "peft_ensemble", "naive", "non_cl", "l2dpml", "agem")
@@ -65,19 +69,11 @@ prior_labels = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
 disjoint_units = true
 """
 
-FORTUNES_STREAM = """[stream]
-dataset = "fortunes"
-tasks = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
-label_space = "prior"
-prior_labels = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
-disjoint_units = true
-"""
-
 #: DP-SGD single-model baselines (Naive, Non-CL, A-GEM), fixed a priori: on Fashion-MNIST the bundled
 #: fmnist_naive.toml's schedule, on fortunes the fortunes suite's.
 DPSGD_METHOD = {
     "fmnist": "epochs = 1\nbatch_size = 256\nmax_grad_norm = 1.0\nadapter_dim = 16\nlearning_rate = 0.05\n",
-    "fortunes": "epochs = 20\nbatch_size = 32\nmax_grad_norm = 1.0\nadapter_dim = 32\nlearning_rate = 0.01\n",
+    "fortunes": FORTUNES_DPSGD,
 }
 #: A-GEM: its episodic memory (examples kept from every earlier task, a uniform sample drawn with public
 #: randomness) and plain SGD (the step A-GEM's projection is derived for) at learning rate 0.1.

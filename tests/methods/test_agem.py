@@ -164,13 +164,19 @@ def test_tiny_private_run_learns_every_task_above_chance():
     assert agem.curator_state_dict()["memory_features"].shape == (200 + 100, 8)
 
 
-def test_memory_units_in_a_later_task_are_refused():
-    gen = torch.Generator().manual_seed(0)
+def _after_one_task(gen):
+    """(setup, an A-GEM model trained on a first task of 40 examples with units 0..39)."""
     setup = MethodSetup(method={**METHOD, "memory_per_task": 10}, privacy=PRIVACY, label_space=(0, 1, 2, 3),
                         input_dim=8, seed=0)
     agem = AGemFineTuning(setup)
     x, y = _blobs((0, 1), 20, gen)
     agem.fit_task(0, TrainingData(x, y, np.arange(40)), (0, 1), AGEM.plan_task(METHOD, PRIVACY, 40, 0))
+    return setup, agem
+
+
+def test_memory_units_in_a_later_task_are_refused():
+    gen = torch.Generator().manual_seed(0)
+    _, agem = _after_one_task(gen)
     x, y = _blobs((2, 3), 20, gen)
     with pytest.raises(PrivacyViolationError, match="disjoint units"):
         agem.fit_task(1, TrainingData(x, y, np.arange(40)), (2, 3), AGEM.plan_task(METHOD, PRIVACY, 40, 1))
@@ -178,11 +184,7 @@ def test_memory_units_in_a_later_task_are_refused():
 
 def test_resume_needs_the_memory_from_the_curator_state():
     gen = torch.Generator().manual_seed(0)
-    setup = MethodSetup(method={**METHOD, "memory_per_task": 10}, privacy=PRIVACY, label_space=(0, 1, 2, 3),
-                        input_dim=8, seed=0)
-    first = AGemFineTuning(setup)
-    x, y = _blobs((0, 1), 20, gen)
-    first.fit_task(0, TrainingData(x, y, np.arange(40)), (0, 1), AGEM.plan_task(METHOD, PRIVACY, 40, 0))
+    setup, first = _after_one_task(gen)
     second = AGemFineTuning(setup)
     second.load_state_dict(first.state_dict())
     x, y = _blobs((2, 3), 20, gen)
