@@ -7,6 +7,8 @@ and average forgetting AF (eq. A40) as mean ± std over seeds.
 
     .venv/bin/python scripts/tobaben_results.py --out results/tobaben --suite digits
     .venv/bin/python scripts/tobaben_results.py --out results/tobaben --suite fortunes --seeds 3
+    .venv/bin/python scripts/tobaben_results.py --suite tobaben --datasets fmnist fortunes --seeds 3 --jobs 2 \
+        --out benchmarks/results_tobaben --runs-dir results/tobaben_runs
 
 Suites:
 
@@ -16,6 +18,12 @@ Suites:
   (MiniLM features, S_prior): Cosine, PEFT Ensemble, Naive, Non-CL at epsilon = 1,
   8 per task and non-private. Hyper-parameters are fixed a priori (below), never
   tuned on the test split.
+
+* ``tobaben`` — the README's results table (:mod:`tobaben_suite`): rows Cosine, PEFT Ensemble, Naive,
+  Non-CL, L2DP-ML, DP-SGD A-GEM; columns Split Fashion-MNIST and fortunes + MiniLM at epsilon 1, 8 and
+  not private. Every release is checked with ``dpcl verify``; ``OUT/runs.json`` (keyed by setting and seed,
+  mergeable across machines with ``--merge``) and ``OUT/table.md`` are written after every finished run,
+  and a rerun skips the runs already recorded.
 
 Seed ``k`` (``--seeds N`` runs k = 0..N-1) varies initialisation and shuffles;
 the DP noise and the Poisson sampling come from fresh operating-system entropy
@@ -152,12 +160,28 @@ def _mean_std(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory for runs and the results table")
-    parser.add_argument("--suite", choices=("digits", "fortunes"), required=True)
+    parser.add_argument("--suite", choices=("digits", "fortunes", "tobaben"), required=True)
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (default 5)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--only", default=None, help="run only settings whose name contains this text")
+    parser.add_argument("--datasets", nargs="+", default=["fmnist", "fortunes"], choices=("fmnist", "fortunes"),
+                        help="tobaben suite: the columns to run (default both)")
+    parser.add_argument("--device", default="cpu", help="tobaben suite: torch device of every run (cpu, cuda)")
+    parser.add_argument("--runs-dir", default=None,
+                        help="tobaben suite: where the run directories go (default OUT/runs); only runs.json and "
+                        "table.md are meant to be committed")
+    parser.add_argument("--merge", nargs="*", default=[],
+                        help="tobaben suite: runs.json files of other machines to merge into OUT/runs.json first")
+    parser.add_argument("--fmnist", default="/usr/share/datasets/fashion-mnist",
+                        help="tobaben suite: folder of the Fashion-MNIST IDX files (Debian dataset-fashion-mnist)")
+    parser.add_argument("--table-only", action="store_true", help="tobaben suite: rewrite table.md, train nothing")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.suite == "tobaben":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from tobaben_suite import run_suite
+
+        return run_suite(args)
     jobs = [
         (name, text, seed, args.out)
         for name, text in settings(args.suite)

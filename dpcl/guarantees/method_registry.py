@@ -78,6 +78,7 @@ BUILTIN_METHODS: dict[str, tuple[str, str]] = {
     "peft_ensemble": ("dpcl.guarantees.schedules:PEFT_ENSEMBLE", "dpcl.methods.peft_ensemble:PeftEnsemble"),
     "naive": ("dpcl.guarantees.schedules:NAIVE", "dpcl.methods.baselines:NaiveFineTuning"),
     "non_cl": ("dpcl.guarantees.schedules:NON_CL", "dpcl.methods.baselines:NonContinualTraining"),
+    "agem": ("dpcl.guarantees.schedules:AGEM", "dpcl.methods.baselines:AGemFineTuning"),
     "l2dpml": ("dpcl.guarantees.lifelong:L2DPML_SPEC", "dpcl.methods.l2dpml:L2DPMLMethod"),
     "pecl": ("dpcl.guarantees.per_token:PECL_SPEC", "dpcl.methods.pecl:PeCLMethod"),
 }

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -163,6 +163,7 @@ def _dp_optimizer(
     generator: torch.Generator | None,
     world: int = 1,
     weight_decay: float = 0.0,
+    optimizer_name: str = "adam",
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """``(model to run, optimizer)`` for one training run: Adam over ``params`` and, for a private schedule,
     opacus' per-example gradients (:class:`opacus.GradSampleModule`, hooks mode, summed loss) with its
@@ -175,8 +176,16 @@ def _dp_optimizer(
     by the rank whose ``generator`` is given (rank 0; the others pass None). A non-private schedule
     gets plain Adam and ``model`` itself. ``weight_decay`` is Adam's L2 penalty: it adds ``weight_decay * p``
     to the gradient after clipping and noise, a function of the parameters alone (post-processing).
+    ``optimizer_name = "sgd"`` uses plain SGD instead of Adam (A-GEM's projection bounds the change of the memory
+    loss for the SGD step it projects; Adam's per-coordinate scaling turns the direction away).
     """
-    optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=learning_rate, weight_decay=weight_decay)
+    optimizer: torch.optim.Optimizer
+    if optimizer_name == "sgd":
+        optimizer = torch.optim.SGD(params, lr=learning_rate, weight_decay=weight_decay)
+    elif optimizer_name == "adam":
+        optimizer = torch.optim.Adam(params, lr=learning_rate, weight_decay=weight_decay)
+    else:
+        raise InvalidParameterError(f"optimizer must be 'adam' or 'sgd', got {optimizer_name!r}.")
     if not schedule.private:
         return model, optimizer
     from opacus import GradSampleModule
@@ -196,6 +205,78 @@ def _dp_optimizer(
     return train_model, dp_optimizer
 
 
+@dataclass(frozen=True)
+class ReferenceGradient:
+    """A second Poisson sample drawn at every step, e.g. A-GEM's episodic memory (Chaudhry et al. 2019, Sec. 4).
+
+    At each step :func:`train_classifier` takes a Poisson sample of ``inputs`` at
+    rate ``sample_rate`` and computes its gradient exactly as the step's own:
+    private schedules clip every per-example gradient to the same
+    ``max_grad_norm``, add the same ``N(0, (noise_multiplier * max_grad_norm)^2 I)``
+    and divide by the expected size ``sample_rate * len(targets)``. Then
+    ``combine(g, g_ref)`` (flat tensors) gives the update direction; it sees only
+    the two released (noisy) gradients, so it is post-processing. An example
+    that is never in both sampled sets at one step (the step's data and the
+    reference data hold different units) then takes one Poisson-subsampled
+    Gaussian per step, at its own set's rate.
+    """
+
+    inputs: "torch.Tensor | tuple[torch.Tensor, ...]"
+    targets: torch.Tensor
+    sample_rate: float
+    combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _poisson_batch(n: int, rate: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Indices of one Poisson sample of ``n`` examples at ``rate`` (one vectorised draw)."""
+    if not n:
+        return torch.zeros(0, dtype=torch.long, device=device)
+    mask = torch.rand(n, generator=generator, device=device) < rate
+    return torch.nonzero(mask, as_tuple=False).squeeze(1)
+
+
+def _released_gradient(
+    train_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    inputs: "tuple[torch.Tensor, ...]",
+    targets: torch.Tensor,
+    batch: torch.Tensor,
+    schedule: SgdSchedule,
+    expected_batch_size: float,
+) -> bool:
+    """Leave in every ``p.grad`` the gradient one step releases on ``batch``; False when there is none.
+
+    Private: per-example clipping, Gaussian noise and division by ``expected_batch_size`` (opacus'
+    ``DPOptimizer.pre_step``); an empty Poisson sample releases noise alone (no forward pass: a text encoder
+    cannot run on zero sequences), as the accounting assumes. Non-private: the batch's mean gradient, none
+    for an empty batch.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    if schedule.private and not batch.numel():
+        for p in params:
+            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+    elif batch.numel():
+        loss = loss_fn(train_model(*(x[batch] for x in inputs)), targets[batch])
+        if not schedule.private:
+            loss = loss / max(batch.numel(), 1)
+        with warnings.catch_warnings():
+            # opacus' backward hooks fire on module outputs because the frozen inputs need no grad.
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            loss.backward()
+    else:
+        return False
+    if schedule.private:
+        optimizer.expected_batch_size = max(1, round(expected_batch_size))  # type: ignore[attr-defined]
+        return bool(optimizer.pre_step())  # type: ignore[attr-defined]
+    return True
+
+
+def _flat_grad(params: list[nn.Parameter]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
 def train_classifier(
     model: nn.Module,
     features: "torch.Tensor | tuple[torch.Tensor, ...]",
@@ -206,6 +287,8 @@ def train_classifier(
     generator: torch.Generator,
     progress: ProgressCallback | None = None,
     weight_decay: float = 0.0,
+    reference: ReferenceGradient | None = None,
+    optimizer_name: str = "adam",
 ) -> None:
     """Train ``model`` in place with cross-entropy for ``schedule.steps`` Poisson-sampled steps.
 
@@ -215,11 +298,18 @@ def train_classifier(
     noise; non-private ones plain Adam on the same batches. ``generator`` draws
     both the Poisson masks and the noise: pass a privacy generator
     (:meth:`~dpcl.methods.base.ContinualMethod.noise_generator`, OS entropy by
-    default), never one seeded from a published seed.
+    default), never one seeded from a published seed. ``reference``: a second
+    sample per step whose released gradient is combined with the step's
+    (:class:`ReferenceGradient`; single process only). ``optimizer_name``: "adam" (default) or "sgd".
     """
     inputs = features if isinstance(features, tuple) else (features,)
     ranks = data_parallel_world()
     if ranks is not None:
+        if reference is not None:
+            raise DistributedRunError(
+                "a reference gradient (A-GEM's episodic memory) is computed in one process only; run this method "
+                "without --nproc / torchrun."
+            )
         _train_data_parallel(model, inputs, targets, schedule, learning_rate=learning_rate, generator=generator,
                              progress=progress, rank=ranks[0], world=ranks[1], weight_decay=weight_decay)
         return
@@ -227,32 +317,30 @@ def train_classifier(
     device = inputs[0].device
     params = [p for p in model.parameters() if p.requires_grad]
     train_model, optimizer = _dp_optimizer(model, params, schedule, n, learning_rate=learning_rate, generator=generator,
-                                           weight_decay=weight_decay)
-    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+                                           weight_decay=weight_decay, optimizer_name=optimizer_name)
+    # the update itself: Adam (inside opacus' DPOptimizer for a private schedule, whose pre_step made p.grad)
+    update = getattr(optimizer, "original_optimizer", optimizer)
+    n_ref = int(reference.targets.shape[0]) if reference is not None else 0
+    ref_inputs = () if reference is None else (
+        reference.inputs if isinstance(reference.inputs, tuple) else (reference.inputs,))
     train_model.train()
     for _ in range(schedule.steps):
-        if n:
-            mask = torch.rand(n, generator=generator, device=device) < schedule.sample_rate
-            batch = torch.nonzero(mask, as_tuple=False).squeeze(1)
-        else:
-            batch = torch.zeros(0, dtype=torch.long, device=device)
-        optimizer.zero_grad(set_to_none=True)
-        if schedule.private and not batch.numel():
-            # An empty Poisson sample: no forward pass (a text encoder cannot run on zero sequences), the
-            # step releases noise alone, as the accounting assumes: empty per-example gradients, then noise.
+        batch = _poisson_batch(n, schedule.sample_rate, generator, device)
+        released = _released_gradient(train_model, optimizer, params, inputs, targets, batch, schedule,
+                                       schedule.sample_rate * n)
+        if released and reference is not None and n_ref:
+            g = _flat_grad(params)
+            ref_batch = _poisson_batch(n_ref, reference.sample_rate, generator, device)
+            g_ref = (_flat_grad(params) if _released_gradient(
+                train_model, optimizer, params, ref_inputs, reference.targets, ref_batch, schedule,
+                reference.sample_rate * n_ref) else torch.zeros_like(g))
+            direction = reference.combine(g, g_ref)
+            offset = 0
             for p in params:
-                p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
-            optimizer.step()
-        elif batch.numel():
-            logits = train_model(*(x[batch] for x in inputs))
-            loss = loss_fn(logits, targets[batch])
-            if not schedule.private:
-                loss = loss / max(batch.numel(), 1)
-            with warnings.catch_warnings():
-                # opacus' backward hooks fire on module outputs because the frozen inputs need no grad.
-                warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                loss.backward()
-            optimizer.step()
+                p.grad = direction[offset:offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+        if released:
+            update.step()
         if progress is not None:
             progress(1)
     if schedule.private:

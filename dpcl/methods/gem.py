@@ -1,4 +1,5 @@
-"""Gradient Episodic Memory's projection (Lopez-Paz & Ranzato 2017, GEM, eq. 10-11).
+"""Gradient Episodic Memory's projections: GEM (Lopez-Paz & Ranzato 2017, eq. 10-11) and A-GEM
+(Chaudhry et al. 2019, *Efficient Lifelong Learning with A-GEM*, eq. 11).
 
 GEM keeps a small episodic memory of every earlier task. Before each update
 it compares the proposed gradient ``g`` with the memories' gradients ``G``
@@ -19,6 +20,13 @@ implementation calls ``quadprog`` on the same dual; scipy is already a
 dependency of dpcl). The projection's inputs are gradients: under DP-SGD both
 ``g`` and every row of ``G`` must already be released (noisy) gradients, and
 the projection is then post-processing (see :mod:`dpcl.methods.pecl.learner`).
+
+A-GEM relaxes GEM's one constraint per earlier task into one constraint on the
+*average* episodic-memory loss: with ``g_ref`` the gradient on a batch drawn from
+the memory of all earlier tasks, it keeps ``g`` when ``g^T g_ref >= 0`` and
+otherwise projects onto the half-space's boundary in closed form (eq. 11):
+
+    g~ = g - (g^T g_ref / g_ref^T g_ref) g_ref.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import torch
 
 from dpcl.errors import InvalidParameterError
 
-__all__ = ["gem_project", "violates_memories"]
+__all__ = ["agem_project", "gem_project", "violates_memories"]
 
 
 def violates_memories(gradient: torch.Tensor, memory_gradients: torch.Tensor) -> bool:
@@ -59,3 +67,16 @@ def gem_project(gradient: torch.Tensor, memory_gradients: torch.Tensor) -> torch
     v, _ = nnls(memories.T, -g)  # argmin_{v >= 0} ||G^T v + g||: GEM's dual (eq. 11)
     projected = memories.T @ v + g
     return torch.as_tensor(projected, dtype=gradient.dtype, device=gradient.device)
+
+
+def agem_project(g: torch.Tensor, g_ref: torch.Tensor) -> torch.Tensor:
+    """A-GEM projection (Chaudhry et al. 2019, eq. 11): remove the part of ``g`` that increases the memory loss.
+
+    ``g~ = g - (g^T g_ref / g_ref^T g_ref) g_ref`` when ``g^T g_ref < 0``, else ``g`` (also when ``g_ref = 0``).
+    Then ``g~^T g_ref = 0``: to first order the step leaves the memory loss unchanged.
+    """
+    dot = torch.sum(g * g_ref)
+    norm2 = torch.sum(g_ref * g_ref)
+    if dot >= 0 or norm2 <= 0:
+        return g
+    return g - (dot / norm2) * g_ref

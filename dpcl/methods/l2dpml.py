@@ -76,6 +76,7 @@ from dpcl.guarantees.lifelong import (
 )
 from dpcl.guarantees.method_schema import TaskPlan, method_value
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
+from dpcl.methods.gem import agem_project  # noqa: F401  (re-exported: A-GEM of Alg. 2 and the baselines)
 
 __all__ = [
     "AGEMClassifier",
@@ -95,18 +96,6 @@ _PRIVATE_PLAN_KEYS = ("epsilon1", "epsilon2", "batch_size", "epochs", "memory_ba
 # ---------------------------------------------------------------------------
 # building blocks (vectorised over batches)
 # ---------------------------------------------------------------------------
-def agem_project(g: torch.Tensor, g_ref: torch.Tensor) -> torch.Tensor:
-    """A-GEM projection (Chaudhry et al. 2019, eq. 11): remove the part of ``g`` that increases the memory loss.
-
-    ``g~ = g - (g^T g_ref / g_ref^T g_ref) g_ref`` when ``g^T g_ref < 0``, else ``g``.
-    """
-    dot = torch.sum(g * g_ref)
-    norm2 = torch.sum(g_ref * g_ref)
-    if dot >= 0 or norm2 <= 0:
-        return g
-    return g - (dot / norm2) * g_ref
-
-
 def _padded(values: torch.Tensor, batches: tuple[np.ndarray, ...]) -> torch.Tensor:
     """Stack batches of rows into ``[n_batches, max_size, ...]`` padded with zeros (zeros add nothing to sums)."""
     size = max(len(b) for b in batches)
