@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from dpcl.guarantees.atomic_io import write_json_atomic, write_text_atomic
+from dpcl._io.atomic_io import write_json_atomic, write_text_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tobaben_results import DPSGD_METHOD as FORTUNES_DPSGD  # noqa: E402  (the fortunes suite's, unchanged)

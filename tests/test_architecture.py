@@ -204,7 +204,8 @@ def test_the_graph_sees_function_local_imports_and_circles():
     assert any(e.local for e in edges) and any(not e.local for e in edges)
     # the cycle finder finds a circle closed by a function-local import
     fake = [Edge("dpcl.guarantees.ledger", "dpcl.guarantees.certificates", 1, True)]
-    assert ["dpcl.guarantees.certificates", "dpcl.guarantees.ledger"] in import_cycles(list(edges) + fake)
+    cycles = import_cycles(list(edges) + fake)
+    assert any({"dpcl.guarantees.certificates", "dpcl.guarantees.ledger"} <= set(c) for c in cycles), cycles
 
 
 def test_no_import_circles():

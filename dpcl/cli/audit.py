@@ -280,6 +280,7 @@ def run_audit(args: argparse.Namespace) -> int:
         report = AuditReport(**{**report.__dict__, "notes": tuple(size_notes) + report.notes})
     if not config.private:
         report = non_private_report(report)
+    # lazy import: keeps CLI start-up fast (the cost estimate reads the method layer)
     from dpcl.runner.cost import audit_cost, cost_rows  # training cost; refuses (exit 2) what cannot fit
 
     cost = audit_cost(config, sizes)

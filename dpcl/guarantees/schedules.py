@@ -68,7 +68,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dpcl.accounting.dpsgd import dpsgd_events, dpsgd_noise_multiplier
+from dpcl.accounting.dpsgd import dpsgd_events
 from dpcl.accounting.events import Adjacency, GaussianEvent
 from dpcl.accounting.gaussian import gaussian_epsilon, gaussian_sigma
 from dpcl.errors import ConfigError, InvalidParameterError, UnsupportedEventError
@@ -439,7 +439,6 @@ class AGemSpec(DpSgdSpec):
     ) -> TaskPlan:
         import dataclasses
 
-        from dpcl.accounting.dpsgd import dpsgd_events
 
         across = privacy.get("across_tasks", "auto")
         if across != "sequential":

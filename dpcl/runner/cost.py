@@ -44,7 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from dpcl.data.idx import find_idx_files
 from dpcl.errors import ConfigError
+from dpcl.guarantees.label_space import output_label_sets
+from dpcl.guarantees.public_encoder import _read_json, encoder_directory, packaged_encoder
+from dpcl.guarantees.schedules import dpsgd_schedule, peft_variant
 
 __all__ = [
     "CostUnavailable",
@@ -161,13 +165,11 @@ def stream_input_dim(config: Any) -> tuple[int | None, str]:
 
 
 def _peft_variant(config: Any) -> str:
-    from dpcl.guarantees.schedules import peft_variant
 
     return peft_variant(config.method)
 
 
 def _encoder_feature_dim(encoder: Any) -> tuple[int | None, str]:
-    from dpcl.guarantees.public_encoder import _read_json, encoder_directory, packaged_encoder
 
     packaged = packaged_encoder(encoder)
     if packaged is not None:
@@ -188,7 +190,6 @@ def _encoder_feature_dim(encoder: Any) -> tuple[int | None, str]:
 def _idx_dim(folder: str, prefix: str) -> tuple[int | None, str]:
     import gzip
 
-    from dpcl.data.idx import find_idx_files
 
     try:
         path = find_idx_files(folder, prefix=prefix)[("train", "images")]
@@ -218,6 +219,7 @@ def _meta_adapter_parameters(input_dim: int, n_outputs: int, adapter_dim: int) -
         return analytic, analytic
     import torch
 
+    # lazy import: loads torch (counting parameters needs the model); the audit works without it
     from dpcl.methods.dpsgd_training import AdapterClassifier
 
     with torch.device("meta"):
@@ -283,7 +285,6 @@ def _release_sizes(config: Any, sizes: Sequence[int]) -> list[int]:
 
 
 def _n_outputs(config: Any, n_tasks: int) -> int:
-    from dpcl.guarantees.label_space import output_label_sets
 
     stream = config.stream
     if stream.get("label_space") == "data":
@@ -295,7 +296,6 @@ def _n_outputs(config: Any, n_tasks: int) -> int:
 
 def _dpsgd_schedule(config: Any, sizes: Sequence[int]) -> tuple[list[tuple[int, float, int]], int, int]:
     """Per release ``(n, q, steps)``, total steps and expected examples, as the DP-SGD plans give them."""
-    from dpcl.guarantees.schedules import dpsgd_schedule
 
     batch_size, epochs = int(config.method["batch_size"]), int(config.method["epochs"])
     rows, steps_total, examples = [], 0, 0.0
@@ -397,13 +397,13 @@ def _transformer_peft(config: Any, sizes: list[int], d: int, labels: int, device
     """PEFT ensemble members on a transformer encoder: FiLM (layer norms) or LoRA on MiniLM (raw texts)."""
     method = config.method
     if variant == "film":
-        from dpcl.guarantees.public_encoder import encoder_directory
 
         model = _meta_transformer(encoder_directory(method["encoder"]))
         trainable_body = sum(p.numel() for n, p in model.named_parameters() if "LayerNorm" in n or "layernorm" in n
                              or "norm" in n.rsplit(".", 2)[-2].lower())
         key_name = "[stream] encoder"
     else:
+        # lazy import: loads torch (the LoRA text model); the audit works without it
         from dpcl.methods.lora_text import LORA_TARGETS, MAX_TOKENS, _encoder_path
 
         model = _meta_transformer(_encoder_path())
@@ -467,12 +467,14 @@ def _pecl(config: Any, sizes: list[int], d: int, labels: int, device: str) -> Tr
     rank = int(method.get("lora_rank") or 8)
     seq = int(method.get("max_seq_len") or 64)
     if method.get("pretrained_path"):
+        # lazy import: loads torch (the LoRA text model); the audit works without it
         from dpcl.methods.lora_text import _encoder_path
 
         path = method["pretrained_path"]
         model = _meta_transformer(_encoder_path() if path == "minilm" else path)
         lora = _lora_parameters(model, rank, None)
     else:
+        # lazy import: the PeCL package loads torch; the audit works without it
         from dpcl.methods.pecl.tokenizer import ByteTokenizer
 
         tok = ByteTokenizer()

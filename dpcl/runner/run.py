@@ -125,6 +125,7 @@ from dpcl.methods.base import method_class  # without torch it raises MissingDep
 from dpcl.methods.noise_source import noise_assumptions, poisson_subsampled
 from dpcl.metrics import accuracy_rows, summarize
 from dpcl.runner.plots import plot_accuracy
+from dpcl.runner.cost import check_run_cost
 from dpcl.runner.ranks import refuse_on_other_ranks
 from dpcl.runner.run_state import (
     RUN_STATE_FORMAT,
@@ -844,8 +845,7 @@ def run_training(
         prepared = prepare_stream(loaded)
     with clock.stage("audit"):
         report = audit_run(loaded, prepared)
-        from dpcl.runner.cost import check_run_cost  # refuses (exit 2) a run that cannot fit, before it allocates
-
+    
         check_run_cost(loaded.config, prepared.sizes, int(prepared.tasks[0].features.shape[1]), loaded.device)
     with clock.stage("resume"):
         run = open_run(loaded, prepared, report, clock)
