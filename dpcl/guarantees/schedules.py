@@ -68,7 +68,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dpcl.accounting.dpsgd import dpsgd_events
+from dpcl.accounting.dpsgd import dpsgd_events, dpsgd_noise_multiplier
 from dpcl.accounting.events import Adjacency, GaussianEvent
 from dpcl.accounting.gaussian import gaussian_epsilon, gaussian_sigma
 from dpcl.errors import ConfigError, InvalidParameterError, UnsupportedEventError
@@ -438,7 +438,6 @@ class AGemSpec(DpSgdSpec):
         self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
     ) -> TaskPlan:
         import dataclasses
-
 
         across = privacy.get("across_tasks", "auto")
         if across != "sequential":
