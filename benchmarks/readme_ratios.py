@@ -134,7 +134,7 @@ def section_calibration() -> dict[str, Any]:
     dpa = peers["dp-accounting GaussianPrivacyLoss.from_privacy_guarantee"]
     sample = [float(e) for e in budgets[:200]]
     dpa_cpu = _cpu_time(lambda: [dpa(e) for e in sample], 1) / len(sample)  # type: ignore[operator]
-    scalar = {r["name"]: r for r in stream.scalar_calls(300, repeats=5)}
+    scalar = {r["name"]: r for r in stream.scalar_calls(100, repeats=5)}
     ours = scalar["dpcl gaussian_sigma (scalar)"]
     autodp = scalar.get("autodp ana_gaussian_mech", {})
     ratios = {
