@@ -302,7 +302,7 @@ def fmt(value: float, precise: bool = False) -> str:
         return f"{value:.4f}"
     if value >= 0.1:
         return f"{value:.2f}"
-    return f"{value:.2g}" if value >= 0.01 else f"{value:.2e}"
+    return f"{value:.2g}"
 
 
 def summarise(paths: list[Path]) -> str:
