@@ -87,9 +87,9 @@ def stream_task_sizes(config: TrainingConfig) -> tuple[list[int], list[FilterRep
         elif isinstance(exc, ConfigError):
             raise
         raise ConfigError(message) from None
-    if stream["label_space"] == "data":
+    if config.settings.label_space == "data":
         return sizes_raw, [], []
-    label_sets = output_label_sets(stream["label_space"], stream["prior_labels"], len(sizes_raw))
+    label_sets = output_label_sets(config.settings.label_space, config.settings.prior_labels, len(sizes_raw))
     if labels_per_task is not None:
         reports = [filter_task(y, label_sets[t], t)[1] for t, y in enumerate(labels_per_task)]
         return [r.kept for r in reports], reports, []

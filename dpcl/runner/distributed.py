@@ -244,7 +244,7 @@ def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproduci
         stream = build_run_stream(config, cls, seed=seed, device=device)
         sets = label_sets(config, len(stream))
         prepared, _ = prepare_tasks(stream, sets, bool(getattr(cls, "needs_texts", False)))
-        across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
+        across, _ = resolve_across_tasks(config.settings.across_tasks, config.settings.disjoint_units)
         method = cls(method_setup(config, sets, prepared, across=across, seed=seed, device=device,
                                   reproducible_noise=bool(reproducible_noise or options["reproducible_noise"])))
         for t in range(start, len(prepared)):

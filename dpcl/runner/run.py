@@ -399,7 +399,7 @@ def prepare_stream(run: LoadedRun) -> PreparedStream:
             "label filtering; remove task_sizes or correct it (the audit would plan other task sizes than the run "
             "trains)."
         )
-    if run.config.stream["disjoint_units"]:
+    if run.config.settings.disjoint_units:
         stream.check_disjoint_units()
     return prepared
 
@@ -474,20 +474,10 @@ def open_certifier(loaded: LoadedRun, report: Any, *, resume: bool) -> Any:
     config = loaded.config
     return Certifier(
         loaded.out,
-        delta=config.privacy["delta"],
-        label_space=config.stream["label_space"],
-        prior_labels=config.stream["prior_labels"],
-        adjacency=report.adjacency,
-        unit=report.unit,
-        across_tasks=config.privacy["across_tasks"],
-        disjoint_units=bool(config.stream["disjoint_units"]),
-        total_epsilon=config.privacy.get("total_epsilon"),
-        total_delta=config.privacy.get("total_delta"),
-        accountant=config.privacy["accountant"],
+        settings=config.settings.replace(adjacency=report.adjacency, unit=report.unit),
         method=loaded.method_name,
         sign_key=loaded.sign_key,
         private=loaded.private,
-        config=config.to_dict(),
         metadata={"config": config.to_dict(), "method": loaded.method_name, "seed": loaded.seed,
                   "reproducible_noise": loaded.reproducible},
         resume=loaded.resume,
@@ -565,7 +555,7 @@ def open_run(loaded: LoadedRun, prepared: PreparedStream, report: Any, clock: St
 def _resolved_across(config: Any) -> str:
     from dpcl.guarantees.audit_config import resolve_across_tasks
 
-    across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
+    across, _ = resolve_across_tasks(config.settings.across_tasks, config.settings.disjoint_units)
     return across
 
 
@@ -787,8 +777,8 @@ def write_summary(run: RunInProgress) -> dict[str, Any]:
         "stream_seed": int(run.prepared.stream.seed),
         "device": run.device,
         "config": str(loaded.config_file),
-        "epsilon_per_task": config.privacy["epsilon"] if loaded.private else "inf",
-        "delta": config.privacy["delta"],
+        "epsilon_per_task": config.settings.epsilon if loaded.private else "inf",
+        "delta": config.settings.delta,
         "across_tasks": run.certifier.across_tasks,
         "cumulative_epsilon": [r.cumulative_epsilon for r in releases],
         "final_epsilon": releases[-1].cumulative_epsilon if releases else None,
@@ -798,7 +788,7 @@ def write_summary(run: RunInProgress) -> dict[str, Any]:
         "label_filtering": describe_filtering(run.prepared.filter_reports),
     }
     write_json_atomic(run.out / "metrics.json", metrics)
-    epsilon = f" (ε={config.privacy['epsilon']:g} per task, δ={config.privacy['delta']:g})"
+    epsilon = f" (ε={config.settings.epsilon:g} per task, δ={config.settings.delta:g})"
     plot_accuracy(
         run.out / "accuracy.png",
         matrix,
@@ -878,7 +868,7 @@ def run_training(
         metrics=metrics,
         resumed_after=run.resumed_after,
         complete=metrics["complete"],
-        delta=float(loaded.config.privacy["delta"]),
+        delta=float(loaded.config.settings.delta),
         audit=report.to_dict(),
         stage_seconds=dict(clock.seconds),
     )

@@ -53,7 +53,7 @@ def label_sets(config: Any, n_tasks: int) -> list[tuple[int, ...]]:
     """The public output label set O_t of every task (sorted), from ``[stream] label_space`` and ``prior_labels``."""
     from dpcl.guarantees.label_space import output_label_sets
 
-    sets = output_label_sets(config.stream["label_space"], config.stream["prior_labels"], n_tasks)
+    sets = output_label_sets(config.settings.label_space, config.settings.prior_labels, n_tasks)
     return [tuple(sorted(s)) for s in sets]
 
 
@@ -143,7 +143,7 @@ def method_setup(config: Any, output_sets: Sequence[tuple[int, ...]], prepared: 
 
     return MethodSetup(
         method=config.method,
-        privacy={**config.privacy, "across_tasks": across},
+        privacy=config.settings.replace(across_tasks=across),
         label_space=tuple(sorted({o for s in output_sets for o in s})),
         input_dim=int(prepared[0].features.shape[1]),
         seed=seed,
@@ -159,7 +159,7 @@ def task_plan(config: Any, t: int, n_examples: int, *, trains_plan: bool) -> Any
     run of a method whose plan covers its checkpoint) the noise-free plan: no events, not covered.
     """
     if trains_plan:
-        return config.spec.plan_task(config.method, config.privacy, n_examples, t)
+        return config.spec.plan_task(config.method, config.settings, n_examples, t)
     from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
 
     return TaskPlan(events=(), noise={}, assumptions=(), release=ReleaseCoverage.not_covered(NON_PRIVATE_STATEMENT))
