@@ -84,34 +84,22 @@ def parse_privacy(section: Mapping[str, Any], required: Iterable[str] = ("epsilo
             if key in required:
                 raise ConfigError(f"[privacy] {key} is required: {help_text}.")
             out[key] = default
-    if "epsilon" in section:
-        eps = number("privacy", "epsilon", section["epsilon"])
-        if eps <= 0:
-            raise ConfigError(f"[privacy] epsilon must be > 0, got {section['epsilon']!r}.")
-        out["epsilon"] = eps
-    if "delta" in section:
-        delta = number("privacy", "delta", section["delta"])
-        if not 0 < delta < 1:
-            raise ConfigError(f"[privacy] delta must lie in (0, 1), got {section['delta']!r}.")
-        out["delta"] = delta
-    if "adjacency" in section:
-        out["adjacency"] = choice("privacy", "adjacency", section["adjacency"], ("add_remove", "replace_one"))
-    if "accountant" in section:
-        out["accountant"] = choice("privacy", "accountant", section["accountant"], CONFIG_ACCOUNTANTS)
-    if "across_tasks" in section:
-        out["across_tasks"] = choice("privacy", "across_tasks", section["across_tasks"], ACROSS_TASKS_CHOICES)
-    if "total_epsilon" in section:
-        total = number("privacy", "total_epsilon", section["total_epsilon"])
-        if total <= 0:
-            raise ConfigError(f"[privacy] total_epsilon must be > 0, got {section['total_epsilon']!r}.")
-        out["total_epsilon"] = total
-    if "total_delta" in section:
-        if "total_epsilon" not in section:
+    choices = {"adjacency": ("add_remove", "replace_one"), "accountant": CONFIG_ACCOUNTANTS,
+               "across_tasks": ACROSS_TASKS_CHOICES}
+    for key in PRIVACY_KEYS:  # in the table's order, so the first problem named is the same every time
+        if key not in section:
+            continue
+        value = section[key]
+        if key in choices:
+            out[key] = choice("privacy", key, value, choices[key])
+            continue
+        if key == "total_delta" and "total_epsilon" not in section:
             raise ConfigError("[privacy] total_delta is only allowed together with total_epsilon.")
-        total_delta = number("privacy", "total_delta", section["total_delta"])
-        if not 0 < total_delta < 1:
-            raise ConfigError(f"[privacy] total_delta must lie in (0, 1), got {section['total_delta']!r}.")
-        out["total_delta"] = total_delta
+        out[key] = number("privacy", key, value)
+        if key.endswith("epsilon") and out[key] <= 0:
+            raise ConfigError(f"[privacy] {key} must be > 0, got {value!r}.")
+        if key.endswith("delta") and not 0 < out[key] < 1:
+            raise ConfigError(f"[privacy] {key} must lie in (0, 1), got {value!r}.")
     return out
 
 
