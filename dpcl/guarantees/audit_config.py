@@ -2,9 +2,11 @@
 
 :func:`audit_config` plans every task with the method's
 :class:`~dpcl.guarantees.method_schema.MethodSpec` (the same plan ``dpcl run``
-trains with), charges the planned events to a :class:`TaskLedger` exactly as a
-run would, and reports the cumulative guarantee after every release together
-with every privacy violation it finds:
+trains with), charges the planned events to a dry run of the
+:class:`~dpcl.Certifier` (:meth:`~dpcl.Certifier.dry_run`: the charges, privacy
+filter, commits and composition of ``dpcl run``, in memory; one certification
+path, not two), and reports the cumulative guarantee after every release
+together with every privacy violation it finds:
 
 * ``label_space = "data"`` (Tobaben et al., Prop. 4.6);
 * a method that releases nothing for an empty task (Prop. F.1);

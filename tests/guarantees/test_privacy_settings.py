@@ -163,13 +163,13 @@ def test_a_dry_run_writes_nothing_and_releases_nothing(tmp_path, monkeypatch):
 def _run_charges(config, report, sizes: list[int], run_dir: Path) -> Certifier:
     """Charge every task as `dpcl run` does (the runner's plan, charge and commit stages on a Certifier opened as
     `open_certifier` opens it), without training."""
-    from dpcl.runner.run import charge_task
+    from dpcl.runner.run import charge_task, open_certifier
     from dpcl.runner.tasks import task_plan, trains_plan
 
-    name = config.method["name"]
-    certifier = Certifier(run_dir, settings=config.settings.replace(adjacency=report.adjacency, unit=report.unit),
-                          method=name, private=config.private, driver="dpcl run")
-    run = SimpleNamespace(loaded=SimpleNamespace(method_name=name, private=config.private), certifier=certifier)
+    loaded = SimpleNamespace(out=run_dir, config=config, method_name=config.method["name"], sign_key=None,
+                             private=config.private, seed=0, reproducible=False, resume=False)
+    certifier = open_certifier(loaded, report, resume=False)
+    run = SimpleNamespace(loaded=loaded, certifier=certifier)
     reuses = config.spec.reuses_past_tasks
     for t in range(len(sizes)):
         tasks_read = list(range(t + 1)) if reuses else [t]
