@@ -76,7 +76,7 @@ def _planned_events(config_path: Path) -> tuple[Any, list[Any]]:
     from dpcl.guarantees.config import load_config
 
     config = load_config(config_path)
-    plan = config.spec.plan_task(config.method, config.privacy, EXAMPLES_PER_TASK, 0)
+    plan = config.spec.plan_task(config.method, config.settings, EXAMPLES_PER_TASK, 0)
     return config, list(plan.events)
 
 
@@ -98,13 +98,13 @@ def stage_ledger(workdir: Path, n_tasks: int, charges_per_task: int, name: str) 
     from dpcl.guarantees.method_schema import ReleaseCoverage
 
     config, events = _planned_events(workdir / "config.toml")
-    privacy = config.privacy
+    settings = config.settings
     blocks = [piece for e in events for piece in _split(e, charges_per_task)]
     checkpoint = workdir / f"{name}.pt"
     checkpoint.write_bytes(b"released weights")
     digest = sha256_file(checkpoint)
     start, cpu = time.perf_counter(), time.process_time()
-    ledger = TaskLedger(delta=privacy["delta"], across_tasks="parallel", accountant=privacy["accountant"],
+    ledger = TaskLedger(delta=settings.delta, across_tasks="parallel", accountant=settings.accountant,
                         adjacency=events[0].adjacency, unit=events[0].unit, metadata={"config": config.to_dict()})
     for t in range(n_tasks):
         for block in blocks:
@@ -160,12 +160,12 @@ def stage_journal(workdir: Path, n_tasks: int, mode: str) -> dict[str, Any]:
     from dpcl.guarantees.ledger import TaskLedger
 
     config, events = _planned_events(workdir / "config.toml")
-    privacy = config.privacy
+    settings = config.settings
     if mode == "rewrite":
         TaskLedger.save = TaskLedger.compact  # every save writes the whole file atomically
     directory = workdir / f"journal-{mode}"
     directory.mkdir()
-    ledger = TaskLedger(delta=privacy["delta"], across_tasks="parallel", accountant=privacy["accountant"],
+    ledger = TaskLedger(delta=settings.delta, across_tasks="parallel", accountant=settings.accountant,
                         adjacency=events[0].adjacency, unit=events[0].unit, path=directory / "ledger.json",
                         metadata={"config": config.to_dict()})
     tail = max(1, n_tasks // 10)

@@ -48,7 +48,7 @@ GOAL_SHARE = 0.20
 
 _ACCOUNTING_PARTS = (
     "/dpcl/accounting/",
-    "/dpcl/guarantees/audit_config.py",
+    "/dpcl/audit_config.py",
     "/dpcl/guarantees/ledger.py",
     "/dpcl/guarantees/certificates.py",
     "/dpcl/guarantees/schedules.py",

@@ -189,7 +189,7 @@ def bench_method(method: str, max_tasks: int | None, seed: int = 0) -> MethodThr
     input_dim = 0 if first.features is None else int(first.features.shape[1])  # 0: raw-text inputs
     setup = MethodSetup(
         method=config.method,
-        privacy=config.privacy,
+        privacy=config.settings,
         label_space=tuple(sorted({o for s in label_sets for o in s})),
         input_dim=input_dim,
         seed=seed,
@@ -202,7 +202,7 @@ def bench_method(method: str, max_tasks: int | None, seed: int = 0) -> MethodThr
     examples, fit_seconds = 0, 0.0
     for t in range(n_tasks):
         data, outputs = _task_data(stream, label_sets, t, spec.reuses_past_tasks)
-        plan = spec.plan_task(config.method, config.privacy, len(data), t)
+        plan = spec.plan_task(config.method, config.settings, len(data), t)
         start = time.perf_counter()
         model.fit_task(t, data, outputs, plan)
         fit_seconds += time.perf_counter() - start

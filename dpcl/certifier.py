@@ -106,6 +106,7 @@ from dpcl.guarantees.label_space import (
 from dpcl.guarantees.ledger import Charge, ReleaseRecord, StreamGuarantee, TaskLedger, compress_events
 from dpcl.guarantees.method_schema import ReleaseCoverage
 from dpcl.guarantees.signing import load_private_key, sign_certificate
+from dpcl.guarantees.settings import ACROSS_TASKS_CHOICES, PrivacySettings
 
 __all__ = [
     "ACROSS_TASKS_CHOICES",
@@ -117,8 +118,6 @@ __all__ = [
     "UnchargedStepError",
 ]
 
-#: ``across_tasks`` values a Certifier accepts (``auto`` resolves from ``disjoint_units``).
-ACROSS_TASKS_CHOICES = ("auto", "parallel", "sequential")
 
 #: Stated in every certificate a Certifier writes: what it does not cover.
 CURATOR_ASSUMPTION = (
@@ -306,10 +305,14 @@ def _refuse_existing_run(run_dir: Path) -> None:
         )
 
 
-def _label_space(label_space: Any, prior_labels: Any) -> tuple[LabelSpacePolicy, list[Any], int | None]:
-    """The policy, its public label sets and the number of tasks (None: open-ended, ``prior_const``)."""
+def _label_space(label_space: Any, prior_labels: Any, *, dry_run: bool = False
+                 ) -> tuple[LabelSpacePolicy, list[Any], int | None]:
+    """The policy, its public label sets and the number of tasks (None: open-ended, ``prior_const``). A dry run
+    accepts ``data`` (it releases nothing; ``dpcl audit`` reports the violation and still states the charges)."""
     try:
         policy = LabelSpacePolicy.parse(label_space)
+        if dry_run and policy is LabelSpacePolicy.DATA:
+            return policy, [], None
         if policy is LabelSpacePolicy.PRIOR:
             n_tasks = len(prior_labels) if isinstance(prior_labels, (list, tuple)) else 0
             return policy, output_label_sets(policy, _plain(prior_labels), max(n_tasks, 1)), n_tasks
@@ -364,13 +367,41 @@ def _plain(value: Any) -> Any:
     return value
 
 
+_UNSET: Any = object()
+#: The ``run_dir`` of a dry run (:meth:`Certifier.dry_run`).
+_DRY_RUN: Any = object()
+
+
+def _certifier_settings(settings: Any, given: Mapping[str, Any], config: Any) -> PrivacySettings:
+    """The Certifier's :class:`PrivacySettings`: ``settings``, or one built from the keyword arguments (not both);
+    ``config`` (the certificate's config section) is recorded with them."""
+    if settings is not None:
+        if not isinstance(settings, PrivacySettings):
+            raise InvalidParameterError(f"settings must be PrivacySettings, got {type(settings).__name__}.")
+        if given:
+            raise InvalidParameterError(
+                f"give the privacy settings either as settings=PrivacySettings(...) or as keyword arguments, not "
+                f"both (got settings and {', '.join(sorted(given))})."
+            )
+    else:
+        for name in ("delta", "label_space", "prior_labels"):
+            if name not in given:
+                raise InvalidParameterError(f"{name} is required (or give settings=PrivacySettings(...)).")
+        settings = PrivacySettings(**given)
+    return settings if config is None else settings.replace(recorded=dict(config))
+
+
 class Certifier:
     """Charges, releases and certificates for a training loop you wrote (see the module docstring).
 
     Parameters
     ----------
     run_dir:
-        Directory of the run; created if missing, resumed if it holds a ledger.
+        Directory of the run; created if missing, resumed if it holds a ledger (:meth:`dry_run`: none).
+    settings:
+        The privacy settings (:class:`~dpcl.guarantees.settings.PrivacySettings`: delta, adjacency, unit,
+        accountant, composition, filter, label space), e.g. ``load_config(path).settings``. Or give them as the
+        keyword arguments below (not both).
     delta:
         Delta of every guarantee.
     label_space:
@@ -428,17 +459,18 @@ class Certifier:
         self,
         run_dir: "str | os.PathLike[str]",
         *,
-        delta: float,
-        label_space: "LabelSpacePolicy | str",
-        prior_labels: Sequence[Any],
-        adjacency: "Adjacency | str" = Adjacency.ADD_REMOVE,
-        unit: str = "example",
-        across_tasks: str = "auto",
-        disjoint_units: bool | None = None,
-        total_epsilon: float | None = None,
-        total_delta: float | None = None,
-        accountant: str = "auto",
-        task_sizes: Sequence[int] | None = None,
+        settings: PrivacySettings | None = None,
+        delta: Any = _UNSET,
+        label_space: Any = _UNSET,
+        prior_labels: Any = _UNSET,
+        adjacency: Any = _UNSET,
+        unit: Any = _UNSET,
+        across_tasks: Any = _UNSET,
+        disjoint_units: Any = _UNSET,
+        total_epsilon: Any = _UNSET,
+        total_delta: Any = _UNSET,
+        accountant: Any = _UNSET,
+        task_sizes: Any = _UNSET,
         method: str = "custom",
         sign_key: Any = None,
         private: bool = True,
@@ -451,17 +483,31 @@ class Certifier:
         _check_run_options(private=private, resume=resume, driver=driver, config=config, metadata=metadata)
         if not isinstance(expect_ledger, bool):
             raise InvalidParameterError(f"expect_ledger must be True or False, got {expect_ledger!r}.")
+        given = {k: v for k, v in dict(
+            delta=delta, label_space=label_space, prior_labels=prior_labels, adjacency=adjacency, unit=unit,
+            across_tasks=across_tasks, disjoint_units=disjoint_units, total_epsilon=total_epsilon,
+            total_delta=total_delta, accountant=accountant, task_sizes=task_sizes,
+        ).items() if v is not _UNSET}
+        settings = _certifier_settings(settings, given, config)
+        if run_dir is None:
+            raise InvalidParameterError("run_dir is required: the run's directory (Certifier.dry_run writes nothing).")
+        dry_run = run_dir is _DRY_RUN
         resume = resume or expect_ledger
         self.private = private
         self.driver = driver
-        self._certificate_settings = None if config is None else dict(config)
         self._metadata = dict(metadata or {})
-        self.label_space, self._label_sets, self.n_tasks = _label_space(label_space, prior_labels)
-        self.prior_labels = _plain(prior_labels)
-        resolved, self.disjoint_units = _composition(across_tasks, disjoint_units)
+        self.label_space, self._label_sets, self.n_tasks = _label_space(
+            settings.label_space, settings.prior_labels, dry_run=dry_run)
+        self.prior_labels = _plain(settings.prior_labels)
+        resolved, self.disjoint_units = _composition(settings.across_tasks, settings.disjoint_units)
         self.across_tasks = resolved
-        self.requested_across_tasks = across_tasks
-        self.task_sizes = _task_sizes(task_sizes, self.n_tasks)
+        self.requested_across_tasks = settings.across_tasks
+        self.task_sizes = _task_sizes(settings.task_sizes, self.n_tasks)
+        #: The privacy settings this Certifier certifies under (label space and composition as validated here).
+        self.settings = settings.replace(
+            label_space=self.label_space.value, prior_labels=self.prior_labels, disjoint_units=self.disjoint_units,
+            task_sizes=self.task_sizes,
+        )
         if not isinstance(method, str) or not method.strip():
             raise InvalidParameterError(f"method must be a non-empty name of your training method, got {method!r}.")
         self.method = method.strip()
@@ -469,7 +515,27 @@ class Certifier:
         if sign_key is not None:
             self._sign_key = load_private_key(sign_key, option="sign_key")
 
-        self.run_dir = Path(run_dir)
+        ledger_settings = dict(delta=settings.delta, across_tasks=resolved, accountant=settings.accountant,
+                               adjacency=settings.adjacency, unit=settings.unit)
+        self._scoped_settings = ledger_settings
+        self._scoped: dict[str, TaskLedger] = {}
+        self._scopes: dict[str, str] = {}
+        self._plans: dict[int, list[PlannedSteps]] = {}
+        filter_settings = dict(total_epsilon=settings.total_epsilon, total_delta=settings.total_delta)
+        #: None for a dry run (:meth:`dry_run`): the ledgers live in memory and nothing is written.
+        self.run_dir = None if dry_run else Path(run_dir)
+        if self.run_dir is None:
+            self.ledger = TaskLedger(metadata=dict(self._metadata), **ledger_settings,
+                                     **(filter_settings if private else {}))
+            self._check_or_record_settings()
+        else:
+            self._open_run_dir(resume=resume, expect_ledger=expect_ledger, ledger_settings=ledger_settings,
+                               filter_settings=filter_settings)
+
+    def _open_run_dir(self, *, resume: bool, expect_ledger: bool, ledger_settings: dict[str, Any],
+                      filter_settings: dict[str, Any]) -> None:
+        """Create or resume the run directory and its headline ledger (refusing another run's directory)."""
+        driver, private = self.driver, self.private
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise InvalidParameterError(f"run_dir {str(self.run_dir)!r} is a file, not a directory.")
         if (self.run_dir / "run.json").exists() and driver is None:
@@ -482,25 +548,37 @@ class Certifier:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         certificates = self.certificates_dir
         already_released = certificates.is_dir() and any(certificates.glob("*.cert.json"))
-        settings = dict(delta=delta, across_tasks=resolved, accountant=accountant, adjacency=adjacency, unit=unit)
         if private:
             self.ledger = TaskLedger.open(
                 self.ledger_path,
                 must_exist=already_released or expect_ledger,
-                total_epsilon=total_epsilon,
-                total_delta=total_delta,
                 metadata=self._metadata or None,
-                **settings,
+                **filter_settings,
+                **ledger_settings,
             )
         else:  # no headline ledger: an in-memory one holds the settings and refuses nothing it is not asked
-            self.ledger = TaskLedger(metadata=dict(self._metadata), **settings)
-        self._scoped_settings = settings
-        self._scoped: dict[str, TaskLedger] = {}
-        self._scopes: dict[str, str] = {}
+            self.ledger = TaskLedger(metadata=dict(self._metadata), **ledger_settings)
         self._check_or_record_settings()
         self.checkpoints_dir.mkdir(exist_ok=True)
         self.certificates_dir.mkdir(exist_ok=True)
-        self._plans: dict[int, list[PlannedSteps]] = {}
+
+    @classmethod
+    def dry_run(cls, settings: PrivacySettings, *, method: str = "custom", private: bool = True,
+                metadata: Mapping[str, Any] | None = None) -> "Certifier":
+        """A Certifier whose ledgers live in memory: it charges, commits and composes exactly as one on a run
+        directory does (same validation, same privacy filter, same guarantees) but writes nothing and releases
+        no checkpoint. ``dpcl audit`` charges a config's plans to one (:func:`dpcl.audit_config.audit_config`)."""
+        return cls(_DRY_RUN, settings=settings, method=method, private=private, metadata=metadata)
+
+    @property
+    def is_dry_run(self) -> bool:
+        return self.run_dir is None
+
+    def _refuse_dry_run(self, what: str) -> None:
+        if self.run_dir is None:
+            raise InvalidParameterError(
+                f"this Certifier is a dry run (no run directory): it cannot {what}; open one on a run directory."
+            )
 
     # -- paths -----------------------------------------------------------------------------------
     @property
@@ -651,10 +729,11 @@ class Certifier:
                 f"scoped statement name {name!r} must be letters, digits, '_', '.' or '-' (it names a ledger file)."
             )
         if name not in self._scoped:
-            settings = {**self._scoped_settings, "adjacency": adjacency, "unit": unit}
-            self._scoped[name] = TaskLedger.open(
-                self.scoped_dir / f"{name}.ledger.json", must_exist=must_exist,
-                metadata={**self._metadata, "scope_name": name}, **settings,
+            settings = {**self._scoped_settings, "adjacency": adjacency, "unit": unit,
+                        "metadata": {**self._metadata, "scope_name": name}}
+            self._scoped[name] = (
+                TaskLedger(**settings) if self.run_dir is None
+                else TaskLedger.open(self.scoped_dir / f"{name}.ledger.json", must_exist=must_exist, **settings)
             )
         return self._scoped[name]
 
@@ -687,6 +766,10 @@ class Certifier:
             return ledger.charges[-1]
         name_label = label or f"{self.method} task {indices[0]} ({name})"
         return ledger.charge(indices, event_list, unit_ids=unit_ids, label=name_label)
+
+    def scoped_statements(self) -> dict[str, tuple[str, TaskLedger]]:
+        """Every scoped statement charged in this process: name -> (scope sentence, its ledger), in charge order."""
+        return {name: (scope, self._scoped[name]) for name, scope in self._scopes.items()}
 
     def release_scoped(self, name: str, task: int, *, checkpoint_sha256: str | None = None) -> bool:
         """Record the release of ``task`` in scoped statement ``name``'s ledger; False if it is recorded already.
@@ -931,29 +1014,12 @@ class Certifier:
         return path
 
     def _config(self) -> dict[str, Any]:
-        """The privacy settings in ``dpcl run``'s config layout, so ``dpcl verify`` checks them too."""
-        if self._certificate_settings is not None:
-            return dict(self._certificate_settings)
-        privacy: dict[str, Any] = {
-            "delta": self.ledger.delta,
-            "adjacency": self.ledger.adjacency.value,
-            "accountant": self.ledger.accountant,
-            "across_tasks": self.requested_across_tasks,
-        }
-        if self.ledger.total_epsilon is not None:
-            privacy["total_epsilon"] = self.ledger.total_epsilon
-            privacy["total_delta"] = self.ledger.total_delta
-        stream: dict[str, Any] = {
-            "label_space": self.label_space.value,
-            "prior_labels": self.prior_labels,
-            "disjoint_units": self.disjoint_units,
-        }
-        if self.task_sizes is not None:
-            stream["task_sizes"] = self.task_sizes
-        return {"privacy": privacy, "stream": stream, "method": {"name": self.method}, "unit": self.ledger.unit}
+        """The certificate's config section (:meth:`PrivacySettings.to_dict`), so ``dpcl verify`` checks it too."""
+        return self.settings.to_dict(method=self.method)
 
     def _check_release(self, t: int, coverage: Any, assumptions: Iterable[str], *, charged: bool = True) -> list[str]:
         """The assumption sentences of a release of ``t``; refuses what :meth:`release` documents."""
+        self._refuse_dry_run("release a checkpoint or write a certificate")
         if not isinstance(coverage, ReleaseCoverage):
             raise InvalidParameterError(
                 "coverage must be a ReleaseCoverage saying whether the checkpoint is covered by the charged events, "
@@ -1040,7 +1106,7 @@ class Certifier:
             self.release_scoped(name, t, checkpoint_sha256=digest)
         return self.certify(t, ckpt, coverage=coverage, assumptions=sentences, extra=extra, scoped=dict(self._scopes))
 
-    def commit(self, task: int, *, checkpoint_sha256: str, curator_sha256: str | None = None,
+    def commit(self, task: int, *, checkpoint_sha256: str | None, curator_sha256: str | None = None,
                empty_task: bool = False) -> ReleaseRecord | None:
         """Record the release of ``task``'s checkpoint (by its SHA-256) in the ledger: the release's commit point.
 
@@ -1055,15 +1121,19 @@ class Certifier:
         ``empty_task``: its data is empty after the label filter and the released checkpoint does not depend
         on it (the previous release, or a data-independent one: Tobaben et al., Prop. F.1), so the charges
         so far cover it. Nothing may have been charged at all only if nothing was released.
+
+        A dry run (:meth:`dry_run`) commits without a checkpoint (``checkpoint_sha256=None``).
         """
         t = _task_index(task, self.n_tasks)
-        if not isinstance(checkpoint_sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", checkpoint_sha256):
+        if checkpoint_sha256 is None and self.is_dry_run:
+            pass
+        elif not isinstance(checkpoint_sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", checkpoint_sha256):
             raise InvalidParameterError(f"checkpoint_sha256 must be 64 lowercase hex digits, got {checkpoint_sha256!r}.")
         if not self.private:
             return None
         if not isinstance(empty_task, bool):
             raise InvalidParameterError(f"empty_task must be True or False, got {empty_task!r}.")
-        if not any(t in c.tasks for c in self.ledger.charges) and not (empty_task and self.ledger.charges):
+        if not (empty_task and self.ledger.charges) and not any(t in c.tasks for c in reversed(self.ledger.charges)):
             raise PrivacyViolationError(f"task {t} has no charged event: charge it before committing its release.")
         if curator_sha256 is not None:
             self.ledger.metadata.setdefault("curator_sha256", {})[str(t)] = str(curator_sha256)

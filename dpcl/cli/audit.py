@@ -22,7 +22,7 @@ from dpcl.cli.output import add_json_flag, emit
 from dpcl.errors import ConfigError, InvalidParameterError
 
 if TYPE_CHECKING:  # imported where used: every command's module is imported to build the parser (start-up time)
-    from dpcl.guarantees.audit_config import AuditReport
+    from dpcl.audit_config import AuditReport
     from dpcl.guarantees.config import TrainingConfig
     from dpcl.guarantees.label_space import FilterReport
 
@@ -91,9 +91,9 @@ def stream_task_sizes(config: TrainingConfig) -> tuple[list[int], list[FilterRep
         elif isinstance(exc, ConfigError):
             raise
         raise ConfigError(message) from None
-    if stream["label_space"] == "data":
+    if config.settings.label_space == "data":
         return sizes_raw, [], []
-    label_sets = output_label_sets(stream["label_space"], stream["prior_labels"], len(sizes_raw))
+    label_sets = output_label_sets(config.settings.label_space, config.settings.prior_labels, len(sizes_raw))
     if labels_per_task is not None:
         reports = [filter_task(y, label_sets[t], t)[1] for t, y in enumerate(labels_per_task)]
         return [r.kept for r in reports], reports, []
@@ -164,7 +164,7 @@ def non_private_report(report: AuditReport) -> AuditReport:
     noise and the scoped statements stay in the report, the checkpoint has no guarantee.
     """
     # lazy import: keeps CLI start-up fast (only this command needs it)
-    from dpcl.guarantees.audit_config import AuditReport
+    from dpcl.audit_config import AuditReport
 
     if report.release is not None and not report.release["covered"]:
         reasons = " ".join(report.release["reasons"])
@@ -207,7 +207,7 @@ def _no_unit(report: AuditReport) -> str:
 
 def _table_payload(report: AuditReport) -> dict[str, Any]:
     # lazy import: keeps CLI start-up fast (only this command needs it)
-    from dpcl.guarantees.audit_config import NOT_COVERED_PREFIX
+    from dpcl.audit_config import NOT_COVERED_PREFIX
 
     if not report.private and report.sound:
         verdict, no_epsilon = "NOT PRIVATE", "none: not private (epsilon is infinite)"
@@ -270,7 +270,7 @@ def _table_payload(report: AuditReport) -> dict[str, Any]:
 
 def run_audit(args: argparse.Namespace) -> int:
     # lazy import: keeps CLI start-up fast (only this command needs it)
-    from dpcl.guarantees.audit_config import NOT_COVERED_PREFIX, AuditReport, audit_config
+    from dpcl.audit_config import NOT_COVERED_PREFIX, AuditReport, audit_config
     from dpcl.guarantees.config import load_config
 
     config = load_config(args.config, data_stream_keys=_data_stream_keys())

@@ -32,8 +32,9 @@ _EXPORTS: dict[str, str] = {
     "positive": "method_schema",
     "positive_int": "method_schema",
     "unit_interval": "method_schema",
-    # the config and its audit
-    "AuditReport": "audit_config",
+    # the privacy settings, the config and its audit
+    "PrivacySettings": "settings",
+    "privacy_settings": "settings",
     "TrainingConfig": "config",
     "load_config": "config",
     "parse_config": "config",
@@ -47,7 +48,13 @@ _EXPORTS: dict[str, str] = {
     "LabelSpacePolicy": "label_space",
     "LifelongBound": "lifelong",
     "lifelong_bound": "lifelong",
-    # certificates: write, read, verify, sign, cross-check
+    # certificates: the typed model; write, read, verify, sign, cross-check
+    "Certificate": "certificate_model",
+    "Guarantee": "certificate_model",
+    "ScopedGuarantee": "certificate_model",
+    "CompositionGroup": "certificate_model",
+    "MIGRATIONS": "certificate_model",
+    "json_field": "certificate_model",
     "CERTIFICATE_FORMAT": "certificates",
     "CERTIFICATE_VERSION": "certificates",
     "NonPrivateReleaseError": "certificates",

@@ -113,6 +113,7 @@ from dpcl.guarantees.ledger import (
 )
 from dpcl.guarantees.ed25519 import signature_check
 from dpcl.guarantees.method_schema import ReleaseCoverage
+from dpcl.guarantees.settings import config_disagreements as _config_checks
 
 __all__ = [
     "CERTIFICATE_FORMAT",
@@ -673,34 +674,6 @@ class VerificationReport:
         }
 
 
-def _config_checks(config: Any, g: Any, group_accountants: Sequence[str], what: str = "guarantee") -> list[str]:
-    """Disagreements between a stated guarantee and the privacy settings of the recorded config.
-
-    Only keys the config states are compared; a config without ``[privacy]`` / ``[stream]`` (e.g. a
-    certificate built from Python without one) has nothing to disagree with.
-    """
-    if not isinstance(config, Mapping):
-        return [f"config must be an object, got {type(config).__name__}"]
-    privacy = config.get("privacy") if isinstance(config.get("privacy"), Mapping) else {}
-    stream = config.get("stream") if isinstance(config.get("stream"), Mapping) else {}
-    problems: list[str] = []
-    if "delta" in privacy and privacy["delta"] != g.delta:
-        problems.append(f"config [privacy] delta = {privacy['delta']!r} but the {what} states delta {g.delta!r}")
-    if g.across_tasks == "parallel":
-        if stream.get("disjoint_units") is False:
-            problems.append(
-                f"the {what} states parallel composition (Thm 4.4) but the config says disjoint_units = false"
-            )
-        if privacy.get("across_tasks") == "sequential":
-            problems.append(
-                f"the {what} states parallel composition but the config asks across_tasks = 'sequential'"
-            )
-    if privacy:
-        asked = privacy.get("accountant", "auto")
-        other = sorted({a for a in group_accountants if a != asked})
-        if other:
-            problems.append(f"config [privacy] accountant = {asked!r} but the {what}'s groups were accounted with {other}")
-    return problems
 
 
 def _count_events(charges: Sequence[Charge]) -> int:

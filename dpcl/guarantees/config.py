@@ -37,7 +37,7 @@ validated here too, so ``dpcl audit`` refuses a misspelt key and sees
 
 Every problem raises :class:`~dpcl.errors.ConfigError` naming the key and what
 is allowed. Privacy *violations* (``label_space = "data"``...) are not raised
-here: they are reported by :mod:`dpcl.guarantees.audit_config`.
+here: they are reported by :mod:`dpcl.audit_config`.
 """
 
 from __future__ import annotations
@@ -54,6 +54,18 @@ from dpcl.accounting.validation import describe_number, integer_beyond_float
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.label_space import output_label_sets
 from dpcl.guarantees.method_schema import METHOD_SPECS, REQUIRED, MethodSpec, get_method_spec
+from dpcl.guarantees.settings import (
+    ACROSS_TASKS_CHOICES,
+    CONFIG_ACCOUNTANTS,
+    PRIVACY_KEYS,
+    PrivacySettings,
+    choice as _choice,
+    jsonable as _jsonable,
+    number as _number,
+    parse_privacy as _parse_privacy,
+    privacy_settings,
+    unknown_keys as _unknown,
+)
 
 __all__ = [
     "MAX_COMPOSED_TASKS",
@@ -64,14 +76,13 @@ __all__ = [
     "ACROSS_TASKS_CHOICES",
     "RUNNER_SECTIONS",
     "RUN_KEYS",
+    "PrivacySettings",
     "TrainingConfig",
     "load_config",
     "parse_config",
+    "privacy_settings",
 ]
 
-#: ``[privacy] accountant`` choices: the registered accountants offered for training (read when a config is parsed).
-CONFIG_ACCOUNTANTS = TRAINING_CHOICES
-ACROSS_TASKS_CHOICES = ("auto", "parallel", "sequential")
 LABEL_SPACES = ("data", "prior", "prior_const")
 #: Sections read by ``dpcl run`` rather than by the audit; their keys are validated here all the same.
 RUNNER_SECTIONS = ("run",)
@@ -94,18 +105,6 @@ RUN_KEYS: dict[str, tuple[type, Any, str]] = {
     ),
 }
 
-#: ``[privacy]`` keys: name -> (default, help).
-PRIVACY_KEYS: dict[str, tuple[Any, str]] = {
-    "epsilon": (REQUIRED, "per-task (per-release) epsilon budget, a finite number > 0"),
-    "delta": (REQUIRED, "delta of every guarantee, a number in (0, 1)"),
-    "adjacency": ("add_remove", "neighbouring relation: 'add_remove' or 'replace_one'"),
-    "accountant": ("auto", "accountant: 'prv', 'pld', 'rdp' or 'auto' (tightest sound bound)"),
-    "across_tasks": ("auto", "composition over tasks: 'auto' (parallel iff disjoint_units), 'parallel' or "
-                             "'sequential'"),
-    "total_epsilon": (None, "optional epsilon budget of a privacy filter over the whole stream, > 0"),
-    "total_delta": (None, "optional delta budget of that filter, in (0, 1); default: delta"),
-}
-
 #: ``[stream]`` keys interpreted by the guarantees layer: name -> (default, help).
 GUARANTEE_STREAM_KEYS: dict[str, tuple[Any, str]] = {
     "dataset": (REQUIRED, "dataset name (see docs/data.md), or any name when task_sizes is given"),
@@ -121,9 +120,10 @@ GUARANTEE_STREAM_KEYS: dict[str, tuple[Any, str]] = {
 @dataclass(frozen=True)
 class TrainingConfig:
     """A validated config. ``method`` has every method key filled with its default, plus ``encoder`` (the
-    ``[stream] encoder`` directory) when the stream names one, so that plans can name the public encoder."""
+    ``[stream] encoder`` directory) when the stream names one, so that plans can name the public encoder.
+    ``settings`` holds ``[privacy]`` and the label-space keys of ``[stream]`` (:class:`PrivacySettings`)."""
 
-    privacy: Mapping[str, Any]
+    settings: PrivacySettings
     stream: Mapping[str, Any]
     method: Mapping[str, Any]
     spec: MethodSpec
@@ -157,16 +157,6 @@ def _raw_feature_dataset(dataset: Any) -> bool:
     )
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return value
-
-
 def _refuse_integers_beyond_float(raw: Mapping[str, Any]) -> None:
     """Refuse (ConfigError naming the key) an integer of the config beyond float range (|n| > ~1.8e308)."""
     found = integer_beyond_float(dict(raw))
@@ -179,19 +169,6 @@ def _refuse_integers_beyond_float(raw: Mapping[str, Any]) -> None:
     raise ConfigError(f"{where} must be a number within float range (~1.8e308), got {describe_number(value)}.")
 
 
-def _number(section: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise ConfigError(f"[{section}] {key} must be a finite number, got {value!r}.")
-    return float(value)
-
-
-def _choice(section: str, key: str, value: Any, allowed: Iterable[str]) -> str:
-    allowed = tuple(allowed)
-    if value not in allowed:
-        raise ConfigError(f"[{section}] {key} must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}.")
-    return value
-
-
 def _table(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     if name not in raw:
         raise ConfigError(f"the config needs a [{name}] section.")
@@ -199,49 +176,6 @@ def _table(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     if not isinstance(section, Mapping):
         raise ConfigError(f"[{name}] must be a table, got {type(section).__name__}.")
     return section
-
-
-def _unknown(section: str, given: Iterable[str], allowed: Iterable[str]) -> None:
-    allowed = list(allowed)
-    unknown = sorted(set(given) - set(allowed))
-    if unknown:
-        raise ConfigError(f"unknown [{section}] key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}.")
-
-
-def _parse_privacy(section: Mapping[str, Any]) -> dict[str, Any]:
-    _unknown("privacy", section, PRIVACY_KEYS)
-    out: dict[str, Any] = {}
-    for key, (default, help_text) in PRIVACY_KEYS.items():
-        if key not in section:
-            if default is REQUIRED:
-                raise ConfigError(f"[privacy] {key} is required: {help_text}.")
-            out[key] = default
-    eps = _number("privacy", "epsilon", section["epsilon"])
-    if eps <= 0:
-        raise ConfigError(f"[privacy] epsilon must be > 0, got {section['epsilon']!r}.")
-    delta = _number("privacy", "delta", section["delta"])
-    if not 0 < delta < 1:
-        raise ConfigError(f"[privacy] delta must lie in (0, 1), got {section['delta']!r}.")
-    out.update(epsilon=eps, delta=delta)
-    if "adjacency" in section:
-        out["adjacency"] = _choice("privacy", "adjacency", section["adjacency"], ("add_remove", "replace_one"))
-    if "accountant" in section:
-        out["accountant"] = _choice("privacy", "accountant", section["accountant"], CONFIG_ACCOUNTANTS)
-    if "across_tasks" in section:
-        out["across_tasks"] = _choice("privacy", "across_tasks", section["across_tasks"], ACROSS_TASKS_CHOICES)
-    if "total_epsilon" in section:
-        total = _number("privacy", "total_epsilon", section["total_epsilon"])
-        if total <= 0:
-            raise ConfigError(f"[privacy] total_epsilon must be > 0, got {section['total_epsilon']!r}.")
-        out["total_epsilon"] = total
-    if "total_delta" in section:
-        if "total_epsilon" not in section:
-            raise ConfigError("[privacy] total_delta is only allowed together with total_epsilon.")
-        total_delta = _number("privacy", "total_delta", section["total_delta"])
-        if not 0 < total_delta < 1:
-            raise ConfigError(f"[privacy] total_delta must lie in (0, 1), got {section['total_delta']!r}.")
-        out["total_delta"] = total_delta
-    return out
 
 
 def _int_list(where: str, value: Any, minimum: int) -> list[int]:
@@ -357,12 +291,12 @@ MAX_TASKS = 10_000
 MAX_COMPOSED_TASKS = 100
 
 
-def _check_task_count(stream: Mapping[str, Any], privacy: Mapping[str, Any], spec: MethodSpec) -> None:
+def _check_task_count(stream: Mapping[str, Any], settings: PrivacySettings, spec: MethodSpec) -> None:
     """Refuse a stream of more tasks than :data:`MAX_TASKS` (:data:`MAX_COMPOSED_TASKS` when every release
     composes all earlier tasks) up front, naming the key that sets the count."""
     composed = (
-        privacy.get("across_tasks") == "sequential"
-        or not stream.get("disjoint_units", False)
+        settings.across_tasks == "sequential"
+        or not settings.disjoint_units
         or bool(getattr(spec, "reuses_past_tasks", False))
     )
     limit = MAX_COMPOSED_TASKS if composed else MAX_TASKS
@@ -410,10 +344,14 @@ def parse_config(
     run = _parse_run(raw.get("run", {}))
     privacy = _parse_privacy(_table(raw, "privacy"))
     stream = _parse_stream(_table(raw, "stream"), data_stream_keys)
+    settings = PrivacySettings(
+        **privacy, label_space=stream["label_space"], prior_labels=stream.get("prior_labels"),
+        disjoint_units=stream["disjoint_units"], recorded=dict(raw),
+    )
     method, spec = _parse_method(_table(raw, "method"))
     if stream.get("tasks") is None and stream.get("task_sizes") is None and "n_tasks" not in stream:
         raise ConfigError("[stream] tasks is required (one list of labels per task), or give task_sizes.")
-    _check_task_count(stream, privacy, spec)
+    _check_task_count(stream, settings, spec)
     if stream.get("encoder") is not None:
         # the plan names the public encoder it assumes (dpcl.guarantees.public_encoder), so audit and certificates
         # state which one; [method] cannot set this key itself (it is not a method key)
@@ -422,16 +360,16 @@ def parse_config(
         # no encoder at all: the plan must not claim a pre-trained one (dpcl.guarantees.public_encoder)
         method["raw_features"] = True
     config = TrainingConfig(
-        privacy=privacy, stream=stream, method=method, spec=spec, source=source, raw=dict(raw), run=run
+        settings=settings, stream=stream, method=method, spec=spec, source=source, raw=dict(raw), run=run
     )
-    if stream["label_space"] != "data":
+    if settings.label_space != "data":
         # the public label sets the runner filters with: integer labels, one list per task under 'prior'
         try:
             n_tasks = config.n_tasks
         except (TypeError, ValueError):  # a malformed data-layer n_tasks is the data layer's to report
             n_tasks = 0
         if n_tasks > 0:
-            output_label_sets(stream["label_space"], stream["prior_labels"], n_tasks)
+            output_label_sets(settings.label_space, settings.prior_labels, n_tasks)
     return config
 
 

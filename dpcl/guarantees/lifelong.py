@@ -93,6 +93,7 @@ from dpcl.guarantees.method_schema import (
     torch_device,
 )
 from dpcl.guarantees.public_encoder import public_encoder_assumption
+from dpcl.guarantees.settings import PrivacySettings, privacy_settings
 
 __all__ = [
     "INPUT_RANGES",
@@ -574,17 +575,14 @@ L2DPML_KEYS: tuple[MethodKey, ...] = (
 
 
 
-def _privacy_epsilon(privacy: Mapping[str, Any]) -> float:
-    if "epsilon" not in privacy:
+def _privacy_epsilon(settings: PrivacySettings) -> float:
+    if settings.epsilon is None:
         raise ConfigError("[privacy] epsilon is required for l2dpml (the per-example Lifelong-DP budget).")
-    try:
-        return float(check_positive("[privacy] epsilon", privacy["epsilon"]))
-    except InvalidParameterError as exc:
-        raise ConfigError(str(exc)) from None
+    return settings.epsilon
 
 
-def _privacy_adjacency(privacy: Mapping[str, Any]) -> Adjacency:
-    adjacency = Adjacency.parse(privacy.get("adjacency", Adjacency.REPLACE_ONE.value))
+def _privacy_adjacency(settings: PrivacySettings) -> Adjacency:
+    adjacency = Adjacency.parse(settings.adjacency)
     if adjacency is not Adjacency.REPLACE_ONE:
         raise ConfigError(
             "[privacy] adjacency must be 'replace_one' for l2dpml: the fixed batches are a partition of the task's "
@@ -633,13 +631,14 @@ class L2DPMLSpec:
     reuses_past_tasks: bool = False
 
     def plan_task(
-        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+        self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int
     ) -> TaskPlan:
         n = check_count("n_examples", n_examples, minimum=0)
         check_count("task_index", task_index, minimum=0)
-        epsilon = _privacy_epsilon(privacy)
-        adjacency = _privacy_adjacency(privacy)
-        unit = str(privacy.get("unit", "example"))
+        settings = privacy_settings(privacy)
+        epsilon = _privacy_epsilon(settings)
+        adjacency = _privacy_adjacency(settings)
+        unit = settings.unit
         v = {k.name: method_value(method, L2DPML_KEYS, k.name, "l2dpml") for k in L2DPML_KEYS}
         for key in L2DPML_KEYS:
             if key.check is not None and (msg := key.check(v[key.name])) is not None:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Protocol
 from dpcl.accounting.events import PrivacyEvent
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_registry import REGISTRY, MethodKey, RegistryView  # MethodKey: public here too
+from dpcl.guarantees.settings import PrivacySettings
 
 
 class _Required:
@@ -150,12 +151,13 @@ class MethodSpec(Protocol):
     reuses_past_tasks: bool
 
     def plan_task(
-        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+        self, method: Mapping[str, Any], privacy: PrivacySettings, n_examples: int, task_index: int
     ) -> TaskPlan:
         """Plan task ``task_index`` (0-based) holding ``n_examples`` examples.
 
         ``method`` is the validated ``[method]`` section (defaults filled in),
-        ``privacy`` the validated ``[privacy]`` section.
+        ``privacy`` the run's :class:`~dpcl.guarantees.settings.PrivacySettings` (read its attributes:
+        ``privacy.epsilon``, ``privacy.delta``, ``privacy.adjacency``...).
         """
         ...
 

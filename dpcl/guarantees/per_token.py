@@ -82,6 +82,7 @@ from dpcl.guarantees.schedules import (
     calibrated_dpsgd_task,
     dpsgd_noise_record,
 )
+from dpcl.guarantees.settings import PrivacySettings, privacy_settings
 
 #: Stated by every PeCL certificate whose frozen language model was loaded from ``pretrained_path``.
 PRETRAINED_PUBLIC_ASSUMPTION = (
@@ -618,15 +619,10 @@ PECL_KEYS: tuple[MethodKey, ...] = (
 )
 
 
-def _privacy_delta(privacy: Mapping[str, Any]) -> float:
-    if "delta" not in privacy:
+def _privacy_delta(settings: PrivacySettings) -> float:
+    if settings.delta is None:
         raise ConfigError("[privacy] delta is required for pecl (the delta of every per-token guarantee).")
-    try:
-        return float(check_delta("[privacy] delta", privacy["delta"]))
-    except InvalidParameterError as exc:
-        raise ConfigError(str(exc)) from None
-
-
+    return settings.delta
 
 
 def _check_key_relations(v: Mapping[str, Any]) -> None:
@@ -678,12 +674,13 @@ class PeCLSpec:
     reuses_past_tasks: bool = False
 
     def plan_task(
-        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+        self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int
     ) -> TaskPlan:
         v = {k.name: method_value(method, PECL_KEYS, k.name, "pecl") for k in PECL_KEYS}
         # an empty task is released as the previous release under dp_sgd; the paper's plan needs data
         check_count("n_examples", n_examples, minimum=0 if v["training"] == "dp_sgd" else 1)
-        delta = _privacy_delta(privacy)
+        settings = privacy_settings(privacy)
+        delta = _privacy_delta(settings)
         _check_key_relations(v)
         try:
             lower, upper = _check_budget_range(v["epsilon_lower"], v["epsilon_upper"])
@@ -700,7 +697,7 @@ class PeCLSpec:
             raise ConfigError(f"[method] {exc}") from None
         sigma_min = float(worst.sigmas[0])
         summary = per_token_guarantee(worst, max_sequence_length=v["max_seq_len"])
-        budget = privacy.get("epsilon")
+        budget = settings.epsilon
         dp_sgd = v["training"] == "dp_sgd"
         if not dp_sgd and budget is not None and v["calibration"] == "analytic" and upper > float(budget):
             raise ConfigError(
@@ -753,11 +750,11 @@ class PeCLSpec:
                 release=PAPER_RELEASE,
                 scoped=(ScopedPlan(INPUT_EMBEDDINGS_SCOPE_NAME, INPUT_EMBEDDINGS_SCOPE, (token,)),),
             )
-        return _dpsgd_plan(v, privacy, int(n_examples), task_index, noise, notes, token, pretrained)
+        return _dpsgd_plan(v, settings, int(n_examples), task_index, noise, notes, token, pretrained)
 
 
 def _dpsgd_plan(
-    v: Mapping[str, Any], privacy: Mapping[str, Any], n: int, task_index: int, noise: dict[str, Any],
+    v: Mapping[str, Any], privacy: PrivacySettings, n: int, task_index: int, noise: dict[str, Any],
     notes: list[str], token: RepeatedEvent, pretrained: tuple[str, ...],
 ) -> TaskPlan:
     """The plan of a DP PeCL task: its DP-SGD run is the checkpoint's event, TDP a scoped statement."""

@@ -93,6 +93,7 @@ from dpcl.guarantees.method_schema import (
     positive_int,
     torch_device,
 )
+from dpcl.guarantees.settings import PrivacySettings, privacy_settings
 
 __all__ = [
     "COSINE",
@@ -234,18 +235,12 @@ def cosine_sensitivity(adjacency: "Adjacency | str") -> float:
     return 1.0 if Adjacency.parse(adjacency) is Adjacency.ADD_REMOVE else 2.0
 
 
-def _privacy(privacy: Mapping[str, Any]) -> tuple[float, float, Adjacency, str]:
-    try:
-        eps = float(privacy["epsilon"])
-        delta = float(privacy["delta"])
-        adjacency = Adjacency.parse(privacy.get("adjacency", "add_remove"))
-    except KeyError as exc:
-        raise ConfigError(f"[privacy] {exc.args[0]} is required.") from None
-    except InvalidParameterError as exc:
-        raise ConfigError(f"[privacy] {exc}") from None
-    return eps, delta, adjacency, str(privacy.get("accountant", "auto"))
-
-
+def _privacy(privacy: "PrivacySettings | Mapping[str, Any]") -> tuple[float, float, Adjacency, str]:
+    settings = privacy_settings(privacy)
+    for name, value in (("epsilon", settings.epsilon), ("delta", settings.delta)):
+        if value is None:
+            raise ConfigError(f"[privacy] {name} is required.")
+    return settings.epsilon, settings.delta, Adjacency.parse(settings.adjacency), settings.accountant
 
 
 def _check_size(n_examples: Any) -> int:
@@ -342,7 +337,7 @@ class CosineSpec:
     reuses_past_tasks: bool = False
 
     def plan_task(
-        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+        self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int
     ) -> TaskPlan:
         _check_size(n_examples)
         eps, delta, adjacency, _ = _privacy(privacy)
@@ -384,7 +379,7 @@ class DpSgdSpec:
     assumption: str
 
     def plan_task(
-        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+        self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int
     ) -> TaskPlan:
         n = _check_size(n_examples)
         eps, delta, adjacency, accountant = _privacy(privacy)
@@ -435,11 +430,12 @@ class AGemSpec(DpSgdSpec):
         return rate
 
     def plan_task(
-        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+        self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int,
+        task_index: int,
     ) -> TaskPlan:
         import dataclasses
 
-        across = privacy.get("across_tasks", "auto")
+        across = privacy_settings(privacy).across_tasks
         if across != "sequential":
             raise ConfigError(
                 f"[method] name = 'agem' reads the examples of its episodic memory again at every later task, so a "
@@ -524,7 +520,7 @@ class PeftEnsembleSpec(DpSgdSpec):
     variant (:func:`peft_variant`) in the plan's noise (``peft_variant``) and notes."""
 
     def plan_task(
-        self, method: Mapping[str, Any], privacy: Mapping[str, Any], n_examples: int, task_index: int
+        self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int
     ) -> TaskPlan:
         import dataclasses
 

@@ -50,6 +50,7 @@ from dpcl.errors import ConfigError, InvalidParameterError, MethodPluginError, M
 from dpcl.guarantees.method_registry import REGISTRY, RegistryView
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.noise_source import noise_rng, noise_torch_generator
+from dpcl.guarantees.settings import PrivacySettings, privacy_settings
 
 #: ``[method] name`` -> "module:class" of its :class:`ContinualMethod`: a read-only view of the method
 #: registry (:mod:`dpcl.guarantees.method_registry`), built-in methods and installed plugins.
@@ -104,7 +105,8 @@ class MethodSetup:
     """
 
     method: Mapping[str, Any]
-    privacy: Mapping[str, Any]
+    #: The run's privacy settings (a ``[privacy]`` mapping is validated into them), ``across_tasks`` resolved.
+    privacy: PrivacySettings
     label_space: tuple[int, ...]
     input_dim: int
     seed: int
@@ -112,6 +114,7 @@ class MethodSetup:
     reproducible_noise: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "privacy", privacy_settings(self.privacy))
         if not self.label_space:
             raise InvalidParameterError("label_space must list at least one public label.")
         if int(self.input_dim) < 0:

@@ -245,7 +245,7 @@ class L2DPMLMethod(ContinualMethod):
         self.reports: dict[int, dict[str, Any]] = {}
         #: how tasks compose ("parallel" needs disjoint units across tasks); anything but an explicit
         #: "sequential" (e.g. an unresolved "auto") is held to the stricter parallel precondition
-        self.across_tasks = "sequential" if setup.privacy.get("across_tasks") == "sequential" else "parallel"
+        self.across_tasks = "sequential" if setup.privacy.across_tasks == "sequential" else "parallel"
 
     # -- features --------------------------------------------------------
     def _head_features(self, x: torch.Tensor) -> torch.Tensor:

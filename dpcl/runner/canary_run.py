@@ -135,7 +135,7 @@ def run_with_canaries(config_path: "str | Path", out_dir: "str | Path", *, canar
     loaded = load_run(config_path, out_dir, seed=seed, device=device, quiet=quiet)
     if not loaded.private:
         raise ConfigError("the config trains without privacy ([privacy] private = false): there is no certified epsilon to audit.")
-    adjacency = loaded.config.privacy["adjacency"]
+    adjacency = loaded.config.settings.adjacency
     if adjacency != "add_remove":
         raise ConfigError(
             f"--in-stream audits add/remove guarantees (a canary is added or not), but [privacy] adjacency = "
@@ -149,7 +149,7 @@ def run_with_canaries(config_path: "str | Path", out_dir: "str | Path", *, canar
     prepared = dataclasses.replace(prepared, tasks=tasks)
     report = audit_run(loaded, prepared)
     run = open_run(loaded, prepared, report, clock)
-    delta = float(loaded.config.privacy["delta"])
+    delta = float(loaded.config.settings.delta)
     per_task_confidence = 1.0 - (1.0 - confidence) / len(sets)
     results = []
     for t in range(run.n_tasks):

@@ -285,12 +285,12 @@ def _release_sizes(config: Any, sizes: Sequence[int]) -> list[int]:
 
 
 def _n_outputs(config: Any, n_tasks: int) -> int:
-
-    stream = config.stream
-    if stream.get("label_space") == "data":
-        groups = stream.get("tasks") or []
+    """How many labels the trained head has: the task labels (label space from the data), else the public sets."""
+    settings = config.settings
+    if settings.label_space == "data":
+        groups = config.stream.get("tasks") or []
         return max(1, len({int(o) for g in groups for o in g}))
-    sets = output_label_sets(stream["label_space"], stream["prior_labels"], n_tasks)
+    sets = output_label_sets(settings.label_space, settings.prior_labels, n_tasks)
     return max(1, len({int(o) for s in sets for o in s}))
 
 

@@ -52,7 +52,7 @@ from typing import Any
 from dpcl._io.atomic_io import read_json
 from dpcl.data import STREAM_KEYS
 from dpcl.errors import ConfigError, DistributedRunError, InvalidParameterError
-from dpcl.guarantees.audit_config import resolve_across_tasks
+from dpcl.audit_config import resolve_across_tasks
 from dpcl.guarantees.config import load_config
 from dpcl.methods.base import method_class
 from dpcl.runner.run import resolve_device, run_training
@@ -223,7 +223,7 @@ def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproduci
         stream = build_run_stream(config, cls, seed=seed, device=device)
         sets = label_sets(config, len(stream))
         prepared, _ = prepare_tasks(stream, sets, bool(getattr(cls, "needs_texts", False)))
-        across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
+        across, _ = resolve_across_tasks(config.settings.across_tasks, config.settings.disjoint_units)
         method = cls(method_setup(config, sets, prepared, across=across, seed=seed, device=device,
                                   reproducible_noise=bool(reproducible_noise or options["reproducible_noise"])))
         for t in range(start, len(prepared)):

@@ -21,7 +21,7 @@ In detail:
    build the task stream (:func:`dpcl.data.build_stream`), apply the public
    label-space filter to every task (Tobaben et al., eq. 6) and **audit** the
    config on the filtered task sizes with the same engine as ``dpcl audit``
-   (:func:`dpcl.guarantees.audit_config.audit_config`). A config the audit
+   (:func:`dpcl.audit_config.audit_config`). A config the audit
    refuses raises :class:`~dpcl.errors.PrivacyViolationError` (exit code 3)
    before any data is trained on.
 2. for every task ``t``: plan it with the method's spec (the plan the audit
@@ -115,7 +115,7 @@ from dpcl.errors import (
     LedgerCorruptError,
     PrivacyViolationError,
 )
-from dpcl.guarantees.audit_config import audit_config, resolve_across_tasks
+from dpcl.audit_config import audit_config, resolve_across_tasks
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
 from dpcl.guarantees.config import load_config
 from dpcl.guarantees.label_space import describe_filtering
@@ -395,7 +395,7 @@ def prepare_stream(run: LoadedRun) -> PreparedStream:
             "label filtering; remove task_sizes or correct it (the audit would plan other task sizes than the run "
             "trains)."
         )
-    if run.config.stream["disjoint_units"]:
+    if run.config.settings.disjoint_units:
         stream.check_disjoint_units()
     return prepared
 
@@ -466,20 +466,10 @@ def open_certifier(loaded: LoadedRun, report: Any, *, resume: bool) -> Any:
     config = loaded.config
     return Certifier(
         loaded.out,
-        delta=config.privacy["delta"],
-        label_space=config.stream["label_space"],
-        prior_labels=config.stream["prior_labels"],
-        adjacency=report.adjacency,
-        unit=report.unit,
-        across_tasks=config.privacy["across_tasks"],
-        disjoint_units=bool(config.stream["disjoint_units"]),
-        total_epsilon=config.privacy.get("total_epsilon"),
-        total_delta=config.privacy.get("total_delta"),
-        accountant=config.privacy["accountant"],
+        settings=config.settings.replace(adjacency=report.adjacency, unit=report.unit),
         method=loaded.method_name,
         sign_key=loaded.sign_key,
         private=loaded.private,
-        config=config.to_dict(),
         metadata={"config": config.to_dict(), "method": loaded.method_name, "seed": loaded.seed,
                   "reproducible_noise": loaded.reproducible},
         resume=loaded.resume,
@@ -555,7 +545,7 @@ def open_run(loaded: LoadedRun, prepared: PreparedStream, report: Any, clock: St
 
 
 def _resolved_across(config: Any) -> str:
-    across, _ = resolve_across_tasks(config.privacy["across_tasks"], config.stream["disjoint_units"])
+    across, _ = resolve_across_tasks(config.settings.across_tasks, config.settings.disjoint_units)
     return across
 
 
@@ -771,8 +761,8 @@ def write_summary(run: RunInProgress) -> dict[str, Any]:
         "stream_seed": int(run.prepared.stream.seed),
         "device": run.device,
         "config": str(loaded.config_file),
-        "epsilon_per_task": config.privacy["epsilon"] if loaded.private else "inf",
-        "delta": config.privacy["delta"],
+        "epsilon_per_task": config.settings.epsilon if loaded.private else "inf",
+        "delta": config.settings.delta,
         "across_tasks": run.certifier.across_tasks,
         "cumulative_epsilon": [r.cumulative_epsilon for r in releases],
         "final_epsilon": releases[-1].cumulative_epsilon if releases else None,
@@ -782,7 +772,7 @@ def write_summary(run: RunInProgress) -> dict[str, Any]:
         "label_filtering": describe_filtering(run.prepared.filter_reports),
     }
     write_json_atomic(run.out / "metrics.json", metrics)
-    epsilon = f" (ε={config.privacy['epsilon']:g} per task, δ={config.privacy['delta']:g})"
+    epsilon = f" (ε={config.settings.epsilon:g} per task, δ={config.settings.delta:g})"
     plot_accuracy(
         run.out / "accuracy.png",
         matrix,
@@ -864,7 +854,7 @@ def run_training(
         metrics=metrics,
         resumed_after=run.resumed_after,
         complete=metrics["complete"],
-        delta=float(loaded.config.privacy["delta"]),
+        delta=float(loaded.config.settings.delta),
         audit=report.to_dict(),
         stage_seconds=dict(clock.seconds),
     )

@@ -53,7 +53,7 @@ def build_run_stream(config: Any, method_class: Any, *, seed: int, device: str, 
 
 def label_sets(config: Any, n_tasks: int) -> list[tuple[int, ...]]:
     """The public output label set O_t of every task (sorted), from ``[stream] label_space`` and ``prior_labels``."""
-    sets = output_label_sets(config.stream["label_space"], config.stream["prior_labels"], n_tasks)
+    sets = output_label_sets(config.settings.label_space, config.settings.prior_labels, n_tasks)
     return [tuple(sorted(s)) for s in sets]
 
 
@@ -137,7 +137,7 @@ def method_setup(config: Any, output_sets: Sequence[tuple[int, ...]], prepared: 
     """The method's :class:`~dpcl.methods.base.MethodSetup`; ``across`` is the resolved composition the ledger applies."""
     return MethodSetup(
         method=config.method,
-        privacy={**config.privacy, "across_tasks": across},
+        privacy=config.settings.replace(across_tasks=across),
         label_space=tuple(sorted({o for s in output_sets for o in s})),
         input_dim=int(prepared[0].features.shape[1]),
         seed=seed,
@@ -153,7 +153,7 @@ def task_plan(config: Any, t: int, n_examples: int, *, trains_plan: bool) -> Any
     run of a method whose plan covers its checkpoint) the noise-free plan: no events, not covered.
     """
     if trains_plan:
-        return config.spec.plan_task(config.method, config.privacy, n_examples, t)
+        return config.spec.plan_task(config.method, config.settings, n_examples, t)
     return TaskPlan(events=(), noise={}, assumptions=(), release=ReleaseCoverage.not_covered(NON_PRIVATE_STATEMENT))
 
 

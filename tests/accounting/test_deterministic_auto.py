@@ -115,7 +115,7 @@ def test_dpsgd_epsilon_and_calibration_are_the_same_under_fast_and_slow_clocks(m
 
 def _audit(path: Path):
     from dpcl.cli.audit import _data_stream_keys, stream_task_sizes
-    from dpcl.guarantees.audit_config import audit_config
+    from dpcl.audit_config import audit_config
     from dpcl.guarantees.config import load_config
 
     config = load_config(path, data_stream_keys=_data_stream_keys())

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_run_stages as stages  # noqa: E402
 
 RUNNER = ("/x/dpcl/runner/run.py", 1, "run_training")
-AUDIT = ("/x/dpcl/guarantees/audit_config.py", 1, "audit_config")
+AUDIT = ("/x/dpcl/audit_config.py", 1, "audit_config")
 PLD = ("/x/site-packages/dp_accounting/pld/common.py", 1, "self_convolve")
 NUMPY = ("/x/site-packages/numpy/fft.py", 1, "fft")
 FIT = ("/x/dpcl/methods/baselines.py", 1, "fit_task")

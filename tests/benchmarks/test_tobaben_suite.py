@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dpcl.guarantees.audit_config import audit_config
+from dpcl.audit_config import audit_config
 from dpcl.guarantees.config import parse_config as _parse_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))

@@ -10,7 +10,7 @@ import pytest
 from dpcl.accounting.gaussian import gaussian_sigma
 from dpcl.errors import ConfigError
 from dpcl.guarantees import ledger as ledger_module
-from dpcl.guarantees.audit_config import audit_config, resolve_across_tasks
+from dpcl.audit_config import audit_config, resolve_across_tasks
 from dpcl.guarantees.config import parse_config
 from dpcl.guarantees.label_space import FilterReport
 from dpcl.guarantees.method_schema import ReleaseCoverage
@@ -144,7 +144,7 @@ class _SilentSpec:
 
 def test_method_releasing_nothing_on_empty_task_is_a_violation():
     cfg = _cfg()
-    cfg = type(cfg)(privacy=cfg.privacy, stream=cfg.stream, method={"name": "silent"}, spec=_SilentSpec(), raw={})
+    cfg = type(cfg)(settings=cfg.settings, stream=cfg.stream, method={"name": "silent"}, spec=_SilentSpec(), raw={})
     report = audit_config(cfg, [100, 0, 90])
     assert not report.sound and "Prop. F.1" in report.violations[0] and "task 1" in report.violations[0]
     # task 0's release was DP; from the silent task on, no epsilon bounds the stream
@@ -188,7 +188,7 @@ def test_bad_prior_labels_refused_by_the_audit_as_by_the_run():
     config = parse_config(COSINE_RAW)
     for bad, message in (([[0, 1], [2, 3]], r"one label list per task \(3 tasks\)"),
                          ([[0, "x"], [2, 3], [4, 5]], r"prior_labels\[0\] must contain integer labels")):
-        changed = dataclasses.replace(config, stream={**config.stream, "prior_labels": bad})
+        changed = dataclasses.replace(config, settings=config.settings.replace(prior_labels=bad))
         with pytest.raises(ConfigError, match=message):
             audit_config(changed, SIZES)
 
@@ -196,7 +196,7 @@ def test_bad_prior_labels_refused_by_the_audit_as_by_the_run():
 def test_exact_task_counts_are_stated_as_public():
     """The report (and every certificate of the run) states exact per-task counts; epsilon does not cover them,
     so the guarantee must say they are treated as public."""
-    from dpcl.guarantees.audit_config import COUNTS_ASSUMPTION
+    from dpcl.audit_config import COUNTS_ASSUMPTION
 
     report = audit_config(_cfg(), SIZES, filter_reports=[FilterReport(t, n, 1) for t, n in enumerate(SIZES)])
     assert COUNTS_ASSUMPTION in report.assumptions

@@ -39,9 +39,9 @@ _DELETE = object()
 
 def test_defaults_filled():
     cfg = parse_config(BASE)
-    assert cfg.privacy["adjacency"] == "add_remove"
-    assert cfg.privacy["accountant"] == "auto" and cfg.privacy["across_tasks"] == "auto"
-    assert cfg.privacy["total_epsilon"] is None
+    assert cfg.settings.adjacency == "add_remove"
+    assert cfg.settings.accountant == "auto" and cfg.settings.across_tasks == "auto"
+    assert cfg.settings.total_epsilon is None
     assert cfg.method["adapter_dim"] == 64 and cfg.method["aggregation"] == "argmax"
     assert cfg.method["max_grad_norm"] == 1.0 and isinstance(cfg.method["max_grad_norm"], float)
     assert cfg.n_tasks == 2 and cfg.spec.name == "peft_ensemble"

@@ -11,7 +11,7 @@ def test_guarantees_and_audit_cli_do_not_import_torch():
         "import sys\n"
         "import dpcl._io.atomic_io, dpcl.guarantees.label_space, dpcl.guarantees.ledger\n"
         "import dpcl.guarantees.certificates, dpcl.guarantees.config, dpcl.guarantees.schedules\n"
-        "import dpcl.guarantees.audit_config, dpcl.cli.audit, dpcl.cli.verify\n"
+        "import dpcl.audit_config, dpcl.cli.audit, dpcl.cli.verify\n"
         "from dpcl.guarantees.method_schema import get_method_spec\n"
         "for name in ('cosine', 'peft_ensemble', 'naive', 'non_cl'):\n"
         "    get_method_spec(name)\n"

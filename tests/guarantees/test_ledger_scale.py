@@ -312,7 +312,7 @@ def test_task_count_bounds():
 
 
 def test_audit_of_thousands_of_equal_tasks(monkeypatch):
-    from dpcl.guarantees.audit_config import audit_config
+    from dpcl.audit_config import audit_config
 
     config = parse_config(_config(3000))
     report = audit_config(config, [100] * 3000)

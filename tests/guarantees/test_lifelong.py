@@ -338,7 +338,7 @@ def _l2dpml_config(task_sizes: list[int], disjoint_units: bool) -> dict:
 def test_sequential_audit_composes_tasks_and_the_plan_note_does_not_claim_the_stream():
     """With disjoint_units = false the ledger composes the tasks (basic composition of pure-DP Laplace releases
     bounds it by 3 x 4 = 12); the plan's note must not state epsilon1 + epsilon2 for the whole stream then."""
-    from dpcl.guarantees.audit_config import audit_config
+    from dpcl.audit_config import audit_config
     from dpcl.guarantees.config import parse_config
 
     raw = _l2dpml_config([100, 100, 100], disjoint_units=False)
@@ -358,7 +358,7 @@ def test_sequential_audit_composes_tasks_and_the_plan_note_does_not_claim_the_st
 def test_empty_task_is_not_refused_by_the_audit():
     """An empty l2dpml task reads no data and releases the previous model (Prop. F.1 is met); the audit used to
     refuse it as 'releases nothing' because the plan did not say what it releases."""
-    from dpcl.guarantees.audit_config import audit_config
+    from dpcl.audit_config import audit_config
     from dpcl.guarantees.config import parse_config
     from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY
 

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dpcl.errors import ConfigError, PrivacyViolationError  # noqa: E402
-from dpcl.guarantees.audit_config import audit_config  # noqa: E402
+from dpcl.audit_config import audit_config  # noqa: E402
 from dpcl.guarantees.config import parse_config  # noqa: E402
 from dpcl.guarantees.schedules import AGEM  # noqa: E402
 from dpcl.methods.base import MethodSetup, TrainingData  # noqa: E402

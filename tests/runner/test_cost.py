@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from dpcl.cli import main  # noqa: E402
 from dpcl.cli.audit import _data_stream_keys, stream_task_sizes  # noqa: E402
 from dpcl.data.registry import missing_dataset_folder  # noqa: E402
-from dpcl.guarantees.audit_config import audit_config  # noqa: E402
+from dpcl.audit_config import audit_config  # noqa: E402
 from dpcl.guarantees.config import load_config  # noqa: E402
 from dpcl.runner.cost import (  # noqa: E402
     CostUnavailable,

@@ -266,7 +266,7 @@ def test_audit_and_run_agree_on_sizes_and_epsilon(tmp_path):
     """What is audited is what is trained: `dpcl audit`'s plan equals the run's ledger."""
     from dpcl.cli.audit import stream_task_sizes
     from dpcl.data import STREAM_KEYS
-    from dpcl.guarantees.audit_config import audit_config
+    from dpcl.audit_config import audit_config
     from dpcl.guarantees.config import load_config
 
     config_path = write_config(tmp_path, "peft_ensemble", epsilon=3.0, label_space="prior",

@@ -96,7 +96,7 @@ class PeCLMethod(ContinualMethod):
             epsilon_lower=float(method["epsilon_lower"]),
             epsilon_upper=float(method["epsilon_upper"]),
             clip_norm=float(method["clip_norm"]),
-            delta=float(setup.privacy["delta"]),
+            delta=setup.privacy.delta,
             device=setup.device,
         )
         self.learner = ContinualLM(len(self.label_space), learner_config(**options), setup.seed, list(public.texts),

@@ -2,9 +2,11 @@
 
 :func:`audit_config` plans every task with the method's
 :class:`~dpcl.guarantees.method_schema.MethodSpec` (the same plan ``dpcl run``
-trains with), charges the planned events to a :class:`TaskLedger` exactly as a
-run would, and reports the cumulative guarantee after every release together
-with every privacy violation it finds:
+trains with), charges the planned events to a dry run of the
+:class:`~dpcl.Certifier` (:meth:`~dpcl.Certifier.dry_run`: the charges, privacy
+filter, commits and composition of ``dpcl run``, in memory; one certification
+path, not two), and reports the cumulative guarantee after every release
+together with every privacy violation it finds:
 
 * ``label_space = "data"`` (Tobaben et al., Prop. 4.6);
 * a method that releases nothing for an empty task (Prop. F.1);
@@ -31,8 +33,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from dpcl.certifier import DISJOINT_ASSUMPTION, SHARED_ASSUMPTION, Certifier
 from dpcl.errors import (
     BudgetExceededError,
     ConfigError,
@@ -50,7 +53,7 @@ from dpcl.guarantees.label_space import (
     output_label_sets,
     require_proper_release,
 )
-from dpcl.guarantees.ledger import TaskLedger, compact_indices
+from dpcl.guarantees.ledger import compact_indices
 from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
 
 __all__ = ["AuditReport", "audit_config", "combined_release", "resolve_across_tasks", "NOT_COVERED_PREFIX"]
@@ -70,10 +73,6 @@ UNDECLARED_VIOLATION = (
     "ReleaseCoverage."
 )
 
-DISJOINT_ASSUMPTION = (
-    "Tasks hold disjoint privacy units: no person/unit contributes data to two tasks (Tobaben et al., Thm 4.4)."
-)
-SHARED_ASSUMPTION = "Privacy units may occur in several tasks; releases compose sequentially (Tobaben et al., Thm 4.5)."
 COUNTS_ASSUMPTION = (
     "Per-task example counts (training examples after label filtering, and how many the public label sets "
     "dropped) are treated as public: audit reports and certificates state them exactly and epsilon does not "
@@ -106,6 +105,9 @@ class AuditReport:
     release: dict[str, Any] | None = None
     #: Statements about narrower releases: name, scope, epsilon, delta, adjacency, unit, accountant, across_tasks.
     scoped_guarantees: tuple[dict[str, Any], ...] = ()
+    #: The dry run of the :class:`~dpcl.Certifier` the plans were charged to (its ledgers hold every charge, as
+    #: ``dpcl run`` records them); not part of :meth:`to_dict`.
+    dry_run: Any = field(default=None, compare=False, repr=False)
 
     @property
     def covered(self) -> bool:
@@ -216,73 +218,59 @@ def _check_sizes(task_sizes: Sequence[int], n_tasks: int) -> list[int]:
     return sizes
 
 
-def audit_config(
-    config: TrainingConfig,
-    task_sizes: Sequence[int],
-    *,
-    filter_reports: Sequence[FilterReport] | None = None,
-    unit_ids: Sequence[Any] | None = None,
-) -> AuditReport:
-    """Plan every task of ``config`` and report the stream's guarantee and its violations.
+@dataclass
+class _Stream:
+    """What charging the plans so far says: the headline epsilon, its accountant, and whether the stream stopped."""
 
-    ``task_sizes`` are the training examples of each task *after* label
-    filtering; ``filter_reports`` (optional) are the per-task filter counts shown
-    in the report; ``unit_ids`` (optional, one array per task) lets the audit
-    check that tasks declared disjoint really hold disjoint privacy units.
-    """
-    privacy, stream, method, spec = config.privacy, config.stream, config.method, config.spec
-    sizes = _check_sizes(task_sizes, config.n_tasks)
-    violations: list[str] = []
-    notes: list[str] = []
-    assumptions: list[str] = []
+    epsilon: float | None = None
+    accountant: str = "auto"
+    stopped: bool = False
+    no_sound_bound: bool = False
 
-    # first task from which the releases are not (epsilon, delta < 1)-DP at all (Prop. 4.6 / F.1): no bound exists
-    not_dp_from: int | None = None
-    if stream["label_space"] == "data":
-        violations.append(PROP_4_6_COUNTEREXAMPLE)
-        not_dp_from = 0
-    else:
-        # the public label sets dpcl run filters with (refused here exactly as the run would refuse them)
-        output_label_sets(stream["label_space"], stream.get("prior_labels"), len(sizes))
-        assumptions.append(label_space_assumption(stream["label_space"]))
 
-    across, problems = resolve_across_tasks(privacy["across_tasks"], stream["disjoint_units"])
-    violations.extend(problems)
-    if unit_ids is not None:
-        if len(unit_ids) != len(sizes):
-            raise ConfigError(f"unit ids were given for {len(unit_ids)} tasks, the stream has {len(sizes)}.")
-        if across == "parallel":
-            probe = TaskLedger(delta=privacy["delta"], across_tasks="parallel")
-            try:
-                for t, ids in enumerate(unit_ids):
-                    probe.register_units(t, ids)
-            except DisjointnessViolationError as exc:
-                violations.append(f"{exc} The stream is accounted sequentially instead.")
-                across = "sequential"
-    assumptions.append(DISJOINT_ASSUMPTION if across == "parallel" else SHARED_ASSUMPTION)
-    assumptions.append(COUNTS_ASSUMPTION)
+def _declared_disjointness(certifier: Certifier, unit_ids: Sequence[Any] | None, n_tasks: int,
+                           violations: list[str]) -> bool:
+    """Whether the unit ids (when given) hold the declared disjointness; the violation is stated when they do not.
+    The ids are registered with the dry run's ledger, as ``dpcl run`` charges them with its data."""
+    if unit_ids is None:
+        return True
+    if len(unit_ids) != n_tasks:
+        raise ConfigError(f"unit ids were given for {len(unit_ids)} tasks, the stream has {n_tasks}.")
+    if certifier.across_tasks != "parallel":
+        return True
+    try:
+        for t, ids in enumerate(unit_ids):
+            certifier.ledger.register_units(t, ids)
+    except DisjointnessViolationError as exc:
+        violations.append(f"{exc} The stream is accounted sequentially instead.")
+        return False
+    return True
 
-    plans = []
-    seen_assumptions = dict.fromkeys(assumptions)
-    seen_notes: dict[str, None] = {}
+
+def _plan_stream(config: TrainingConfig, sizes: Sequence[int], violations: list[str]
+                 ) -> tuple[list[tuple[int, int, TaskPlan | None]], int | None]:
+    """Every task's plan (None: an empty task the method cannot plan, Prop. F.1), as ``dpcl run`` plans it, and the
+    first task whose release is not DP for any epsilon (None: none)."""
+    spec, not_dp_from = config.spec, None
+    plans: list[tuple[int, int, TaskPlan | None]] = []
     trained_so_far = 0
     for t, n in enumerate(sizes):
         trained_so_far += n
         n_plan = trained_so_far if spec.reuses_past_tasks else n
         try:
-            plan = spec.plan_task(method, privacy, n_plan, t)
+            plan = spec.plan_task(config.method, config.settings, n_plan, t)
         except (ConfigError, PrivacyViolationError):
             raise
         except InvalidParameterError as exc:
-            if n_plan == 0:
-                violations.append(
-                    f"method {spec.name!r} cannot plan task {t}, which is empty after label filtering ({exc}), "
-                    f"so it would release nothing: {PROP_F_1_COUNTEREXAMPLE}"
-                )
-                plans.append((t, 0, None))
-                not_dp_from = t if not_dp_from is None else not_dp_from
-                continue
-            raise ConfigError(f"[method] cannot plan task {t}: {exc}") from None
+            if n_plan != 0:
+                raise ConfigError(f"[method] cannot plan task {t}: {exc}") from None
+            violations.append(
+                f"method {spec.name!r} cannot plan task {t}, which is empty after label filtering ({exc}), "
+                f"so it would release nothing: {PROP_F_1_COUNTEREXAMPLE}"
+            )
+            plans.append((t, 0, None))
+            not_dp_from = t if not_dp_from is None else not_dp_from
+            continue
         if n_plan == 0:
             try:
                 require_proper_release(plan.noise, spec.name, t)
@@ -290,109 +278,143 @@ def audit_config(
                 violations.append(str(exc))
                 not_dp_from = t if not_dp_from is None else not_dp_from
         plans.append((t, n_plan, plan))
-        seen_assumptions.update(dict.fromkeys(plan.assumptions))
-        seen_notes.update(dict.fromkeys(plan.notes))  # methods repeat a note per task; state it once
-    assumptions = list(seen_assumptions)
-    notes.extend(merge_task_notes(seen_notes))
+    return plans, not_dp_from
 
+
+def _charge_task(certifier: Certifier, spec: Any, t: int, plan: TaskPlan, entry: dict[str, Any],
+                 stream: _Stream, violations: list[str]) -> None:
+    """Charge task ``t``'s plan to the dry run as ``dpcl run`` charges it (headline, then scoped statements) and
+    commit its release; ``entry`` gets the task's numbers."""
+    tasks_read = list(range(t + 1)) if spec.reuses_past_tasks else [t]
+    if plan.events:
+        try:
+            certifier.charge(tasks_read, plan.events, label=f"{spec.name} task {t}")
+        except BudgetExceededError as exc:
+            violations.append(f"task {t} refused by the privacy filter (total_epsilon): {exc}")
+            entry["status"] = "refused by the privacy filter"
+            stream.stopped = True
+            return
+        except PrivacyViolationError as exc:
+            violations.append(str(exc))
+            entry["status"] = "refused"
+            stream.stopped = stream.no_sound_bound = True
+            return
+        if spec.reuses_past_tasks:
+            # this release reads tasks 0..t; its own cost is accounted on its events alone
+            entry["release_epsilon"] = certifier.ledger.events_epsilon(plan.events)
+        else:
+            entry["epsilon"] = certifier.task_epsilon(t)
+    else:
+        entry["epsilon"] = 0.0
+    if certifier.ledger.charges:
+        record = certifier.commit(t, checkpoint_sha256=None, empty_task=not plan.events)
+        stream.epsilon = entry["cumulative_epsilon"] = record.guarantee.epsilon
+        stream.accountant = record.guarantee.accountant
+    else:
+        stream.epsilon = entry["cumulative_epsilon"] = 0.0
+    for scoped in plan.scoped:  # statements about narrower releases, composed in ledgers of their own
+        certifier.charge_scoped(scoped.name, scoped.scope, tasks_read, scoped.events,
+                                label=f"{spec.name} task {t} ({scoped.name})")
+        certifier.release_scoped(scoped.name, t)
+        ledger = certifier.scoped_statements()[scoped.name][1]
+        entry.setdefault("scoped", {})[scoped.name] = ledger.releases[-1].guarantee.epsilon
+
+
+def _drop_epsilons(per_task: Sequence[dict[str, Any]], status: str, from_task: int = 0) -> None:
+    for entry in per_task:
+        if entry["task"] >= from_task:
+            for key in ("epsilon", "release_epsilon", "cumulative_epsilon"):
+                entry.pop(key, None)
+            entry.setdefault("status", status)
+
+
+def audit_config(
+    config: TrainingConfig,
+    task_sizes: Sequence[int],
+    *,
+    filter_reports: Sequence[FilterReport] | None = None,
+    unit_ids: Sequence[Any] | None = None,
+) -> AuditReport:
+    """Plan every task of ``config``, charge the plans to a dry run of the :class:`~dpcl.Certifier` (in memory,
+    as ``dpcl run`` charges them) and report the stream's guarantee and its violations.
+
+    ``task_sizes`` are the training examples of each task *after* label
+    filtering; ``filter_reports`` (optional) are the per-task filter counts shown
+    in the report; ``unit_ids`` (optional, one array per task) lets the audit
+    check that tasks declared disjoint really hold disjoint privacy units.
+    """
+    settings, spec = config.settings, config.spec
+    sizes = _check_sizes(task_sizes, config.n_tasks)
+    violations: list[str] = []
+    assumptions: list[str] = []
+
+    # first task from which the releases are not (epsilon, delta < 1)-DP at all (Prop. 4.6 / F.1): no bound exists
+    not_dp_label_space = settings.label_space == "data"
+    if not_dp_label_space:
+        violations.append(PROP_4_6_COUNTEREXAMPLE)
+    else:
+        # the public label sets dpcl run filters with (refused here exactly as the run would refuse them)
+        output_label_sets(settings.label_space, settings.prior_labels, len(sizes))
+        assumptions.append(label_space_assumption(settings.label_space))
+    across, problems = resolve_across_tasks(settings.across_tasks, settings.disjoint_units)
+    violations.extend(problems)
+
+    plans, not_dp_from = _plan_stream(config, sizes, violations)
+    not_dp_from = 0 if not_dp_label_space else not_dp_from
     events_all = [e for _, _, p in plans if p is not None for e in p.events]
-    adjacency = events_all[0].adjacency.value if events_all else privacy["adjacency"]
+    adjacency = events_all[0].adjacency.value if events_all else settings.adjacency
     unit = events_all[0].unit if events_all else "example"
-    if adjacency != privacy["adjacency"]:
+
+    def dry_run(mode: str) -> Certifier:
+        return Certifier.dry_run(settings.replace(across_tasks=mode, adjacency=adjacency, unit=unit),
+                                 method=spec.name)
+
+    certifier = dry_run(across)
+    if not _declared_disjointness(certifier, unit_ids, len(sizes), violations):
+        across = "sequential"
+        certifier = dry_run(across)
+    assumptions.append(DISJOINT_ASSUMPTION if across == "parallel" else SHARED_ASSUMPTION)
+    assumptions.append(COUNTS_ASSUMPTION)
+    for _, _, plan in plans:
+        assumptions.extend(a for a in (plan.assumptions if plan else ()) if a not in assumptions)
+    # methods repeat a note per task; state it once
+    notes = merge_task_notes(list(dict.fromkeys(n for _, _, p in plans if p is not None for n in p.notes)))
+    if adjacency != settings.adjacency:
         notes.append(
             f"method {spec.name!r} accounts its events under {adjacency!r} adjacency (config says "
-            f"{privacy['adjacency']!r}); the guarantee is stated under {adjacency!r}."
+            f"{settings.adjacency!r}); the guarantee is stated under {adjacency!r}."
         )
 
-    ledger = TaskLedger(
-        delta=privacy["delta"],
-        across_tasks=across,
-        accountant=privacy["accountant"],
-        adjacency=adjacency,
-        unit=unit,
-        total_epsilon=privacy.get("total_epsilon"),
-        total_delta=privacy.get("total_delta"),
-    )
     reports = {r.task_index: r for r in (filter_reports or ())}
     per_task: list[dict[str, Any]] = []
-    scoped_ledgers: dict[str, tuple[str, TaskLedger]] = {}
-    epsilon: float | None = None
-    accountant_used = privacy["accountant"]
-    stopped = False
-    no_sound_bound = False
+    stream = _Stream(accountant=settings.accountant)
     for t, n_plan, plan in plans:
         entry: dict[str, Any] = {"task": t, "examples": sizes[t]}
+        per_task.append(entry)
         if spec.reuses_past_tasks:
             entry["trained_on_examples"] = n_plan
         if t in reports:
             entry["filtered_out"] = reports[t].filtered
         if plan is None:
             entry["status"] = "refused: releases nothing on an empty task (Prop. F.1)"
-            per_task.append(entry)
             continue
         entry["noise"] = {k: v for k, v in plan.noise.items() if isinstance(v, (int, float, str, bool))}
-        if stopped:
+        if stream.stopped:
             entry["status"] = "not trained: stream stopped earlier"
-            per_task.append(entry)
             continue
         if n_plan == 0:
             entry["status"] = "empty task: " + str(plan.noise.get("empty_task_release", "nothing released"))
-        tasks_read = list(range(t + 1)) if spec.reuses_past_tasks else [t]
-        if plan.events:
-            try:
-                ledger.charge(tasks_read, plan.events, label=f"{spec.name} task {t}")
-            except BudgetExceededError as exc:
-                violations.append(f"task {t} refused by the privacy filter (total_epsilon): {exc}")
-                entry["status"] = "refused by the privacy filter"
-                stopped = True
-                per_task.append(entry)
-                continue
-            except PrivacyViolationError as exc:
-                violations.append(str(exc))
-                entry["status"] = "refused"
-                stopped = no_sound_bound = True
-                per_task.append(entry)
-                continue
-            if spec.reuses_past_tasks:
-                # this release reads tasks 0..t; its own cost is accounted on its events alone
-                entry["release_epsilon"] = ledger.events_epsilon(plan.events)
-            else:
-                entry["epsilon"] = ledger.task_guarantee(t)
-        else:
-            entry["epsilon"] = 0.0
-        if ledger.charges:
-            record = ledger.release(t)
-            entry["cumulative_epsilon"] = record.guarantee.epsilon
-            epsilon = record.guarantee.epsilon
-            accountant_used = record.guarantee.accountant
-        else:
-            entry["cumulative_epsilon"] = 0.0
-            epsilon = 0.0
-        for scoped_plan in plan.scoped:  # statements about narrower releases, composed in ledgers of their own
-            if scoped_plan.name not in scoped_ledgers:
-                first = scoped_plan.events[0]
-                scoped_ledgers[scoped_plan.name] = (
-                    scoped_plan.scope,
-                    TaskLedger(delta=privacy["delta"], across_tasks=across, accountant=privacy["accountant"],
-                               adjacency=first.adjacency, unit=first.unit),
-                )
-            scoped_ledger = scoped_ledgers[scoped_plan.name][1]
-            scoped_ledger.charge(tasks_read, scoped_plan.events, label=f"{spec.name} task {t} ({scoped_plan.name})")
-            entry.setdefault("scoped", {})[scoped_plan.name] = scoped_ledger.release(t).guarantee.epsilon
-        per_task.append(entry)
-    if epsilon is None and stopped and not no_sound_bound:
+        _charge_task(certifier, spec, t, plan, entry, stream, violations)
+    epsilon, accountant_used = stream.epsilon, stream.accountant
+    if epsilon is None and stream.stopped and not stream.no_sound_bound:
         epsilon = 0.0  # the privacy filter refused the first task: nothing is released, nothing is spent
-    if no_sound_bound:
+    if stream.no_sound_bound:
         epsilon = None
     if not_dp_from is not None:
         # The ledger's numbers bound the noisy releases, but what the config releases alongside them (output
         # labels read from the data, or nothing on an empty task) is not DP for any epsilon: state no number.
         epsilon = None
-        for entry in per_task:
-            if entry["task"] >= not_dp_from:
-                for key in ("epsilon", "release_epsilon", "cumulative_epsilon"):
-                    entry.pop(key, None)
-                entry.setdefault("status", "not DP: no epsilon bounds this release (see violations)")
+        _drop_epsilons(per_task, "not DP: no epsilon bounds this release (see violations)", not_dp_from)
         notes.append(
             f"no epsilon is reported from task {not_dp_from} on: the releases are not differentially private for any "
             "epsilon and delta < 1 (see violations); the per-task noise shown is what the method would add."
@@ -408,46 +430,35 @@ def audit_config(
         # the headline is the checkpoint: whatever the charged events bound, nothing bounds the checkpoint
         epsilon = None
         accountant_used = "none (not private)"
-        for entry in per_task:
-            for key in ("epsilon", "release_epsilon", "cumulative_epsilon"):
-                entry.pop(key, None)
-            entry.setdefault("status", "checkpoint not private: no epsilon bounds it (see release)")
+        _drop_epsilons(per_task, "checkpoint not private: no epsilon bounds it (see release)")
         if coverage is not None:
             notes.append(NOT_COVERED_HINT)
     scoped_guarantees = []
-    for name, (scope, scoped_ledger) in scoped_ledgers.items():
+    for name, (scope, scoped_ledger) in certifier.scoped_statements().items():
         g = scoped_ledger.guarantee()
         scoped_guarantees.append(
             {"name": name, "scope": scope, "epsilon": g.epsilon, "delta": g.delta, "adjacency": g.adjacency,
              "unit": g.unit, "accountant": g.accountant, "across_tasks": g.across_tasks}
         )
 
-    total = privacy.get("total_epsilon")
-    if total is not None and epsilon is not None and epsilon > total and not stopped:
+    total = settings.total_epsilon
+    if total is not None and epsilon is not None and epsilon > total and not stream.stopped:
         violations.append(
             f"the stream's epsilon {epsilon:.6g} exceeds total_epsilon = {total:g} by {epsilon - total:.6g}."
         )
-    filter_state = ledger.filter_state() if ledger.uses_filter else {}
+    filter_state = certifier.ledger.filter_state() if certifier.ledger.uses_filter else {}
     if filter_state:
-        states = list(filter_state.values())
-        worst = max(states, key=lambda st: st["spent"]["epsilon"])
-        scope = "the whole stream" if across == "sequential" else f"each task's data ({len(states)} filters)"
-        notes.append(
-            f"privacy filter over {scope}, {'/'.join(sorted({st['rule'] for st in states}))} rule: whatever the "
-            f"tasks' parameters, even chosen adaptively, the guarded data stay ({worst['epsilon_budget']:g}, "
-            f"{worst['delta_budget']:g})-DP; largest spent epsilon={worst['spent']['epsilon']:.6g}, "
-            f"delta={worst['spent']['delta']:.3g} (basic filter: Rogers et al. 2016; GDP filter: Smith & Thakurta 2022)."
-        )
-    over = [p for p in per_task if p.get("epsilon") is not None and p["epsilon"] > privacy["epsilon"] * (1 + 1e-9)]
+        notes.append(_filter_note(filter_state, across))
+    over = [p for p in per_task if p.get("epsilon") is not None and p["epsilon"] > settings.epsilon * (1 + 1e-9)]
     if over:
         notes.append(
-            f"accountant {privacy['accountant']!r} bounds task {over[0]['task']} at epsilon={over[0]['epsilon']:.6g}, "
-            f"above the per-task budget {privacy['epsilon']:g} the noise was calibrated to: its upper bound is looser "
+            f"accountant {settings.accountant!r} bounds task {over[0]['task']} at epsilon={over[0]['epsilon']:.6g}, "
+            f"above the per-task budget {settings.epsilon:g} the noise was calibrated to: its upper bound is looser "
             "than the calibration's (both are sound). accountant = 'auto' reports the tightest sound bound."
         )
     return AuditReport(
         epsilon=epsilon,
-        delta=privacy["delta"],
+        delta=settings.delta,
         across_tasks=across,
         accountant=accountant_used,
         adjacency=adjacency,
@@ -462,4 +473,17 @@ def audit_config(
         private=covered,
         release=None if coverage is None else coverage.to_dict(),
         scoped_guarantees=tuple(scoped_guarantees),
+        dry_run=certifier,
+    )
+
+
+def _filter_note(filter_state: Mapping[str, Any], across: str) -> str:
+    states = list(filter_state.values())
+    worst = max(states, key=lambda st: st["spent"]["epsilon"])
+    scope = "the whole stream" if across == "sequential" else f"each task's data ({len(states)} filters)"
+    return (
+        f"privacy filter over {scope}, {'/'.join(sorted({st['rule'] for st in states}))} rule: whatever the "
+        f"tasks' parameters, even chosen adaptively, the guarded data stay ({worst['epsilon_budget']:g}, "
+        f"{worst['delta_budget']:g})-DP; largest spent epsilon={worst['spent']['epsilon']:.6g}, "
+        f"delta={worst['spent']['delta']:.3g} (basic filter: Rogers et al. 2016; GDP filter: Smith & Thakurta 2022)."
     )
