@@ -34,9 +34,9 @@ def test_every_setting_is_a_valid_config_with_its_privacy():
         private = raw.get("run", {}).get("private", True)
         assert private == (s["epsilon"] is not None)
         if s["epsilon"] is not None:
-            assert config.privacy["epsilon"] == s["epsilon"]
+            assert config.settings.epsilon == s["epsilon"]
         if s["method"] == "agem":  # memory units are re-read: the plan refuses anything but sequential
-            assert config.privacy["across_tasks"] == "sequential"
+            assert config.settings.across_tasks == "sequential"
 
 
 def test_agem_setting_audits_to_a_composed_epsilon():

@@ -104,7 +104,7 @@ def test_dpsgd_steps_and_parameters_are_those_of_the_plans_and_the_real_model(na
     report = audit_config(config, sizes)
     assert cost.optimizer_steps == sum(int(p["noise"].get("steps", 0)) for p in report.per_task)
     sets = label_sets(config, len(sizes))
-    setup = MethodSetup(method=config.method, privacy=config.privacy,
+    setup = MethodSetup(method=config.method, privacy=config.settings,
                         label_space=tuple(sorted({o for s in sets for o in s})), input_dim=cost.input_dim, seed=0)
     method = method_class(config.method["name"])(setup)
     # peft_ensemble builds one member per task, over every public label (head = "label_space")
@@ -117,7 +117,7 @@ def test_l2dpml_and_cosine_parameters_are_the_released_tensors():
 
     for name in ("l2dpml_split_digits.toml", "cosine.toml"):
         config, cost, _ = _cost(CONFIGS / name)
-        setup = MethodSetup(method=config.method, privacy=config.privacy, label_space=tuple(range(10)),
+        setup = MethodSetup(method=config.method, privacy=config.settings, label_space=tuple(range(10)),
                             input_dim=cost.input_dim, seed=0)
         method = method_class(config.method["name"])(setup)
         if name == "cosine.toml":
