@@ -36,7 +36,7 @@ import time
 import traceback
 
 #: Output kept per stream (its length and line count are reported in full).
-KEEP_CHARACTERS = 20_000
+KEEP_CHARACTERS = 200_000
 
 
 def preload() -> None:
