@@ -256,7 +256,7 @@ def bench_tdp_overhead(repeats: int = 30, seed: int = 0) -> dict[str, Any]:
     from torch import nn
 
     from dpcl.data.fortunes import load_fortunes_texts
-    from dpcl.methods.pecl.experiment import PUBLIC_CATEGORIES
+    from dpcl.methods.pecl.texts import PUBLIC_CATEGORIES
     from dpcl.methods.pecl.learner import ContinualLM, learner_config
     from dpcl.methods.pecl.model import per_token_lm_loss
     from dpcl.methods.pecl.tdp import TokenDP

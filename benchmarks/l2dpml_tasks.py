@@ -54,10 +54,11 @@ from dpcl.data.digits import load_digits
 from dpcl.data.streams import build_stream as build_stream_section
 from dpcl.data.streams import class_incremental_stream, permuted_stream
 from dpcl._io.atomic_io import write_json_atomic
-from dpcl.guarantees.lifelong import L2DPML_SPEC, dpsgd_agem_epsilons
+from dpcl.methods.l2dpml.spec import L2DPML_SPEC
+from dpcl.guarantees.lifelong import dpsgd_agem_epsilons
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.base import MethodSetup, TrainingData
-from dpcl.methods.l2dpml import AGEMClassifier, DPSGDAGEMClassifier, L2DPMLMethod
+from dpcl.methods.l2dpml.method import AGEMClassifier, DPSGDAGEMClassifier, L2DPMLMethod
 from dpcl.metrics.continual import average_accuracy_curve
 from dpcl.progress import progress
 

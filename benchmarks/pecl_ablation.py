@@ -1,6 +1,6 @@
 """Ablations of PeCL (Zhan et al., Table 2 and Sec. "Impact of Hyperparameter alpha") on the fortunes stream.
 
-``python -m dpcl.methods.pecl.ablation --out results/pecl_ablation`` writes
+``python benchmarks/pecl_ablation.py --out results/pecl_ablation`` writes
 ``results.json`` and ``table.md``: PeCL with alpha in {0.2, 0.5, 0.8}; the four
 rows of the paper's ablation table (Table 2 of ``000_*``): without TDP (memory
 sculpting on clean embeddings -- not private, epsilon = inf), without memory
@@ -9,21 +9,24 @@ regularisation (MemReg; unlearning kept) and without the privacy-aware
 unlearning loss; and one more, without lambda_dyn (constant
 (lambda_min + lambda_max)/2). Every private variant uses the analytic
 calibration, so its per-token epsilon is the same true bound; BWT, Last, Avg
-and canary exposure are measured as in :mod:`dpcl.methods.pecl.experiment`.
+and canary exposure are measured as in ``benchmarks/pecl_experiment.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from dpcl._io.atomic_io import write_text_atomic
-from dpcl.methods.pecl.canary import make_canaries
-from dpcl.methods.pecl.experiment import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dpcl._io.atomic_io import write_text_atomic  # noqa: E402
+from dpcl.methods.pecl.canary import make_canaries  # noqa: E402
+from pecl_experiment import (  # noqa: E402
     _write_json,
     add_stream_and_model_arguments,
     fortunes_text_stream,

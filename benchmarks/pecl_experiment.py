@@ -1,10 +1,11 @@
 """PeCL and its baselines on the Debian fortunes stream: BWT, Last, Avg, canary exposure, privacy.
 
-``python -m dpcl.methods.pecl.experiment --out results/pecl`` writes
+``python benchmarks/pecl_experiment.py --out results/pecl`` writes
 ``results.json`` and ``table.md``. The stream: fortune categories as classes,
 ``n_tasks`` class-incremental tasks of ``classes_per_task`` categories each
 (:func:`dpcl.data.class_incremental_stream`); a disjoint set of categories is the
-public pre-training corpus of the language model. Canaries (:mod:`.canary`) are
+public pre-training corpus of the language model (:mod:`dpcl.methods.pecl.texts`). Canaries
+(:mod:`dpcl.methods.pecl.canary`) are
 inserted into the first task's training text and their exposure is measured
 after the last task.
 
@@ -34,23 +35,22 @@ import functools
 import json
 import logging
 import math
+import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from dpcl.certifier import Certifier
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dpcl.certifier import Certifier  # noqa: E402
 from dpcl.accounting.accountants import compute_epsilon
 from dpcl.accounting.dpsgd import dpsgd_events, dpsgd_noise_multiplier, dpsgd_stream_noise_multiplier
-from dpcl.data import class_incremental_stream
-from dpcl.data.fortunes import load_fortunes_texts
 from dpcl.errors import InvalidParameterError
 from dpcl._io.atomic_io import write_json_atomic, write_text_atomic
 from dpcl.guarantees.method_schema import ReleaseCoverage
-from dpcl.guarantees.per_token import PECL_KEYS, PECL_SPEC
 from dpcl.methods.noise_source import noise_assumptions
 from dpcl.methods.pecl.canary import Canary, canary_exposures, insert_canaries, make_canaries
 from dpcl.methods.pecl.learner import (
@@ -60,11 +60,16 @@ from dpcl.methods.pecl.learner import (
     baseline_task_reads,
     learner_config,
 )
+from dpcl.methods.pecl.spec import PECL_KEYS, PECL_SPEC
+from dpcl.methods.pecl.texts import (  # the stream; re-exported for the scripts that import it from here
+    PUBLIC_CATEGORIES,
+    STREAM_CATEGORIES,
+    TextTask,
+    fortunes_text_stream,
+    public_corpus,
+)
 from dpcl.metrics import summarize
 
-#: Categories used as the private task stream (two per task) and the public pre-training corpus.
-STREAM_CATEGORIES = ("computers", "food", "law", "love", "politics", "science", "sports", "startrek", "work", "education")
-PUBLIC_CATEGORIES = ("fortunes", "humorists", "literature", "wisdom", "platitudes")
 
 #: method label -> learner options
 METHODS: dict[str, dict[str, Any]] = {
@@ -93,50 +98,10 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class TextTask:
-    train_texts: tuple[str, ...]
-    train_labels: np.ndarray
-    test_texts: tuple[str, ...]
-    test_labels: np.ndarray
-    #: the task's public label set (its categories), fixed before training
-    label_set: tuple[int, ...] = ()
 
 
-def fortunes_text_stream(
-    n_tasks: int = 5,
-    classes_per_task: int = 2,
-    max_per_class: int = 60,
-    seed: int = 0,
-    public_per_category: int = 200,
-) -> tuple[list[TextTask], list[str], tuple[str, ...]]:
-    """Class-incremental fortunes tasks (raw text) and the public pre-training texts."""
-    n_classes = n_tasks * classes_per_task
-    if n_classes > len(STREAM_CATEGORIES):
-        raise InvalidParameterError(
-            f"n_tasks * classes_per_task must be <= {len(STREAM_CATEGORIES)} categories, got {n_classes}."
-        )
-    dataset = load_fortunes_texts(STREAM_CATEGORIES[:n_classes], max_per_class=max_per_class)
-    groups = [list(range(t * classes_per_task, (t + 1) * classes_per_task)) for t in range(n_tasks)]
-    stream = class_incremental_stream(dataset, groups, seed)
-    tasks = [
-        TextTask(
-            train_texts=tuple(str(x) for x in task.train.texts),
-            train_labels=np.asarray(task.train.labels, dtype=np.int64),
-            test_texts=tuple(str(x) for x in task.test.texts),
-            test_labels=np.asarray(task.test.labels, dtype=np.int64),
-            label_set=tuple(int(c) for c in group),
-        )
-        for task, group in zip(stream, groups)
-    ]
-    public = load_fortunes_texts(PUBLIC_CATEGORIES, max_per_class=public_per_category, min_count=1)
-    return tasks, [str(x) for x in public.texts], dataset.class_names
 
 
-def public_corpus(public_per_category: int = 200) -> tuple[list[str], np.ndarray]:
-    """The public pre-training texts and their category (Score_2's groups under ``training = "dp_sgd"``)."""
-    public = load_fortunes_texts(PUBLIC_CATEGORIES, max_per_class=public_per_category, min_count=1)
-    return [str(x) for x in public.texts], np.asarray(public.labels, dtype=np.int64)
 
 
 def dp_pecl_plan(config: LearnerConfig, n_examples: int, task_index: int):

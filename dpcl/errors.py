@@ -90,6 +90,11 @@ class MissingDependencyError(DpclError):
     exit_code = 2
 
 
+class IncompleteInstallError(MissingDependencyError):
+    """dpcl's own package metadata is missing (a source tree used without ``pip install -e .``): its built-in
+    methods are registered there, through the ``dpcl.methods`` entry points."""
+
+
 class DistributedRunError(DpclError):
     """A data-parallel run lost a process or its ranks disagree; what was certified stays, a rerun with --resume resumes."""
 

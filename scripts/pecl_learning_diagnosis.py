@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dpcl._io.atomic_io import write_json_atomic, write_text_atomic  # noqa: E402
-from dpcl.methods.pecl.experiment import fortunes_text_stream  # noqa: E402
+from dpcl.methods.pecl.texts import fortunes_text_stream  # noqa: E402
 from dpcl.progress import progress  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
 

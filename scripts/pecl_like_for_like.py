@@ -7,7 +7,7 @@ the public categories) with the paper's training settings (3 epochs, learning ra
 batch 32, AdamW with a cosine schedule -- the DP-SGD rows keep the learning rate constant, as dpcl's DP-SGD
 loop does; ``--epochs``, ``--lr``, ``--head-lr`` and ``--batch-size`` change them), and writes
 
-* ``runs.json``: every (row, seed) result of :func:`dpcl.methods.pecl.experiment.run_method` (accuracy
+* ``runs.json``: every (row, seed) result of :func:`run_method` of ``benchmarks/pecl_experiment.py`` (accuracy
   matrices, privacy); a rerun with the same ``--out`` skips the pairs already there, so an interrupted run
   continues where it stopped;
 * ``certified/ROW-seedS/``: the ledger, released checkpoints and certificates of every DP-SGD baseline run
@@ -56,12 +56,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from dpcl._io.atomic_io import write_json_atomic, write_text_atomic  # noqa: E402
 from dpcl.methods.pecl.canary import candidate_exposure, make_canaries  # noqa: E402
-from dpcl.methods.pecl.experiment import METHODS, fortunes_text_stream, public_corpus, run_method  # noqa: E402
+from pecl_experiment import METHODS, run_method  # noqa: E402
+from dpcl.methods.pecl.texts import fortunes_text_stream, public_corpus  # noqa: E402
 
-#: the table's rows (labels of :data:`dpcl.methods.pecl.experiment.METHODS`): PeCL as in the paper, the DP PeCL
+#: the table's rows (labels of ``METHODS`` in ``benchmarks/pecl_experiment.py``): PeCL as in the paper, the DP PeCL
 #: and every baseline with DP-SGD at epsilon 1 and 8 and without, and MTL
 ROWS = (
     "PeCL (paper sigma)",

@@ -20,9 +20,14 @@ like a built-in spec, plus ``method_class = "package.method:Class"``, the
 ``ContinualMethod`` subclass, named as a string. Why the spec and not the
 class: the spec is what ``dpcl audit`` and ``dpcl methods`` need, and it can
 live in a module that does not import torch; the class (which usually does) is
-imported only by ``dpcl run``. Built-in methods are registered the same way
-(:data:`BUILTIN_METHODS`, imported lazily), so listing methods or auditing a
-config never imports torch.
+imported only by ``dpcl run``.
+
+Built-in methods are registered the same way, by dpcl's own ``pyproject.toml``
+(``cosine = "dpcl.methods.cosine.spec:COSINE"``, ...): an entry point of the
+distribution ``dpcl`` is a built-in, any other a plugin. Listing methods or
+auditing a config never imports torch. A source tree that was never installed
+has no such metadata: the registry then raises
+:class:`~dpcl.errors.IncompleteInstallError` saying to run ``pip install -e .``.
 
 A plugin can never replace a built-in method, nor share its name with another
 plugin: discovery raises :class:`~dpcl.errors.MethodPluginError` naming the
@@ -37,13 +42,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-from dpcl.errors import ConfigError, MethodPluginError
+from dpcl.errors import ConfigError, IncompleteInstallError, MethodPluginError
 
 __all__ = [
-    "BUILTIN_METHODS",
+    "BUILTIN_DISTRIBUTION",
     "ENTRY_POINT_GROUP",
     "MethodEntry",
     "MethodKey",
@@ -72,26 +78,17 @@ class MethodKey:
 #: Entry-point group third-party methods register in.
 ENTRY_POINT_GROUP = "dpcl.methods"
 
-#: ``[method] name`` -> ("module:attribute" of its MethodSpec, "module:Class" of its ContinualMethod).
-BUILTIN_METHODS: dict[str, tuple[str, str]] = {
-    "cosine": ("dpcl.guarantees.schedules:COSINE", "dpcl.methods.cosine:CosineClassifier"),
-    "peft_ensemble": ("dpcl.guarantees.schedules:PEFT_ENSEMBLE", "dpcl.methods.peft_ensemble:PeftEnsemble"),
-    "naive": ("dpcl.guarantees.schedules:NAIVE", "dpcl.methods.baselines:NaiveFineTuning"),
-    "non_cl": ("dpcl.guarantees.schedules:NON_CL", "dpcl.methods.baselines:NonContinualTraining"),
-    "agem": ("dpcl.guarantees.schedules:AGEM", "dpcl.methods.baselines:AGemFineTuning"),
-    "l2dpml": ("dpcl.guarantees.lifelong:L2DPML_SPEC", "dpcl.methods.l2dpml:L2DPMLMethod"),
-    "pecl": ("dpcl.guarantees.per_token:PECL_SPEC", "dpcl.methods.pecl:PeCLMethod"),
-}
+#: The distribution whose entry points are the built-in methods.
+BUILTIN_DISTRIBUTION = "dpcl"
 
 
 @dataclass(frozen=True)
 class MethodEntry:
     """One registered method: where its spec is, and who provides it.
 
-    ``spec_path`` is ``"module:attribute"``; ``source`` is ``"built-in"`` or
-    ``"plugin"``; ``distribution`` names the installed package of a plugin.
-    A built-in's ``class_path`` is known without importing anything; a
-    plugin's comes from its spec (:meth:`MethodRegistry.class_path`).
+    ``spec_path`` is ``"module:attribute"``; ``source`` is ``"built-in"`` (an entry point of dpcl itself) or
+    ``"plugin"``; ``distribution`` names the installed package. Its class comes from its spec's
+    ``method_class`` (:meth:`MethodRegistry.class_path`).
     """
 
     name: str
@@ -99,7 +96,6 @@ class MethodEntry:
     source: str
     distribution: str = ""
     version: str = ""
-    builtin_class_path: str = ""
 
     @property
     def is_plugin(self) -> bool:
@@ -122,7 +118,13 @@ def _resolve(path: str) -> Any:
     return obj
 
 
-def _discover(group: str) -> list[MethodEntry]:
+def _canonical(name: str) -> str:
+    """A distribution name as packaging compares them (PEP 503: case and ``-_.`` runs folded)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _discover(group: str, builtin_distribution: str) -> list[MethodEntry]:
+    """Every entry point of ``group`` on ``sys.path``; those of ``builtin_distribution`` are the built-ins."""
     entries: list[MethodEntry] = []
     seen: set[tuple[str, str, str]] = set()
     for ep in importlib.metadata.entry_points(group=group):
@@ -133,32 +135,43 @@ def _discover(group: str) -> list[MethodEntry]:
         if key in seen:  # the same distribution found twice on sys.path
             continue
         seen.add(key)
-        entries.append(MethodEntry(ep.name, ep.value, "plugin", dist_name, version))
+        source = "built-in" if _canonical(dist_name or "") == _canonical(builtin_distribution) else "plugin"
+        entries.append(MethodEntry(ep.name, ep.value, source, dist_name, version))
     return entries
 
 
 class MethodRegistry:
-    """Built-in methods and the plugins of one entry-point group, discovered once (see :meth:`refresh`)."""
+    """The methods registered in one entry-point group, discovered once (see :meth:`refresh`): the entry points of
+    ``builtin_distribution`` (dpcl itself) are the built-ins, every other distribution's are plugins."""
 
-    def __init__(self, builtins: Mapping[str, tuple[str, str]], group: str = ENTRY_POINT_GROUP) -> None:
-        self._builtins = {
-            name: MethodEntry(name, spec, "built-in", builtin_class_path=cls) for name, (spec, cls) in builtins.items()
-        }
+    def __init__(self, group: str = ENTRY_POINT_GROUP, builtin_distribution: str = BUILTIN_DISTRIBUTION) -> None:
         self.group = group
+        self.builtin_distribution = builtin_distribution
         self._entries: dict[str, MethodEntry] | None = None
+        self._builtin_names: tuple[str, ...] = ()
         self._specs: dict[str, Any] = {}
 
     # -- discovery -----------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Forget discovered plugins and loaded specs (after installing or removing a plugin in-process)."""
+        """Forget discovered methods and loaded specs (after installing or removing a plugin in-process)."""
         self._entries = None
+        self._builtin_names = ()
         self._specs = {}
 
     def _all(self) -> dict[str, MethodEntry]:
         if self._entries is None:
-            entries = dict(self._builtins)
-            for plugin in _discover(self.group):
-                if plugin.name in self._builtins:
+            found = _discover(self.group, self.builtin_distribution)
+            builtins = {e.name: e for e in sorted(found, key=lambda e: e.name) if not e.is_plugin}
+            if not builtins:
+                raise IncompleteInstallError(
+                    f"no built-in method is registered: the installed metadata of the {self.builtin_distribution!r} "
+                    f"distribution has no {self.group!r} entry points (dpcl is used from a source tree that was never "
+                    "installed, or from an install older than its pyproject.toml). Run `pip install -e .` in the "
+                    "dpcl source tree (or reinstall dpcl)."
+                )
+            entries = dict(builtins)
+            for plugin in (e for e in found if e.is_plugin):
+                if plugin.name in builtins:
                     raise MethodPluginError(
                         f"the installed distribution {plugin.distribution!r} registers a method named "
                         f"{plugin.name!r} (entry point group {self.group!r}, {plugin.spec_path}), which is a built-in "
@@ -175,12 +188,19 @@ class MethodRegistry:
                     )
                 entries[plugin.name] = plugin
             self._entries = entries
+            self._builtin_names = tuple(builtins)
         return self._entries
 
+    def builtin_names(self) -> tuple[str, ...]:
+        """The built-in methods, by name."""
+        self._all()
+        return self._builtin_names
+
     def names(self) -> tuple[str, ...]:
-        """Built-in names first (in their fixed order), then plugins by name."""
+        """Built-in names first, then plugins, each by name (whatever order the installed metadata lists them in)."""
         entries = self._all()
-        return tuple(self._builtins) + tuple(sorted(n for n in entries if n not in self._builtins))
+        builtins = self._builtin_names
+        return builtins + tuple(sorted(n for n in entries if n not in builtins))
 
     def entry(self, name: str) -> MethodEntry:
         entries = self._all()
@@ -232,10 +252,7 @@ class MethodRegistry:
         return spec
 
     def class_path(self, name: str) -> "str | type":
-        """``"module:Class"`` of the method's ContinualMethod (a plugin may give the class itself)."""
-        entry = self.entry(name)
-        if not entry.is_plugin:
-            return entry.builtin_class_path
+        """``"module:Class"`` of the method's ContinualMethod, from its spec (a plugin may give the class itself)."""
         return self.spec(name).method_class
 
     def __iter__(self) -> Iterator[str]:
@@ -243,7 +260,7 @@ class MethodRegistry:
 
 
 #: The registry every lookup goes through.
-REGISTRY = MethodRegistry(BUILTIN_METHODS)
+REGISTRY = MethodRegistry()
 
 
 class RegistryView(Mapping[str, str]):

@@ -48,7 +48,8 @@ from dpcl.data.idx import find_idx_files
 from dpcl.errors import ConfigError
 from dpcl.guarantees.label_space import output_label_sets
 from dpcl.guarantees.public_encoder import _read_json, encoder_directory, packaged_encoder
-from dpcl.guarantees.schedules import dpsgd_schedule, peft_variant
+from dpcl.guarantees.schedules import dpsgd_schedule
+from dpcl.methods.peft_ensemble.spec import peft_variant
 
 __all__ = [
     "CostUnavailable",

@@ -54,6 +54,7 @@ from dpcl.data import STREAM_KEYS
 from dpcl.errors import ConfigError, DistributedRunError, InvalidParameterError
 from dpcl.audit_config import resolve_across_tasks
 from dpcl.guarantees.config import load_config
+from dpcl.guarantees.method_registry import REGISTRY
 from dpcl.methods.base import method_class
 from dpcl.runner.run import resolve_device, run_training
 from dpcl.runner.tasks import (
@@ -66,9 +67,6 @@ from dpcl.runner.tasks import (
     task_plan,
 )
 from dpcl.runner.threads import usable_cores
-
-#: Methods that train by DP-SGD through :func:`dpcl.methods.dpsgd_training.train_classifier` (data-parallel ready).
-DATA_PARALLEL_METHODS = ("peft_ensemble", "naive", "non_cl")
 
 #: How long a rank waits in a collective (e.g. for rank 0 to certify a release) before giving up.
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
@@ -116,10 +114,11 @@ def _check_config(config_path: "str | Path", device: str | None, world: int) -> 
     """The method must train by DP-SGD; returns (backend, base device) for ``world`` ranks."""
     config = load_config(Path(config_path), data_stream_keys=STREAM_KEYS)
     name = config.method["name"]
-    if name not in DATA_PARALLEL_METHODS:
+    if not getattr(config.spec, "data_parallel", False):
+        ready = [n for n in REGISTRY.names() if getattr(REGISTRY.spec(n), "data_parallel", False)]
         raise ConfigError(
-            f"data-parallel training (--nproc > 1 or torchrun) runs DP-SGD methods only "
-            f"({', '.join(DATA_PARALLEL_METHODS)}); method {name!r} runs in one process: drop --nproc."
+            f"data-parallel training (--nproc > 1 or torchrun) runs DP-SGD methods whose spec says data_parallel "
+            f"only ({', '.join(ready)}); method {name!r} runs in one process: drop --nproc."
         )
     base = resolve_device(device, config.method)
     if base.startswith("cuda:"):
@@ -228,7 +227,7 @@ def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproduci
                                   reproducible_noise=bool(reproducible_noise or options["reproducible_noise"])))
         for t in range(start, len(prepared)):
             data, outputs, _ = release_data(prepared, t, config.spec.reuses_past_tasks)
-            # DATA_PARALLEL_METHODS are DP-SGD methods whose plan covers the checkpoint: a private run trains the
+            # data-parallel methods (spec.data_parallel) are DP-SGD methods whose plan covers the checkpoint: a private run trains the
             # plan, a non-private one the noise-free plan (dpcl.runner.tasks.trains_plan with covered = True)
             plan = task_plan(config, t, len(data), trains_plan=bool(options["private"]))
             method.fit_task(t, data, outputs, plan)  # the model is rank 0's (broadcast) at every call

@@ -83,7 +83,7 @@ def test_default_audit_run_certifies_a_canary_run_and_audits_it_beside_the_harne
 def test_in_stream_audit_flags_a_method_that_leaks_its_training_examples(tmp_path, monkeypatch):
     # a deliberately broken implementation: it remembers its training inputs and, at prediction, favours the
     # remembered label of any input it has seen, while its charges still claim DP-SGD's epsilon
-    from dpcl.methods.baselines import NaiveFineTuning
+    from dpcl.methods.naive.method import NaiveFineTuning
 
     fit, scores = NaiveFineTuning.fit_task, NaiveFineTuning.scores
     memory: dict[bytes, int] = {}

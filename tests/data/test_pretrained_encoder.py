@@ -284,7 +284,7 @@ def test_the_bundled_minilm_is_a_local_text_encoder_for_film(monkeypatch):
     from dpcl.data import encoder as minilm
     from dpcl.errors import MissingDependencyError
     from dpcl.guarantees.public_encoder import encoder_directory, encoder_modality
-    from dpcl.guarantees.schedules import peft_variant
+    from dpcl.methods.peft_ensemble.spec import peft_variant
 
     folder = minilm.minilm_directory()
     assert folder.is_absolute() and encoder_directory(folder) == folder and (folder / "model.safetensors").is_file()

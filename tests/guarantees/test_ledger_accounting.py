@@ -17,7 +17,7 @@ from dpcl.accounting.dpsgd import dpsgd_events
 from dpcl.guarantees.certificates import certificate_from_ledger, verify_certificate, write_certificate
 from dpcl.guarantees.ledger import TaskLedger
 from dpcl.guarantees.method_schema import ReleaseCoverage
-from dpcl.guarantees.schedules import PEFT_ENSEMBLE
+from dpcl.methods.peft_ensemble.spec import PEFT_ENSEMBLE
 
 DELTA = 1e-5
 RUNS = [(2.0, 0.1, 8), (1.5, 0.2, 5), (2.5, 0.05, 10)]  # (noise multiplier, q, steps) per task

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from dpcl.accounting.accountants import compute_epsilon
 from dpcl.accounting.events import ComposedEvent, LaplaceEvent, event_from_dict
 from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.methods.l2dpml.spec import L2DPML_SPEC
 from dpcl.guarantees.lifelong import (
-    L2DPML_SPEC,
     batch_partition,
     check_batch_partition,
     check_input_range,

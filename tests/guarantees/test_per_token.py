@@ -17,6 +17,7 @@ from scipy.stats import norm
 
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees import per_token as pt
+import dpcl.methods.pecl.spec as pecl_spec  # noqa: E402
 
 
 def reference_delta(epsilon: float, sigma: float, sensitivity: float) -> float:
@@ -244,7 +245,7 @@ def test_pecl_spec_plan_uses_worst_token_at_true_sensitivity():
     from dpcl.guarantees.method_schema import get_method_spec
 
     spec = get_method_spec("pecl")
-    assert spec is pt.PECL_SPEC
+    assert spec is pecl_spec.PECL_SPEC
     assert all(k.help for k in spec.keys)
     method = {"training": "paper", "calibration": "analytic", "epochs": 2, "clip_norm": 0.5, "epsilon_upper": 8.0, "max_seq_len": 32}
     plan = spec.plan_task(method, {"delta": 1e-5}, n_examples=100, task_index=0)
@@ -264,7 +265,7 @@ def test_pecl_spec_plan_uses_worst_token_at_true_sensitivity():
 
 
 def test_pecl_spec_paper_calibration_reports_true_epsilon():
-    plan = pt.PECL_SPEC.plan_task({"training": "paper", "calibration": "paper"}, {"delta": 1e-6}, n_examples=10, task_index=3)
+    plan = pecl_spec.PECL_SPEC.plan_task({"training": "paper", "calibration": "paper"}, {"delta": 1e-6}, n_examples=10, task_index=3)
     sigma = plan.scoped[0].events[0].event.sigma
     assert sigma == pytest.approx(math.sqrt(2 * math.log(1.25e6)) / 10.0)
     true_eps = plan.noise["per_token"]["epsilon"]
@@ -275,10 +276,10 @@ def test_pecl_spec_paper_calibration_reports_true_epsilon():
 
 def test_pecl_spec_refuses_bad_config():
     with pytest.raises(ConfigError, match="delta"):
-        pt.PECL_SPEC.plan_task({"training": "paper"}, {}, n_examples=10, task_index=0)
+        pecl_spec.PECL_SPEC.plan_task({"training": "paper"}, {}, n_examples=10, task_index=0)
     with pytest.raises(ConfigError, match="epsilon_upper"):
-        pt.PECL_SPEC.plan_task({"training": "paper", "epsilon_lower": 5.0, "epsilon_upper": 2.0}, {"delta": 1e-6}, 10, 0)
-    keys = {k.name: k for k in pt.PECL_SPEC.keys}
+        pecl_spec.PECL_SPEC.plan_task({"training": "paper", "epsilon_lower": 5.0, "epsilon_upper": 2.0}, {"delta": 1e-6}, 10, 0)
+    keys = {k.name: k for k in pecl_spec.PECL_SPEC.keys}
     assert keys["calibration"].check("classic") is not None
     assert keys["calibration"].check("paper") is None
     assert keys["alpha"].check(1.5) is not None
@@ -295,25 +296,25 @@ def test_pecl_spec_refuses_bad_config():
 def test_pecl_spec_refuses_keys_the_learner_would_refuse_only_at_training(method, message):
     """`dpcl audit` must refuse what `dpcl run` would refuse, before any training."""
     with pytest.raises(ConfigError, match=message):
-        pt.PECL_SPEC.plan_task({"training": "paper", **method}, {"delta": 1e-6}, 10, 0)
+        pecl_spec.PECL_SPEC.plan_task({"training": "paper", **method}, {"delta": 1e-6}, 10, 0)
 
 
 def test_pecl_spec_n_head_is_not_checked_against_a_loaded_model():
     """With pretrained_path the model's own config decides its heads; n_embd/n_head are unused."""
-    plan = pt.PECL_SPEC.plan_task({"training": "paper", "n_embd": 64, "n_head": 3, "pretrained_path": "/some/model"}, {"delta": 1e-6}, 10, 0)
+    plan = pecl_spec.PECL_SPEC.plan_task({"training": "paper", "n_embd": 64, "n_head": 3, "pretrained_path": "/some/model"}, {"delta": 1e-6}, 10, 0)
     assert plan.scoped[0].events
 
 
 def test_pecl_spec_budget_check_against_privacy_epsilon():
     with pytest.raises(ConfigError, match="epsilon_upper"):
-        pt.PECL_SPEC.plan_task({"training": "paper", "epsilon_upper": 10.0}, {"delta": 1e-6, "epsilon": 8.0}, 10, 0)
+        pecl_spec.PECL_SPEC.plan_task({"training": "paper", "epsilon_upper": 10.0}, {"delta": 1e-6, "epsilon": 8.0}, 10, 0)
     # the paper calibration is not refused: its true epsilon is certified and the excess is stated
-    plan = pt.PECL_SPEC.plan_task({"training": "paper", "calibration": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
+    plan = pecl_spec.PECL_SPEC.plan_task({"training": "paper", "calibration": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
     assert any("exceeds [privacy] epsilon" in n for n in plan.notes)
     # every task gets the same data-independent plan; every release states its per-token and sequence
     # guarantee, the Remark 1 discussion is stated once, with task 0
-    first = pt.PECL_SPEC.plan_task({"training": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
-    later = pt.PECL_SPEC.plan_task({"training": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 99, 2)
+    first = pecl_spec.PECL_SPEC.plan_task({"training": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 10, 0)
+    later = pecl_spec.PECL_SPEC.plan_task({"training": "paper"}, {"delta": 1e-6, "epsilon": 10.0}, 99, 2)
     assert later.scoped == first.scoped and later.events == first.events == ()
     assert any(n.startswith("sequence-level guarantee") for n in later.notes)
     assert not any("Remark 1" in n for n in later.notes) and any("Remark 1" in n for n in first.notes)
@@ -331,14 +332,14 @@ def test_pecl_paper_certificate_is_not_private_and_scopes_the_true_per_token_gua
     privacy = {"delta": 1e-6, "epsilon": 10.0}
     scoped = TaskLedger(delta=1e-6, across_tasks="parallel", adjacency="replace_one", unit="token")
     for t in range(3):
-        plan = pt.PECL_SPEC.plan_task(method, privacy, n_examples=20, task_index=t)
+        plan = pecl_spec.PECL_SPEC.plan_task(method, privacy, n_examples=20, task_index=t)
         assert plan.events == () and not plan.release.covered
         (statement,) = plan.scoped
         scoped.charge(t, statement.events, unit_ids=np.arange(20) + 100 * t, label=f"pecl task {t}")
         scoped.release(t)
     checkpoint = tmp_path / "task003.pt"
     checkpoint.write_bytes(b"weights")
-    first = pt.PECL_SPEC.plan_task(method, privacy, 20, 0)
+    first = pecl_spec.PECL_SPEC.plan_task(method, privacy, 20, 0)
     cert = non_private_certificate(
         release_task=2, method="pecl", label_space="prior", assumptions=list(first.assumptions),
         reasons=first.release.reasons, checkpoint=checkpoint, extra={"plan_notes": list(first.notes)},
@@ -348,7 +349,7 @@ def test_pecl_paper_certificate_is_not_private_and_scopes_the_true_per_token_gua
     assert verify_certificate(path).raise_if_invalid().private is False
     assert main(["verify", str(path)]) == 0
     assert cert["guarantee"]["private"] is False and cert["guarantee"]["epsilon"] is None
-    assert cert["guarantee"]["reasons"] == list(pt.PAPER_RELEASE.reasons)
+    assert cert["guarantee"]["reasons"] == list(pecl_spec.PAPER_RELEASE.reasons)
     (entry,) = cert["scoped_guarantees"]
     assert entry["name"] == pt.INPUT_EMBEDDINGS_SCOPE_NAME and entry["scope"] == pt.INPUT_EMBEDDINGS_SCOPE
     sigma = first.noise["sigma_min"]

@@ -12,12 +12,8 @@ import pytest
 from dpcl.accounting.events import GaussianEvent
 from dpcl.errors import InvalidParameterError
 from dpcl.guarantees.method_schema import ReleaseCoverage, ScopedPlan, TaskPlan, get_method_spec
-from dpcl.guarantees.per_token import (
-    INPUT_EMBEDDINGS_SCOPE_NAME,
-    PAPER_CLEAN_TARGETS_REASON,
-    PAPER_SCORES_REASON,
-    PAPER_SCULPTING_REASON,
-)
+from dpcl.guarantees.per_token import INPUT_EMBEDDINGS_SCOPE_NAME
+from dpcl.methods.pecl.spec import PAPER_CLEAN_TARGETS_REASON, PAPER_SCORES_REASON, PAPER_SCULPTING_REASON
 
 PRIVACY = {"epsilon": 1.0, "delta": 1e-5, "adjacency": "add_remove", "accountant": "auto"}
 DPSGD_METHOD = {"epochs": 1, "batch_size": 10, "max_grad_norm": 1.0}

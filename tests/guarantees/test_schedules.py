@@ -10,7 +10,11 @@ import pytest
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.label_space import EMPTY_TASK_RELEASE_KEY, require_proper_release
 from dpcl.guarantees.method_schema import get_method_spec
-from dpcl.guarantees.schedules import COSINE, NAIVE, NON_CL, PEFT_ENSEMBLE, cosine_sensitivity, dpsgd_schedule
+from dpcl.methods.cosine.spec import COSINE, cosine_sensitivity
+from dpcl.methods.naive.spec import NAIVE
+from dpcl.methods.non_cl.spec import NON_CL
+from dpcl.methods.peft_ensemble.spec import PEFT_ENSEMBLE
+from dpcl.guarantees.schedules import dpsgd_schedule
 
 from .reference import gaussian_profile_delta
 

@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 from dpcl.errors import ConfigError, PrivacyViolationError  # noqa: E402
 from dpcl.audit_config import audit_config  # noqa: E402
 from dpcl.guarantees.config import parse_config  # noqa: E402
-from dpcl.guarantees.schedules import AGEM  # noqa: E402
+from dpcl.methods.agem.spec import AGEM  # noqa: E402
 from dpcl.methods.base import MethodSetup, TrainingData  # noqa: E402
-from dpcl.methods.baselines import AGemFineTuning  # noqa: E402
+from dpcl.methods.agem.method import AGemFineTuning  # noqa: E402
 from dpcl.methods.dpsgd_training import ReferenceGradient, SgdSchedule, train_classifier  # noqa: E402
 from dpcl.methods.gem import agem_project  # noqa: E402
 

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from dpcl.errors import InvalidParameterError  # noqa: E402
 from dpcl.methods.base import TrainingData, method_class  # noqa: E402
-from dpcl.methods.cosine import CosineClassifier, normalise_rows  # noqa: E402
+from dpcl.methods.cosine.method import CosineClassifier, normalise_rows  # noqa: E402
 from tobaben_helpers import TASK_LABELS, digits_split, gaussian_plan, setup_for, task_data  # noqa: E402
 
 

@@ -14,10 +14,11 @@ torch = pytest.importorskip("torch")
 from dpcl.data.digits import load_digits  # noqa: E402
 from dpcl.data.streams import permuted_stream  # noqa: E402
 from dpcl.errors import DisjointnessViolationError, InvalidParameterError, PrivacyViolationError  # noqa: E402
-from dpcl.guarantees.lifelong import L2DPML_SPEC, output_sensitivity, reconstruction_sensitivity  # noqa: E402
+from dpcl.methods.l2dpml.spec import L2DPML_SPEC  # noqa: E402
+from dpcl.guarantees.lifelong import output_sensitivity, reconstruction_sensitivity  # noqa: E402
 from dpcl.guarantees.method_schema import TaskPlan  # noqa: E402
 from dpcl.methods.base import MethodSetup, TrainingData, method_class  # noqa: E402
-from dpcl.methods.l2dpml import (  # noqa: E402
+from dpcl.methods.l2dpml.method import (  # noqa: E402
     AGEMClassifier,
     DPSGDAGEMClassifier,
     L2DPMLMethod,
@@ -300,7 +301,7 @@ def test_dpcl_run_certifies_every_release_and_verify_accepts(tmp_path):
 
 
 def test_noise_is_laplace_at_the_stated_scale_and_independent_across_batches():
-    from dpcl.methods.l2dpml import _symmetric_laplace
+    from dpcl.methods.l2dpml.method import _symmetric_laplace
 
     scale = 3.0
     draws = _symmetric_laplace(np.random.default_rng(0), scale, 4000, 3).numpy()

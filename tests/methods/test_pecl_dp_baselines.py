@@ -4,17 +4,21 @@ meets the row's target (tight), checked against dp-accounting on the charged run
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import json
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the PeCL tables live there
+
 from dpcl.accounting.accountants import compute_epsilon  # noqa: E402
 from dpcl.accounting.dpsgd import dpsgd_events, dpsgd_noise_multiplier  # noqa: E402
 from dpcl.errors import InvalidParameterError, PrivacyViolationError  # noqa: E402
 from dpcl.guarantees.certificates import verify_certificate  # noqa: E402
-from dpcl.methods.pecl.experiment import METHODS, baseline_dpsgd_plan, fortunes_text_stream, run_method  # noqa: E402
+from pecl_experiment import METHODS, baseline_dpsgd_plan, fortunes_text_stream, run_method  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, baseline_task_reads, learner_config  # noqa: E402
 
 pytestmark = pytest.mark.torch

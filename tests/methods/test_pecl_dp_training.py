@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from dpcl.errors import InvalidParameterError, PrivacyViolationError  # noqa: E402
 from dpcl.guarantees import per_token as pt  # noqa: E402
+import dpcl.methods.pecl.spec as pecl_spec  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
 from dpcl.methods.pecl.model import LMClassifier  # noqa: E402
 from dpcl.methods.pecl.tdp import TokenDP  # noqa: E402
@@ -37,7 +38,7 @@ def _texts(kind: str) -> tuple[list[str], np.ndarray]:
 
 
 def _plan(n: int, task: int = 0, **method):
-    return pt.PECL_SPEC.plan_task({**TINY, **method}, PRIVACY, n, task)
+    return pecl_spec.PECL_SPEC.plan_task({**TINY, **method}, PRIVACY, n, task)
 
 
 def _learner(**options) -> ContinualLM:
@@ -184,10 +185,10 @@ def test_pecl_method_trains_the_plans_dp_sgd_and_keeps_no_private_counts():
     texts, labels = _texts("a")
     data = TrainingData(features=np.zeros((16, 1), np.float32), labels=labels, unit_ids=np.arange(16) + 10_000,
                         texts=tuple(texts))
-    other = pt.PECL_SPEC.plan_task({**TINY, "max_grad_norm": 2.0}, PRIVACY, 16, 0)
+    other = pecl_spec.PECL_SPEC.plan_task({**TINY, "max_grad_norm": 2.0}, PRIVACY, 16, 0)
     with pytest.raises(PrivacyViolationError, match="max_grad_norm"):
         method.fit_task(0, data, (0, 1), other)
-    paper = pt.PECL_SPEC.plan_task({**TINY, "training": "paper"}, {**PRIVACY, "epsilon": 10.0}, 16, 0)
+    paper = pecl_spec.PECL_SPEC.plan_task({**TINY, "training": "paper"}, {**PRIVACY, "epsilon": 10.0}, 16, 0)
     with pytest.raises(PrivacyViolationError, match="training"):
         method.fit_task(0, data, (0, 1), paper)
     from dpcl.errors import ConfigError
@@ -229,12 +230,12 @@ def test_dpcl_run_of_a_dp_pecl_config_certifies_the_checkpoint_per_example(tmp_p
         assert verify_certificate(result.out_dir / release.certificate).valid
     cert = read_certificate(result.last_certificate)
     g = cert["guarantee"]
-    assert g["private"] is True and g["basis"] == pt.DPSGD_PECL_RELEASE.basis
+    assert g["private"] is True and g["basis"] == pecl_spec.DPSGD_PECL_RELEASE.basis
     assert g["unit"] == "example" and g["adjacency"] == "add_remove"
     assert math.isfinite(g["epsilon"]) and 0 < g["epsilon"] <= 2.0 * (1 + 1e-6)
     # the TDP statement is scoped to the input embeddings, per token, in a ledger of its own
     (scoped,) = cert["scoped_guarantees"]
-    assert scoped["name"] == pt.INPUT_EMBEDDINGS_SCOPE_NAME and scoped["scope"] == pt.DPSGD_INPUT_EMBEDDINGS_SCOPE
+    assert scoped["name"] == pt.INPUT_EMBEDDINGS_SCOPE_NAME and scoped["scope"] == pecl_spec.DPSGD_INPUT_EMBEDDINGS_SCOPE
     assert scoped["unit"] == "token" and scoped["adjacency"] == "replace_one"
-    assert pt.PUBLIC_STATE_ASSUMPTION in cert["assumptions"]
+    assert pecl_spec.PUBLIC_STATE_ASSUMPTION in cert["assumptions"]
     assert pt.DATA_DEPENDENCE_ASSUMPTION not in cert["assumptions"]

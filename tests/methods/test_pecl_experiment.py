@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import json
 import math
 from pathlib import Path
@@ -11,10 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the PeCL tables live there
+
 from dpcl.accounting.accountants import compute_epsilon  # noqa: E402
 from dpcl.accounting.dpsgd import dpsgd_events  # noqa: E402
 from dpcl.accounting.events import ComposedEvent  # noqa: E402
-from dpcl.methods.pecl.experiment import fortunes_text_stream, markdown_table  # noqa: E402
+from pecl_experiment import fortunes_text_stream, markdown_table  # noqa: E402
 
 pytestmark = pytest.mark.torch
 CONFIG = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "pecl.toml"
@@ -78,7 +81,7 @@ def test_experiment_records_its_noise_source_and_repeats_only_under_the_opt_in(t
     """Tiny two-task PeCL experiment: --reproducible-noise repeats the numbers and is recorded in the settings."""
     import json
 
-    from dpcl.methods.pecl.experiment import main as experiment
+    from pecl_experiment import main as experiment
 
     args = ["--methods", "PeCL (analytic sigma)", "--tasks", "2", "--max-per-class", "6", "--epochs", "1", "--pretrain-steps", "2",
             "--n-layer", "1", "--n-embd", "16", "--n-head", "1", "--batch-size", "8"]
@@ -109,8 +112,8 @@ def test_ablation_runs_the_rows_of_the_papers_ablation_table(tmp_path, monkeypat
     import json
 
     from dpcl.methods.pecl import tdp as tdp_module
-    from dpcl.methods.pecl.ablation import VARIANTS
-    from dpcl.methods.pecl.ablation import main as ablation
+    from pecl_ablation import VARIANTS
+    from pecl_ablation import main as ablation
 
     for row in ("w/o TDP", "w/o memory sculpting", "w/o memory regularisation", "w/o unlearning"):
         assert any(label.startswith(row) for label in VARIANTS)
@@ -134,7 +137,7 @@ def test_ablation_runs_the_rows_of_the_papers_ablation_table(tmp_path, monkeypat
 
 
 def test_like_for_like_table_separates_the_checkpoint_from_the_input_release():
-    from dpcl.methods.pecl.experiment import like_for_like_table
+    from pecl_experiment import like_for_like_table
 
     rows = [
         {"method": "PeCL (paper sigma)", "backward_transfer": -0.5, "last": 0.1, "avg": 0.2,
@@ -151,8 +154,8 @@ def test_like_for_like_table_separates_the_checkpoint_from_the_input_release():
 
 
 def test_experiment_plans_a_dp_pecl_task_as_dpcl_run_does():
-    from dpcl.guarantees.per_token import PECL_SPEC
-    from dpcl.methods.pecl.experiment import METHODS, dp_pecl_plan
+    from dpcl.methods.pecl.spec import PECL_SPEC
+    from pecl_experiment import METHODS, dp_pecl_plan
     from dpcl.methods.pecl.learner import learner_config
 
     config = learner_config(**{**METHODS["DP PeCL (eps=1)"], "epochs": 3, "batch_size": 32})
@@ -175,7 +178,7 @@ def _like_for_like_script():
 
 def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkpoint_epsilon():
     script = _like_for_like_script()
-    assert set(script.ROWS) <= set(__import__("dpcl.methods.pecl.experiment", fromlist=["METHODS"]).METHODS)
+    assert set(script.ROWS) <= set(__import__("pecl_experiment", fromlist=["METHODS"]).METHODS)
     assert script.PAPER_SETTINGS == {"epochs": 3, "learning_rate": 5e-4, "head_learning_rate": 5e-4, "batch_size": 32}
 
     def run(method, seed, ti_last, privacy):

@@ -3,6 +3,9 @@ with and without DP-SGD (tiny model, a few seconds)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,13 +13,15 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the PeCL tables live there
+
 from dpcl.accounting.accountants import compute_epsilon  # noqa: E402
 from dpcl.accounting.dpsgd import dpsgd_events  # noqa: E402
 from dpcl.accounting.events import ComposedEvent  # noqa: E402
 from dpcl.errors import InvalidParameterError  # noqa: E402
 from dpcl.methods.gem import gem_project  # noqa: E402
 from dpcl.methods.olora import orthogonality_loss  # noqa: E402
-from dpcl.methods.pecl.experiment import METHODS, TextTask, run_method  # noqa: E402
+from pecl_experiment import METHODS, TextTask, run_method  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
 
 pytestmark = pytest.mark.torch

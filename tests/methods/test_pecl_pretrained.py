@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from dpcl.errors import ConfigError  # noqa: E402
 from dpcl.guarantees import per_token as pt  # noqa: E402
+import dpcl.methods.pecl.spec as pecl_spec  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("no_network")]  # tests/methods/conftest.py
@@ -137,7 +138,7 @@ def test_pecl_method_runs_the_plan_on_a_loaded_model_and_round_trips(model_dir):
     cls = method_class("pecl")
     setup = _setup(model_dir)
     method = cls(setup)
-    plan = pt.PECL_SPEC.plan_task(setup.method, setup.privacy, 16, 0)
+    plan = pecl_spec.PECL_SPEC.plan_task(setup.method, setup.privacy, 16, 0)
     assert any(note.startswith("per-token guarantee") for note in plan.notes)
     assert all(e.to_dict()["adjacency"] == "replace_one" for e in plan.events)
     texts, labels = _tasks()[0]
@@ -153,7 +154,7 @@ def test_pecl_method_runs_the_plan_on_a_loaded_model_and_round_trips(model_dir):
 
 
 def test_pretrained_path_is_a_documented_method_key():
-    key = {k.name: k for k in pt.PECL_KEYS}["pretrained_path"]
+    key = {k.name: k for k in pecl_spec.PECL_KEYS}["pretrained_path"]
     assert key.type is str and key.default == ""
 
 
@@ -196,7 +197,7 @@ def test_dpcl_run_with_pretrained_path_writes_verified_per_token_certificates(mo
     (g,) = cert["scoped_guarantees"]
     assert cert["release"]["method"] == "pecl" and g["adjacency"] == "replace_one" and g["unit"] == "token"
     assert cert["config"]["method"]["pretrained_path"] == model_dir
-    from dpcl.guarantees.per_token import PRETRAINED_PUBLIC_ASSUMPTION
+    from dpcl.methods.pecl.spec import PRETRAINED_PUBLIC_ASSUMPTION
 
     assert PRETRAINED_PUBLIC_ASSUMPTION in cert["assumptions"]
     assert any(n.startswith("per-token guarantee") for n in cert["extra"]["plan_notes"])

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from dpcl.errors import ConfigError, InvalidParameterError, PrivacyViolationError  # noqa: E402
 from dpcl.guarantees import per_token as pt  # noqa: E402
+import dpcl.methods.pecl.spec as pecl_spec  # noqa: E402
 from dpcl.methods.pecl.learner import ContinualLM, learner_config  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -136,7 +137,7 @@ def test_pecl_method_follows_the_plan_and_round_trips():
     cls = method_class("pecl")
     setup = _setup()
     method = cls(setup)
-    plan = pt.PECL_SPEC.plan_task(setup.method, setup.privacy, 16, 0)
+    plan = pecl_spec.PECL_SPEC.plan_task(setup.method, setup.privacy, 16, 0)
     texts, labels = _tasks()[0]
     method.fit_task(0, _data(texts, labels), (0, 1), plan)
     scores = method.scores(np.asarray(texts, dtype=object))
@@ -152,7 +153,7 @@ def test_pecl_method_follows_the_plan_and_round_trips():
     assert np.allclose(again.scores(np.asarray(texts, dtype=object)), scores, atol=1e-5)
     # continuing from the release alone would score tokens without the earlier tasks' counts: refused
     texts1, labels1 = _tasks()[1]
-    plan1 = pt.PECL_SPEC.plan_task(setup.method, setup.privacy, len(texts1), 1)
+    plan1 = pecl_spec.PECL_SPEC.plan_task(setup.method, setup.privacy, len(texts1), 1)
     with pytest.raises(InvalidParameterError, match="curator state"):
         again.fit_task(1, _data(texts1, labels1), (2, 3), plan1)
     again.load_curator_state_dict(curator)
@@ -168,10 +169,10 @@ def test_pecl_method_refuses_plan_mismatch_and_missing_texts():
     setup = _setup()
     method = method_class("pecl")(setup)
     texts, labels = _tasks()[0]
-    other = pt.PECL_SPEC.plan_task({**setup.method, "clip_norm": 0.5}, setup.privacy, 16, 0)
+    other = pecl_spec.PECL_SPEC.plan_task({**setup.method, "clip_norm": 0.5}, setup.privacy, 16, 0)
     with pytest.raises(PrivacyViolationError, match="clip_norm"):
         method.fit_task(0, _data(texts, labels), (0, 1), other)
-    plan = pt.PECL_SPEC.plan_task(setup.method, setup.privacy, 16, 0)
+    plan = pecl_spec.PECL_SPEC.plan_task(setup.method, setup.privacy, 16, 0)
     with pytest.raises(ConfigError, match="texts"):
         method.fit_task(0, _data(texts, labels, texts_given=False), (0, 1), plan)
     assert math.isfinite(plan.noise["sigma_min"])

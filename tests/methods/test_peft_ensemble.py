@@ -9,8 +9,9 @@ torch = pytest.importorskip("torch")
 
 from dpcl.errors import ConfigError, InvalidParameterError  # noqa: E402
 from dpcl.methods.base import TrainingData, method_class  # noqa: E402
-from dpcl.methods.baselines import NaiveFineTuning, NonContinualTraining  # noqa: E402
-from dpcl.methods.peft_ensemble import PeftEnsemble, aggregate  # noqa: E402
+from dpcl.methods.naive.method import NaiveFineTuning  # noqa: E402
+from dpcl.methods.non_cl.method import NonContinualTraining  # noqa: E402
+from dpcl.methods.peft_ensemble.method import PeftEnsemble, aggregate  # noqa: E402
 from tobaben_helpers import TASK_LABELS, digits_split, dpsgd_plan, setup_for, task_data  # noqa: E402
 
 METHOD = {"epochs": 3, "batch_size": 32, "max_grad_norm": 1.0, "learning_rate": 0.02, "adapter_dim": 0,
@@ -167,7 +168,7 @@ def test_labels_outside_the_task_are_refused():
 
 def test_empty_task_under_the_specs_plan_releases_the_initialisation():
     """The plan the runner uses for an empty task has no events and no steps: the member is its initialisation."""
-    from dpcl.guarantees.schedules import PEFT_ENSEMBLE
+    from dpcl.methods.peft_ensemble.spec import PEFT_ENSEMBLE
 
     plan = PEFT_ENSEMBLE.plan_task(METHOD, {"epsilon": 1.0, "delta": 1e-5}, 0, 0)
     assert plan.events == () and plan.noise["steps"] == 0

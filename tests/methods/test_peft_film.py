@@ -16,10 +16,10 @@ pytest.importorskip("opacus")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from pretrained_helpers import write_digits_folder, write_tiny_bert, write_tiny_vit  # noqa: E402
 
-import dpcl.methods.peft_ensemble as peft_module  # noqa: E402
+import dpcl.methods.peft_ensemble.method as peft_module  # noqa: E402
 from dpcl.data import build_stream  # noqa: E402
 from dpcl.errors import ConfigError  # noqa: E402
-from dpcl.guarantees.schedules import PEFT_ENSEMBLE, peft_variant  # noqa: E402
+from dpcl.methods.peft_ensemble.spec import PEFT_ENSEMBLE, peft_variant  # noqa: E402
 from dpcl.methods.base import MethodSetup, TrainingData  # noqa: E402
 
 PRIVACY = {"epsilon": 2.0, "delta": 1e-5, "accountant": "rdp", "adjacency": "add_remove"}

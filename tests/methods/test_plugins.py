@@ -210,8 +210,8 @@ def test_specs_and_classes_views_go_through_one_registry(tmp_path, monkeypatch):
     from dpcl.methods.base import METHOD_CLASSES
 
     assert list(METHOD_SPECS) == list(METHOD_CLASSES) == list(BUILTIN_METHODS)
-    assert METHOD_SPECS["cosine"] == "dpcl.guarantees.schedules:COSINE"
-    assert METHOD_CLASSES["cosine"] == "dpcl.methods.cosine:CosineClassifier"
+    assert METHOD_SPECS["cosine"] == "dpcl.methods.cosine.spec:COSINE"
+    assert METHOD_CLASSES["cosine"] == "dpcl.methods.cosine.method:CosineClassifier"
     assert "nothing" not in METHOD_SPECS and get_method_spec("l2dpml").name == "l2dpml"
     monkeypatch.syspath_prepend(str(fake_distribution(tmp_path / "a", "shapes", {"good": "plain:GOOD"},
                                                       {"plain": SPEC_MODULE})))

@@ -61,7 +61,7 @@ def test_a_symlinked_lock_file_is_not_followed(tmp_path):
 
 SLOW_RUN = """
 import sys, time
-from dpcl.methods.cosine import CosineClassifier
+from dpcl.methods.cosine.method import CosineClassifier
 fit = CosineClassifier.fit_task
 def slow_fit(self, *args, **kwargs):
     time.sleep(600)  # a long training step: the run holds its directory meanwhile

@@ -122,7 +122,7 @@ def test_crash_after_the_ledger_commits_a_release_finishes_it_without_retraining
 def test_crash_before_the_commit_reuses_the_charge_and_removes_the_attempts_files(tmp_path, monkeypatch):
     """A crash while training task 2: its charge is recorded, nothing was released. The rerun removes the
     attempt's files and retrains the task under the same charge (the attempt released nothing)."""
-    from dpcl.methods.cosine import CosineClassifier
+    from dpcl.methods.cosine.method import CosineClassifier
 
     config = write_config(tmp_path, "cosine", epsilon=1.0, tasks="[[0, 1], [2, 3], [4, 5]]")
     real_fit = CosineClassifier.fit_task

@@ -59,7 +59,6 @@ from torch import nn
 from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
 from dpcl.guarantees.lifelong import (
     INPUT_RANGES,
-    L2DPML_KEYS,
     Precondition,
     batch_partition,
     check_batch_partition,
@@ -74,6 +73,7 @@ from dpcl.guarantees.lifelong import (
     paper_reconstruction_sensitivity,
     reconstruction_sensitivity,
 )
+from dpcl.methods.l2dpml.spec import L2DPML_KEYS
 from dpcl.guarantees.method_schema import TaskPlan, method_value
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
 from dpcl.methods.gem import agem_project  # noqa: F401  (re-exported: A-GEM of Alg. 2 and the baselines)
@@ -180,7 +180,7 @@ def _entry_digest(entry: Mapping[str, Any]) -> str:
 class L2DPMLMethod(ContinualMethod):
     """L2DP-ML with streaming fixed batches and A-GEM (Lai et al., Alg. 2), certified per release.
 
-    ``setup.method`` holds the keys of :data:`dpcl.guarantees.lifelong.L2DPML_KEYS`;
+    ``setup.method`` holds the keys of :data:`dpcl.methods.l2dpml.spec.L2DPML_KEYS`;
     noise budgets come from the task's :class:`TaskPlan` (``epsilon1``,
     ``epsilon2``). Sensitivities ``Delta_R`` and ``Delta_L`` are computed by
     :mod:`dpcl.guarantees.lifelong` from the actual layer sizes.
@@ -377,7 +377,7 @@ self.memory, [_entry_digest(e) for e in self.memory])
     def _task_noise(self, task_index: int, plan: TaskPlan) -> Mapping[str, Any]:
         """The noise budgets and schedule of task ``task_index``.
 
-        A private plan (from :data:`~dpcl.guarantees.lifelong.L2DPML_SPEC`; it has events, or gives
+        A private plan (from :data:`~dpcl.methods.l2dpml.spec.L2DPML_SPEC`; it has events, or gives
         ``epsilon1`` for an empty task) must give every key of :data:`_PRIVATE_PLAN_KEYS`. A plan without
         events and without budgets is a non-private run (``[run] private = false``): the same training on
         the exact coefficients, with the schedule read from the ``[method]`` section (``epsilon1`` None).

@@ -19,7 +19,7 @@ PeCL is a token-level method: it needs the raw text of every example
 (``TrainingData.texts``) and predicts from texts. ``scores`` therefore accepts
 an object array of strings; numeric encoder features are refused with a clear
 message. The public pre-training corpus is a disjoint set of fortune
-categories (:data:`dpcl.methods.pecl.experiment.PUBLIC_CATEGORIES`); a training
+categories (:data:`dpcl.methods.pecl.texts.PUBLIC_CATEGORIES`); a training
 example whose unit id is in that corpus is refused (it would be both public
 and private).
 
@@ -51,9 +51,9 @@ import torch
 from dpcl.data.fortunes import load_fortunes_texts
 from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
 from dpcl.guarantees.method_schema import TaskPlan
-from dpcl.guarantees.per_token import PECL_KEYS
+from dpcl.methods.pecl.spec import PECL_KEYS
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
-from dpcl.methods.pecl.experiment import PUBLIC_CATEGORIES
+from dpcl.methods.pecl.texts import PUBLIC_CATEGORIES
 from dpcl.methods.pecl.learner import ContinualLM, learner_config
 from dpcl.methods.pecl.tdp import TokenDP
 

@@ -84,7 +84,7 @@ from dpcl.data.pretrained import (
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.guarantees.public_encoder import encoder_directory, encoder_fingerprint, encoder_modality
-from dpcl.guarantees.schedules import PEFT_HEADS, peft_variant
+from dpcl.methods.peft_ensemble.spec import PEFT_HEADS, peft_variant
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
 from dpcl.methods.dpsgd_training import AdapterClassifier, schedule_from_plan, seeded_adapter, train_classifier
 from dpcl.methods.film import FilmClassifier, TextFilmClassifier, freeze_all_but_film
