@@ -35,7 +35,6 @@ weights differ from it only by the float rounding of the cross-rank sum.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -45,6 +44,15 @@ from torch import nn
 from dpcl.errors import DistributedRunError, InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.base import ProgressCallback
+from dpcl.methods.dpsgd_engine import (
+    DpSgdEngine,
+    ProjectGradient,
+    StepHook,
+    backward_quietly,
+    cross_entropy_sum,
+    flat_grad,
+    poisson_sample,
+)
 
 
 @dataclass(frozen=True)
@@ -227,54 +235,30 @@ class ReferenceGradient:
     combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _poisson_batch(n: int, rate: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Indices of one Poisson sample of ``n`` examples at ``rate`` (one vectorised draw)."""
-    if not n:
-        return torch.zeros(0, dtype=torch.long, device=device)
-    mask = torch.rand(n, generator=generator, device=device) < rate
-    return torch.nonzero(mask, as_tuple=False).squeeze(1)
+def _classifier_backward(train_model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor,
+                         private: bool) -> Callable[[torch.Tensor], None]:
+    """The backward pass of a batch: the summed cross-entropy (its per-example gradients, for a private step),
+    or the batch mean (a non-private step)."""
+
+    def backward(indices: torch.Tensor) -> None:
+        loss = cross_entropy_sum(train_model, inputs, targets, indices)
+        backward_quietly(loss if private else loss / max(indices.numel(), 1))
+
+    return backward
 
 
-def _released_gradient(
-    train_model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    params: list[nn.Parameter],
-    inputs: "tuple[torch.Tensor, ...]",
-    targets: torch.Tensor,
-    batch: torch.Tensor,
-    schedule: SgdSchedule,
-    expected_batch_size: float,
-) -> bool:
-    """Leave in every ``p.grad`` the gradient one step releases on ``batch``; False when there is none.
+def _reference_projection(reference: ReferenceGradient, backward: Callable[[torch.Tensor], None],
+                          generator: torch.Generator, device: torch.device) -> ProjectGradient:
+    """A-GEM's hook: after the step's gradient ``g`` is released, release ``g_ref`` on a Poisson sample of the
+    reference data by the same query (clipping, noise) and update along ``reference.combine(g, g_ref)``."""
+    n_ref = int(reference.targets.shape[0])
 
-    Private: per-example clipping, Gaussian noise and division by ``expected_batch_size`` (opacus'
-    ``DPOptimizer.pre_step``); an empty Poisson sample releases noise alone (no forward pass: a text encoder
-    cannot run on zero sequences), as the accounting assumes. Non-private: the batch's mean gradient, none
-    for an empty batch.
-    """
-    optimizer.zero_grad(set_to_none=True)
-    loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    if schedule.private and not batch.numel():
-        for p in params:
-            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
-    elif batch.numel():
-        loss = loss_fn(train_model(*(x[batch] for x in inputs)), targets[batch])
-        if not schedule.private:
-            loss = loss / max(batch.numel(), 1)
-        with warnings.catch_warnings():
-            # opacus' backward hooks fire on module outputs because the frozen inputs need no grad.
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss.backward()
-    else:
-        return False
-    if schedule.private:
-        optimizer.expected_batch_size = max(1, round(expected_batch_size))  # type: ignore[attr-defined]
-        return bool(optimizer.pre_step())  # type: ignore[attr-defined]
-    return True
+    def project(gradient: torch.Tensor, step: int, engine: DpSgdEngine) -> torch.Tensor:
+        batch = poisson_sample(n_ref, reference.sample_rate, generator, device)
+        released = engine.release(batch, backward, int(batch.numel()), reference.sample_rate * n_ref)
+        return reference.combine(gradient, flat_grad(engine.params) if released else torch.zeros_like(gradient))
 
-
-def _flat_grad(params: list[nn.Parameter]) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    return ProjectGradient(project)
 
 
 def train_classifier(
@@ -318,31 +302,22 @@ def train_classifier(
     params = [p for p in model.parameters() if p.requires_grad]
     train_model, optimizer = _dp_optimizer(model, params, schedule, n, learning_rate=learning_rate, generator=generator,
                                            weight_decay=weight_decay, optimizer_name=optimizer_name)
-    # the update itself: Adam (inside opacus' DPOptimizer for a private schedule, whose pre_step made p.grad)
-    update = getattr(optimizer, "original_optimizer", optimizer)
-    n_ref = int(reference.targets.shape[0]) if reference is not None else 0
-    ref_inputs = () if reference is None else (
-        reference.inputs if isinstance(reference.inputs, tuple) else (reference.inputs,))
+    hooks: list[ProjectGradient] = []
+    if reference is not None and int(reference.targets.shape[0]):
+        ref_inputs = reference.inputs if isinstance(reference.inputs, tuple) else (reference.inputs,)
+        hooks.append(_reference_projection(
+            reference, _classifier_backward(train_model, ref_inputs, reference.targets, schedule.private), generator,
+            device))
+
+    def sample(step: int) -> tuple[torch.Tensor, int]:
+        batch = poisson_sample(n, schedule.sample_rate, generator, device)
+        return batch, int(batch.numel())
+
+    backward = _classifier_backward(train_model, inputs, targets, schedule.private)
+    engine = DpSgdEngine(params, optimizer, schedule.private, sample, lambda step, batch: backward(batch), hooks,
+                         expected_batch_size=schedule.sample_rate * n, progress=progress)
     train_model.train()
-    for _ in range(schedule.steps):
-        batch = _poisson_batch(n, schedule.sample_rate, generator, device)
-        released = _released_gradient(train_model, optimizer, params, inputs, targets, batch, schedule,
-                                       schedule.sample_rate * n)
-        if released and reference is not None and n_ref:
-            g = _flat_grad(params)
-            ref_batch = _poisson_batch(n_ref, reference.sample_rate, generator, device)
-            g_ref = (_flat_grad(params) if _released_gradient(
-                train_model, optimizer, params, ref_inputs, reference.targets, ref_batch, schedule,
-                reference.sample_rate * n_ref) else torch.zeros_like(g))
-            direction = reference.combine(g, g_ref)
-            offset = 0
-            for p in params:
-                p.grad = direction[offset:offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
-        if released:
-            update.step()
-        if progress is not None:
-            progress(1)
+    engine.run(schedule.steps)
     if schedule.private:
         train_model.remove_hooks()  # ``model`` keeps the trained weights, without opacus hooks
         train_model._close()
@@ -403,6 +378,26 @@ def wait_for_end_of_run(device: "torch.device | str") -> bool:
     return word == _END_OK
 
 
+class _ReduceAcrossRanks(StepHook):
+    """Data-parallel ranks sum their released gradients. Private: opacus' ``DistributedDPOptimizer`` all-reduces
+    the clipped (rank 0: noisy) sums, each divided by ``q n / world``. Non-private: the summed gradients
+    all-reduced and divided by the size of the global sample (the single-process mean)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, private: bool, sizes: list[int]) -> None:
+        self.optimizer, self.private, self.sizes = optimizer, private, sizes
+
+    def after_release(self, step: int, engine: DpSgdEngine) -> None:
+        import torch.distributed as dist
+
+        if self.private:
+            self.optimizer.reduce_gradients()  # type: ignore[attr-defined]
+            return
+        for p in engine.params:
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+            p.grad = grad / self.sizes[0]
+
+
 def _train_data_parallel(
     model: nn.Module,
     inputs: tuple[torch.Tensor, ...],
@@ -454,38 +449,27 @@ def _train_data_parallel(
         generator=generator if rank == 0 else None,  # only rank 0 adds noise
         world=world, weight_decay=weight_decay,
     )
-    loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    train_model.train()
     mask = torch.zeros(n, dtype=torch.uint8, device=device)
-    for _ in range(schedule.steps):
+    sizes = [0]
+
+    def sample(step: int) -> tuple[torch.Tensor, int]:
+        """Rank 0's Poisson mask, broadcast; this rank computes every ``world``-th sampled example."""
+        nonlocal mask
         if rank == 0 and n:
             mask = (torch.rand(n, generator=generator, device=device) < schedule.sample_rate).to(torch.uint8)
         if n:
             dist.broadcast(mask, src=0)
         batch = torch.nonzero(mask, as_tuple=False).squeeze(1)
-        shard = batch[rank::world]
-        optimizer.zero_grad(set_to_none=True)
-        if schedule.private and not shard.numel():
-            # this rank's share of the Poisson sample is empty: it contributes nothing but still joins the sum
-            for p in params:
-                p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
-            optimizer.step()
-        elif schedule.private:
-            loss = loss_fn(train_model(*(x[shard] for x in inputs)), targets[shard])
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                loss.backward()
-            optimizer.step()
-        elif batch.numel():  # non-private: the mean over the global batch, as the single-process loop
-            if shard.numel():
-                loss_fn(train_model(*(x[shard] for x in inputs)), targets[shard]).backward()
-            for p in params:
-                grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                dist.all_reduce(grad, op=dist.ReduceOp.SUM)
-                p.grad = grad / batch.numel()
-            optimizer.step()
-        if progress is not None:
-            progress(1)
+        sizes[0] = int(batch.numel())
+        return batch[rank::world], sizes[0]
+
+    def backward(step: int, shard: torch.Tensor) -> None:
+        backward_quietly(cross_entropy_sum(train_model, inputs, targets, shard))
+
+    engine = DpSgdEngine(params, optimizer, schedule.private, sample, backward,
+                         [_ReduceAcrossRanks(optimizer, schedule.private, sizes)], progress=progress)
+    train_model.train()
+    engine.run(schedule.steps)
     if schedule.private:
         train_model.remove_hooks()
         train_model._close()
