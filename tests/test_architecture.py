@@ -40,9 +40,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 #: Layers that never import torch (nor opacus, peft, transformers), at module level or inside a function.
 TORCH_FREE_LAYERS = ("foundations", "accounting", "guarantees", "audit")
-#: Modules that import torch only inside a method a torch caller uses (``Certifier.noise_generator``): importing
-#: them loads no torch.
-TORCH_FREE_AT_IMPORT = ("dpcl.certifier",)
+#: Modules that import torch only inside a method a torch caller uses (``Certifier.noise_generator``,
+#: ``dpcl.methods.noise_source``): importing them loads no torch.
+TORCH_FREE_AT_IMPORT = ("dpcl.certifier", "dpcl.methods")
 #: The audits of a torch training step: in the audit layer, importing torch; nothing torch-free imports them.
 TORCH_AUDITS = ("dpcl.audit.canary", "dpcl.audit.one_run_dpsgd")
 TORCH_PACKAGES = ("torch", "opacus", "peft", "transformers")
@@ -222,8 +222,24 @@ def test_every_module_is_in_a_layer_and_imports_only_downward():
     assert upward == []
 
 
+def is_method_spec(module: str) -> bool:
+    """A method package (``dpcl.methods.<name>``, its ``__init__``) or its spec (``dpcl.methods.<name>.spec``):
+    in the methods layer, but what ``dpcl audit`` and ``dpcl methods`` load through the registry, so torch-free."""
+    parts = module.split(".")
+    if parts[:2] != ["dpcl", "methods"] or len(parts) not in (3, 4):
+        return False
+    return parts[3:] == ["spec"] if len(parts) == 4 else _modules()[module].name == "__init__.py"
+
+
 def _torch_free(module: str) -> bool:
+    if is_method_spec(module):
+        return True
     return LAYERS[layer_of(module)][0] in TORCH_FREE_LAYERS and not module.startswith(TORCH_AUDITS)
+
+
+def test_every_builtin_method_is_a_package_with_a_spec():
+    packages = sorted(m for m in _modules() if is_method_spec(m) and not m.endswith(".spec"))
+    assert packages and all(f"{m}.spec" in _modules() for m in packages), packages
 
 
 def node_level(node: ast.Import | ast.ImportFrom) -> int:

@@ -69,7 +69,7 @@ def test_defaults_filled():
         (("stream", "task_sizes"), [10], r"task_sizes gives 1 sizes for 2 tasks"),
         (("stream", "task_sizes"), [10, -1], r"task_sizes must contain integers >= 0"),
         (("stream", "colour"), "red", r"unknown \[stream\] key\(s\) colour"),
-        (("method", "name"), "sgd", r"\[method\] name must be one of cosine, peft_ensemble"),
+        (("method", "name"), "sgd", r"\[method\] name must be one of agem, cosine, l2dpml, naive, non_cl, pecl, peft_ensemble; got .sgd."),
         (("method", "name"), _DELETE, r"\[method\] name is required"),
         (("method", "epochs"), _DELETE, r"\[method\] epochs is required for method 'peft_ensemble'"),
         (("method", "epochs"), 0, r"\[method\] epochs must be an integer >= 1"),

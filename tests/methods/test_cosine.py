@@ -180,5 +180,5 @@ def test_the_replace_one_bound_of_two_is_attained():
 def test_unknown_method_name_is_a_config_error_naming_the_choices():
     from dpcl.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"\[method\] name must be one of cosine, .*; got 'cosin'"):
+    with pytest.raises(ConfigError, match=r"\[method\] name must be one of agem, cosine, .*; got 'cosin'"):
         method_class("cosin")

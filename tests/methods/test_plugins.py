@@ -22,8 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from dpcl.errors import ConfigError, MethodPluginError
-from dpcl.guarantees.method_registry import BUILTIN_METHODS, MethodRegistry, RegistryView
+from dpcl.errors import ConfigError, IncompleteInstallError, MethodPluginError
+from dpcl.guarantees.method_registry import REGISTRY, MethodRegistry, RegistryView
+
+#: The built-in methods, as dpcl's own entry points register them.
+BUILTIN_METHODS = REGISTRY.builtin_names()
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "dpcl-example-method"
@@ -145,7 +148,7 @@ def fake_distribution(root: Path, name: str, entry_points: dict[str, str], modul
 
 def test_a_plugin_cannot_shadow_a_builtin(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(fake_distribution(tmp_path / "a", "evil-cosine", {"cosine": "evil:SPEC"})))
-    registry = MethodRegistry(BUILTIN_METHODS)
+    registry = MethodRegistry()
     with pytest.raises(MethodPluginError, match="'evil-cosine' registers a method named 'cosine'.*cannot replace"):
         registry.names()
     done = dpcl_with(tmp_path / "a", "methods")
@@ -156,7 +159,7 @@ def test_two_plugins_with_one_name_are_refused(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(fake_distribution(tmp_path / "a", "first", {"twin": "one:SPEC"})))
     monkeypatch.syspath_prepend(str(fake_distribution(tmp_path / "b", "second", {"twin": "two:SPEC"})))
     with pytest.raises(MethodPluginError, match="two installed distributions register the method 'twin'"):
-        MethodRegistry(BUILTIN_METHODS).entry("twin")
+        MethodRegistry().entry("twin")
 
 
 SPEC_MODULE = """
@@ -186,7 +189,7 @@ def test_malformed_plugins_are_named_when_looked_up(tmp_path, monkeypatch):
         {"good": "plain:GOOD", "renamed": "plain:WRONG_NAME", "klass": "plain:Spec", "gone": "nowhere:SPEC"},
         {"plain": SPEC_MODULE},
     )))
-    registry = MethodRegistry(BUILTIN_METHODS)
+    registry = MethodRegistry()
     assert registry.names()[-4:] == ("gone", "good", "klass", "renamed")
     assert registry.spec("good").name == "good" and registry.class_path("good") == "plain:NotAMethod"
     with pytest.raises(MethodPluginError, match="its name is 'other', but the entry point is 'renamed'"):
@@ -195,7 +198,7 @@ def test_malformed_plugins_are_named_when_looked_up(tmp_path, monkeypatch):
         registry.spec("klass")
     with pytest.raises(MethodPluginError, match="'gone'.*cannot be imported"):
         registry.spec("gone")
-    with pytest.raises(ConfigError, match="must be one of cosine, .*gone, good"):
+    with pytest.raises(ConfigError, match="must be one of agem, cosine, .*gone, good"):
         registry.entry("missing")
     # the class a spec names must be a ContinualMethod with the same name
     import dpcl.methods.base as base
@@ -215,9 +218,49 @@ def test_specs_and_classes_views_go_through_one_registry(tmp_path, monkeypatch):
     assert "nothing" not in METHOD_SPECS and get_method_spec("l2dpml").name == "l2dpml"
     monkeypatch.syspath_prepend(str(fake_distribution(tmp_path / "a", "shapes", {"good": "plain:GOOD"},
                                                       {"plain": SPEC_MODULE})))
-    registry = MethodRegistry(BUILTIN_METHODS)
+    registry = MethodRegistry()
     specs, classes = RegistryView("spec", registry), RegistryView("class", registry)
     assert specs["good"] == "plain:GOOD" and classes["good"] == "plain:NotAMethod" and len(specs) == len(BUILTIN_METHODS) + 1
+
+
+def test_builtins_are_dpcls_own_entry_points_each_a_package_with_a_torch_free_spec():
+    """Every built-in is an entry point of the distribution dpcl (pyproject.toml), named like its package
+    dpcl/methods/<name>/ whose spec.py holds the spec and names the method.py class; the spec imports no torch."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["entry-points"]
+    declared = declared["dpcl.methods"]
+    assert sorted(declared) == list(BUILTIN_METHODS) == list(REGISTRY.names()[: len(declared)])
+    for name, value in declared.items():
+        entry = REGISTRY.entry(name)
+        assert entry.source == "built-in" and entry.distribution == "dpcl" and entry.spec_path == value
+        assert value.startswith(f"dpcl.methods.{name}.spec:")
+        assert REGISTRY.class_path(name).startswith(f"dpcl.methods.{name}.method:")
+    code = (
+        "import sys\n"
+        "from dpcl.guarantees.method_registry import REGISTRY\n"
+        "specs = [REGISTRY.spec(n) for n in REGISTRY.names()]\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'opacus', 'peft', 'transformers'}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_source_tree_without_dpcls_entry_points_is_refused_with_the_install_command():
+    registry = MethodRegistry(builtin_distribution="no-such-distribution")
+    with pytest.raises(IncompleteInstallError, match="pip install -e ."):
+        registry.names()
+    # the CLI prints it and exits 2, without a traceback
+    code = (
+        "import sys\n"
+        "import dpcl.guarantees.method_registry as r\n"
+        "r.REGISTRY.builtin_distribution = 'no-such-distribution'\n"
+        "from dpcl.cli import main\n"
+        "sys.exit(main(['methods']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2 and "pip install -e ." in done.stderr and "Traceback" not in done.stderr
 
 
 def test_the_plugins_doc_shows_the_fixture_package_as_it_is():
