@@ -296,7 +296,7 @@ def test_memory_regularisation_is_wired_as_eq_10_and_11(monkeypatch):
     """Task 2's L_reg acts on the task-2 adapter's LoRA parameters, pulls them to task 1's final adapter, with
     lambda_dyn = lambda_max (1 - s_bar) + lambda_min s_bar (s_bar: mean score of the task's real tokens after
     BOS) and Omega_bar = Omega_1 (the finished tasks)."""
-    from dpcl.methods.pecl import learner as learner_module
+    from dpcl.methods.pecl import strategies as learner_module  # the pecl strategy adds PeCL's loss terms
 
     calls, scores_seen = [], []
     original_reg = learner_module.memory_regularisation
@@ -338,7 +338,7 @@ def test_memory_regularisation_is_wired_as_eq_10_and_11(monkeypatch):
 def test_unlearning_term_uses_the_batchs_scores_and_token_losses(monkeypatch, unlearning):
     """eq. 12: the batch's own (fixed) scores, theta from the config, and the per-token LM losses of the forward
     pass being trained (they carry gradient); switched off, the term is never computed."""
-    from dpcl.methods.pecl import learner as learner_module
+    from dpcl.methods.pecl import strategies as learner_module  # the pecl strategy adds PeCL's loss terms
 
     calls, task_scores = [], []
     original = learner_module.unlearning_loss

@@ -42,7 +42,7 @@ steps and no charge: its member is released at its data-independent
 initialisation (a zero head), still a proper classifier (Prop. F.1). A private plan with steps on empty data (not what
 the spec plans) would take noise-only DP-SGD steps.
 
-Variants (``[method] variant``, resolved by :func:`dpcl.guarantees.schedules.peft_variant`
+Variants (``[method] variant``, resolved by :func:`dpcl.methods.peft_ensemble.spec.peft_variant`
 and recorded in every plan's noise and notes, hence in audits and certificates):
 
 * ``film`` -- as in the paper: each member trains the FiLM parameters (scale and
