@@ -58,7 +58,8 @@ from dpcl.methods.l2dpml.spec import L2DPML_SPEC
 from dpcl.guarantees.lifelong import dpsgd_agem_epsilons
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.base import MethodSetup, TrainingData
-from dpcl.methods.l2dpml.method import AGEMClassifier, DPSGDAGEMClassifier, L2DPMLMethod
+from dpcl.methods.l2dpml.baselines import AGEMClassifier, DPSGDAGEMClassifier
+from dpcl.methods.l2dpml.method import L2DPMLMethod
 from dpcl.metrics.continual import average_accuracy_curve
 from dpcl.progress import progress
 

@@ -18,9 +18,8 @@ from dpcl.methods.l2dpml.spec import L2DPML_SPEC  # noqa: E402
 from dpcl.guarantees.lifelong import output_sensitivity, reconstruction_sensitivity  # noqa: E402
 from dpcl.guarantees.method_schema import TaskPlan  # noqa: E402
 from dpcl.methods.base import MethodSetup, TrainingData, method_class  # noqa: E402
+from dpcl.methods.l2dpml.baselines import AGEMClassifier, DPSGDAGEMClassifier  # noqa: E402
 from dpcl.methods.l2dpml.method import (  # noqa: E402
-    AGEMClassifier,
-    DPSGDAGEMClassifier,
     L2DPMLMethod,
     agem_project,
     output_coefficients,

@@ -210,7 +210,7 @@ def _run(tmp_path: Path, name: str, text: str, device: str = "cpu"):
 def _baselines(device: str = "cpu"):
     from dpcl.guarantees.method_schema import TaskPlan
     from dpcl.methods.base import MethodSetup, TrainingData
-    from dpcl.methods.l2dpml.method import AGEMClassifier, DPSGDAGEMClassifier
+    from dpcl.methods.l2dpml.baselines import AGEMClassifier, DPSGDAGEMClassifier
 
     rng = np.random.default_rng(0)
     x = rng.random((120, 6)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""L2DP-ML (Lai et al., *Lifelong DP*, Alg. 1 / Alg. 2) and its A-GEM baselines.
+"""L2DP-ML (Lai et al., *Lifelong DP*, Alg. 1 / Alg. 2); its A-GEM baselines are :mod:`.baselines`.
 
 Network (Sec. 4, Fig. 1): an auto-encoder layer ``h1 = theta1^T x`` stacked
 with a network ``G`` whose last hidden layer ``h_pi`` feeds a linear output
@@ -54,7 +54,6 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from torch import nn
 
 from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
 from dpcl.guarantees.lifelong import (
@@ -77,10 +76,16 @@ from dpcl.methods.l2dpml.spec import L2DPML_KEYS
 from dpcl.guarantees.method_schema import TaskPlan, method_value
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
 from dpcl.methods.gem import agem_project  # noqa: F401  (re-exported: A-GEM of Alg. 2 and the baselines)
+from dpcl.methods.l2dpml.functional import (  # noqa: F401  (re-exported: the coefficient sums)
+    _entry_digest,
+    _orthonormal_columns,
+    _psd_plus_ridge,
+    _symmetric_laplace,
+    output_coefficients,
+    reconstruction_coefficients,
+)
 
 __all__ = [
-    "AGEMClassifier",
-    "DPSGDAGEMClassifier",
     "L2DPMLMethod",
     "agem_project",
     "output_coefficients",
@@ -91,87 +96,6 @@ _DTYPE = torch.float64
 
 #: ``plan.noise`` keys a private L2DP-ML plan must give (:meth:`L2DPMLSpec.plan_task`).
 _PRIVATE_PLAN_KEYS = ("epsilon1", "epsilon2", "batch_size", "epochs", "memory_batches_per_task", "release_autoencoder")
-
-
-# ---------------------------------------------------------------------------
-# building blocks (vectorised over batches)
-# ---------------------------------------------------------------------------
-def _padded(values: torch.Tensor, batches: tuple[np.ndarray, ...]) -> torch.Tensor:
-    """Stack batches of rows into ``[n_batches, max_size, ...]`` padded with zeros (zeros add nothing to sums)."""
-    size = max(len(b) for b in batches)
-    out = values.new_zeros((len(batches), size) + tuple(values.shape[1:]))
-    device = values.device
-    rows = torch.as_tensor(np.concatenate(batches), dtype=torch.long, device=device)
-    batch_of = torch.as_tensor(np.repeat(np.arange(len(batches)), [len(b) for b in batches]), dtype=torch.long,
-                               device=device)
-    slot = torch.as_tensor(np.concatenate([np.arange(len(b)) for b in batches]), dtype=torch.long, device=device)
-    out[batch_of, slot] = values[rows]
-    return out
-
-
-def _symmetric_laplace(
-    rng: np.random.Generator, scale: float, n: int, d: int, device: "torch.device | str" = "cpu"
-) -> torch.Tensor:
-    """``n`` symmetric d x d matrices whose upper triangle (diagonal included) is i.i.d. Laplace(scale), on ``device``.
-
-    Drawn by numpy on the CPU and then moved (an exact float64 copy), so a run with reproducible noise draws the
-    same noise whatever device it computes on.
-    """
-    upper = np.triu(rng.laplace(0.0, scale, size=(n, d, d)))
-    return torch.as_tensor(upper + np.transpose(np.triu(upper, 1), (0, 2, 1)), dtype=_DTYPE, device=device)
-
-
-def reconstruction_coefficients(x: torch.Tensor, batches: tuple[np.ndarray, ...]) -> torch.Tensor:
-    """Exact coefficients ``sym(A_B)`` of eq. 11 for every batch: ``[n_batches, d, d]``.
-
-    ``A_sj = sum_r x_rj (1/2 - x_rs)``, so ``sym(A) = (c 1^T + 1 c^T)/4 - X^T X``
-    with ``c = sum_r x_r`` (diagonal ``sum u/2 - u^2``, off-diagonal
-    ``sum (u + v)/4 - u v``; see :func:`dpcl.guarantees.lifelong.reconstruction_sensitivity`).
-    """
-    xp = _padded(x, batches)
-    c = xp.sum(dim=1)
-    second = torch.bmm(xp.transpose(1, 2), xp)
-    return (c[:, :, None] + c[:, None, :]) / 4.0 - second
-
-
-def output_coefficients(
-    h: torch.Tensor, y: torch.Tensor, batches: tuple[np.ndarray, ...]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact coefficients of the output polynomial for every batch.
-
-    ``sum_k W_k^T b_k + (1/8) W_k^T Q W_k`` (2nd-order Taylor expansion of the
-    logistic loss at 0: ``log(1 + e^{-z}) y + log(1 + e^{z})(1 - y) = log 2 + z (1/2 - y)
-    + z^2/8 + O(z^4)``). Returns ``b`` ``[n_batches, p, K]`` and ``Q`` ``[n_batches, p, p]``.
-    """
-    hp = _padded(h, batches)
-    yp = _padded(y, batches)
-    mask = _padded(torch.ones(h.shape[0], 1, dtype=h.dtype, device=h.device), batches)
-    b = torch.bmm(hp.transpose(1, 2), mask * 0.5 - yp)
-    q = torch.bmm(hp.transpose(1, 2), hp)
-    return b, q
-
-
-def _orthonormal_columns(theta: torch.Tensor) -> torch.Tensor:
-    """QR retraction onto matrices with orthonormal columns (sign-fixed, so it is a function of ``theta``)."""
-    q, r = torch.linalg.qr(theta)
-    signs = torch.sign(torch.diagonal(r))
-    signs[signs == 0] = 1.0
-    return q * signs
-
-
-def _psd_plus_ridge(q: torch.Tensor, ridge: torch.Tensor) -> torch.Tensor:
-    """Project symmetric matrices to the PSD cone and add ``ridge[b] I`` (post-processing of noisy coefficients)."""
-    vals, vecs = torch.linalg.eigh(q)
-    vals = vals.clamp(min=0.0) + ridge[:, None]
-    return (vecs * vals[:, None, :]) @ vecs.transpose(1, 2)
-
-
-def _entry_digest(entry: Mapping[str, Any]) -> str:
-    """Digest of a memory entry's released coefficients and unit ids (checks that memory stays fixed)."""
-    arrays = [np.asarray(entry["units"])] + [
-        entry[k].detach().cpu().numpy() for k in ("ae", "b_n", "q_n") if entry[k] is not None
-    ]
-    return coefficient_digest(*arrays)
 
 
 # ---------------------------------------------------------------------------
@@ -284,6 +208,31 @@ class L2DPMLMethod(ContinualMethod):
             param = retract(param - step_size(i) * g)
         return param
 
+    def _checked_task(self, task_index: int, data: TrainingData, batch_size: int
+                      ) -> tuple[np.ndarray, tuple[np.ndarray, ...], list[Precondition]]:
+        """A non-empty task's features, its fixed disjoint batches and the preconditions met (inputs inside the
+        declared box, units disjoint as declared, the batches a partition); an unmet one raises."""
+        n = len(data)
+        x_np = np.asarray(data.features, dtype=np.float64)
+        if x_np.shape[1] != self.n_features:
+            raise InvalidParameterError(
+                f"task {task_index} has {x_np.shape[1]} features but the method was built for {self.n_features}."
+            )
+        rng_check = check_input_range(x_np, self.input_range)
+        if not rng_check.met:
+            raise InvalidParameterError(
+                f"task {task_index}: inputs must lie in the declared input_range {self.input_range!r} "
+                f"{INPUT_RANGES[self.input_range]} ({rng_check.detail}); rescale the data, dpcl never clamps."
+            )
+        units = check_units(np.asarray(data.unit_ids), self.seen_units, across_tasks=self.across_tasks)
+        if not units.met:
+            raise DisjointnessViolationError(f"task {task_index}: {units.statement} is violated ({units.detail}).")
+        batches = batch_partition(n, batch_size, seed=int(self.setup.seed) * 1000003 + task_index)
+        partition = check_batch_partition(batches, n, batch_size)
+        if not partition.met:  # pragma: no cover - batch_partition always yields a partition
+            raise PrivacyViolationError(f"task {task_index}: {partition.detail}")
+        return x_np, batches, [rng_check, units, partition]
+
     def fit_task(
         self,
         task_index: int,
@@ -305,26 +254,7 @@ class L2DPMLMethod(ContinualMethod):
         epochs = int(noise["epochs"])
         preconditions: list[Precondition] = []
         if n:
-            x_np = np.asarray(data.features, dtype=np.float64)
-            if x_np.shape[1] != self.n_features:
-                raise InvalidParameterError(
-                    f"task {task_index} has {x_np.shape[1]} features but the method was built for {self.n_features}."
-                )
-            rng_check = check_input_range(x_np, self.input_range)
-            if not rng_check.met:
-                raise InvalidParameterError(
-                    f"task {task_index}: inputs must lie in the declared input_range {self.input_range!r} "
-                    f"{INPUT_RANGES[self.input_range]} ({rng_check.detail}); rescale the data, dpcl never clamps."
-                )
-            units = check_units(np.asarray(data.unit_ids), self.seen_units, across_tasks=self.across_tasks)
-            if not units.met:
-                raise DisjointnessViolationError(f"task {task_index}: {units.statement} is violated ({units.detail}).")
-            preconditions += [rng_check, units]
-            batches = batch_partition(n, batch_size, seed=int(self.setup.seed) * 1000003 + task_index)
-            partition = check_batch_partition(batches, n, batch_size)
-            if not partition.met:  # pragma: no cover - batch_partition always yields a partition
-                raise PrivacyViolationError(f"task {task_index}: {partition.detail}")
-            preconditions.append(partition)
+            x_np, batches, preconditions = self._checked_task(task_index, data, batch_size)
             self._fit_batches(task_index, torch.as_tensor(x_np, device=self.device), data, batches, noise, epochs,
                               progress)
             self.seen_units = np.concatenate([self.seen_units, np.asarray(data.unit_ids, dtype=np.int64)])
@@ -545,203 +475,3 @@ self.memory, [_entry_digest(e) for e in self.memory])
             )
         self.memory = entries
         self.seen_units = np.asarray(torch.as_tensor(state["seen_units"]), dtype=np.int64).copy()
-
-
-# ---------------------------------------------------------------------------
-# baselines: A-GEM and DP-SGD A-GEM ("NaiveGaussian")
-# ---------------------------------------------------------------------------
-class _MLP(nn.Module):
-    def __init__(self, d: int, hidden: list[int], k: int) -> None:
-        super().__init__()
-        layers: list[nn.Module] = []
-        for fan_in, fan_out in zip([d] + hidden[:-1], hidden):
-            layers += [nn.Linear(fan_in, fan_out), nn.Tanh()]
-        layers.append(nn.Linear(hidden[-1] if hidden else d, k))
-        self.net = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class AGEMClassifier(ContinualMethod):
-    """Non-private A-GEM (Chaudhry et al. 2019) on an MLP with the same hidden sizes; the paper's upper baseline.
-
-    ``setup.method`` keys: ``hidden_sizes``, ``batch_size``, ``epochs``,
-    ``learning_rate``, ``memory_per_task`` (raw examples kept per task).
-    """
-
-    name = "agem"
-
-    def __init__(self, setup: MethodSetup) -> None:
-        super().__init__(setup)
-        m = dict(setup.method)
-        self.device = torch.device(setup.device)
-        torch.manual_seed(int(setup.seed))  # initialised on the CPU, then moved: the same weights on every device
-        self.model = _MLP(int(setup.input_dim), [int(v) for v in m.get("hidden_sizes", [16, 16])],
-                          len(self.label_space)).double().to(self.device)
-        self.batch_size = int(m.get("batch_size", 64))
-        self.epochs = int(m.get("epochs", 5))
-        self.learning_rate = float(m.get("learning_rate", 0.1))
-        self.memory_per_task = int(m.get("memory_per_task", 64))
-        self.memory_batch_size = int(m.get("memory_batch_size", self.batch_size))
-        self.mem_x = torch.zeros(0, int(setup.input_dim), dtype=_DTYPE, device=self.device)
-        self.mem_y = torch.zeros(0, dtype=torch.long, device=self.device)
-
-    def scores(self, features: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return self.model(torch.as_tensor(np.asarray(features, dtype=np.float64), device=self.device)).cpu().numpy()
-
-    def _tensors(self, data: TrainingData) -> tuple[torch.Tensor, torch.Tensor]:
-        """A task's features (float64) and label positions on this method's device."""
-        x = torch.as_tensor(np.asarray(data.features, dtype=np.float64), device=self.device)
-        y = torch.as_tensor(self.label_positions(data.labels), dtype=torch.long, device=self.device)
-        return x, y
-
-    def _keep_in_memory(self, x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator) -> None:
-        n = len(y)
-        keep = rng.choice(n, size=min(self.memory_per_task, n), replace=False) if n else np.zeros(0, np.int64)
-        keep_t = torch.as_tensor(keep, dtype=torch.long, device=self.device)
-        self.mem_x = torch.cat([self.mem_x, x[keep_t]])
-        self.mem_y = torch.cat([self.mem_y, y[keep_t]])
-
-    def _flat_grad(self) -> torch.Tensor:
-        return torch.cat([p.grad.reshape(-1) for p in self.model.parameters()])
-
-    def _set_grad(self, flat: torch.Tensor) -> None:
-        offset = 0
-        for p in self.model.parameters():
-            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-
-    def _gradient(self, x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        self.model.zero_grad()
-        nn.functional.cross_entropy(self.model(x), y).backward()
-        return self._flat_grad()
-
-    def _batches(self, n: int, rng: np.random.Generator) -> list[np.ndarray]:
-        return [idx for _ in range(self.epochs) for idx in np.array_split(rng.permutation(n), max(1, n // self.batch_size))]
-
-    def _require_memory(self) -> None:
-        if self.mem_x is None:
-            raise InvalidParameterError(
-                f"this {self.name} model was restored from its release only: continuing the stream needs its "
-                "episodic memory; call load_curator_state_dict with the state curator_state_dict returned."
-            )
-
-    def fit_task(self, task_index, data, output_labels, plan, progress=None) -> None:
-        self._require_memory()
-        rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
-        x, y = self._tensors(data)
-        opt = torch.optim.SGD(self.model.parameters(), lr=self.learning_rate)
-        for idx in self._batches(len(data), rng) if len(data) else []:
-            idx = torch.as_tensor(idx, dtype=torch.long, device=self.device)
-            g = self._gradient(x[idx], y[idx], rng)
-            if len(self.mem_y):
-                m = rng.choice(len(self.mem_y), size=min(self.memory_batch_size, len(self.mem_y)), replace=False)
-                m = torch.as_tensor(m, dtype=torch.long, device=self.device)
-                g = agem_project(g, self._gradient(self.mem_x[m], self.mem_y[m], rng))
-            self._set_grad(g)
-            opt.step()
-        if progress:
-            progress(1)
-        self._keep_in_memory(x, y, rng)
-        self.mark_released(output_labels)
-        self.tasks_fitted += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        """The release (CPU tensors): the model only (the replay memory holds raw training examples: curator state)."""
-        return {**self._base_state(), "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()}}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the model; continuing the stream also needs :meth:`load_curator_state_dict` (the memory)."""
-        self._load_base_state(state)
-        self.model.load_state_dict(state["model"])
-        self.mem_x, self.mem_y = None, None  # until load_curator_state_dict
-
-    def curator_state_dict(self) -> dict[str, Any]:
-        """The episodic memory: raw training examples and their labels (no DP guarantee covers them)."""
-        if self.mem_x is None:
-            raise InvalidParameterError(
-                f"this {self.name} model has no memory: load_curator_state_dict was not called."
-            )
-        return {"mem_x": self.mem_x.cpu().clone(), "mem_y": self.mem_y.cpu().clone()}
-
-    def load_curator_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.mem_x = state["mem_x"].to(self.device, copy=True)
-        self.mem_y = state["mem_y"].to(self.device, copy=True)
-
-
-class DPSGDAGEMClassifier(AGEMClassifier):
-    """DP-SGD A-GEM ("NaiveGaussian", Lai et al. Sec. 3/6): opacus clips and noises both gradients.
-
-    Every step Poisson-samples the task (rate ``batch_size / n``) and the memory
-    (rate ``memory_batch_size / |M|``); opacus computes per-example gradients,
-    clips them to ``clip_norm`` and adds ``N(0, (noise_multiplier clip_norm)^2)``
-    to each sum; the A-GEM projection is post-processing. ``plan.noise`` gives
-    ``noise_multiplier``; :meth:`schedule` gives the rates and step counts the
-    accounting (:func:`dpcl.guarantees.lifelong.dpsgd_agem_epsilons`) needs.
-    """
-
-    name = "dpsgd_agem"
-
-    def __init__(self, setup: MethodSetup) -> None:
-        super().__init__(setup)
-        from opacus import GradSampleModule
-
-        self.clip_norm = float(setup.method.get("clip_norm", 1.0))
-        self.model = GradSampleModule(self.model, loss_reduction="sum")
-
-    def steps(self, n: int) -> int:
-        """DP-SGD steps of a task with ``n`` examples: ``epochs * max(1, n // batch_size)``."""
-        return self.epochs * max(1, n // self.batch_size)
-
-    def schedule(self, task_sizes: list[int]) -> dict[str, list[float]]:
-        """Sample rates and steps of every task and of its memory reads (for the accounting)."""
-        memory = np.cumsum([0] + [min(self.memory_per_task, n) for n in task_sizes[:-1]])
-        return {
-            "task_sample_rates": [min(1.0, self.batch_size / n) for n in task_sizes],
-            "task_steps": [self.steps(n) for n in task_sizes],
-            "memory_sample_rates": [min(1.0, self.memory_batch_size / m) if m else 1.0 for m in memory],
-        }
-
-    def _noisy_gradient(self, optimizer, x, y, expected: float) -> torch.Tensor:
-        optimizer.zero_grad()
-        if len(y):
-            nn.functional.cross_entropy(self.model(x), y, reduction="sum").backward()
-        else:  # an empty Poisson sample still releases noise
-            for p in self.model.parameters():
-                p.grad_sample = torch.zeros((0,) + tuple(p.shape), dtype=p.dtype, device=p.device)
-        optimizer.pre_step()
-        return self._flat_grad() / expected
-
-    def fit_task(self, task_index, data, output_labels, plan, progress=None) -> None:
-        from opacus.optimizers import DPOptimizer
-
-        self._require_memory()
-        rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
-        # Poisson masks + DP-SGD noise, on the model's device (opacus draws the noise where the gradients are)
-        gen = self.noise_generator(task_index, device=self.device)
-        x, y = self._tensors(data)
-        n = len(data)
-        sgd = torch.optim.SGD(self.model.parameters(), lr=self.learning_rate)
-        opt = DPOptimizer(sgd, noise_multiplier=float(plan.noise["noise_multiplier"]), max_grad_norm=self.clip_norm,
-                          expected_batch_size=self.batch_size, loss_reduction="sum", generator=gen)
-        q = min(1.0, self.batch_size / n) if n else 0.0
-        m = len(self.mem_y)
-        q_mem = min(1.0, self.memory_batch_size / m) if m else 0.0
-        steps = self.steps(n) if n else 0
-        task_masks = torch.rand(steps, n, generator=gen, device=self.device) < q
-        mem_masks = torch.rand(steps, m, generator=gen, device=self.device) < q_mem
-        for s in range(steps):
-            g = self._noisy_gradient(opt, x[task_masks[s]], y[task_masks[s]], q * n)
-            if m:
-                g = agem_project(g, self._noisy_gradient(opt, self.mem_x[mem_masks[s]], self.mem_y[mem_masks[s]],
-                                                         q_mem * m))
-            opt.zero_grad()
-            self._set_grad(g)
-            sgd.step()
-        if progress:
-            progress(steps)
-        self._keep_in_memory(x, y, rng)
-        self.mark_released(output_labels)
-        self.tasks_fitted += 1
