@@ -33,17 +33,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_methods)
 
 
-#: One line on what each built-in method does (a plugin's comes from its spec's docstring).
-SUMMARIES = {
-    "cosine": "DP Cosine Classifier (Tobaben et al., Alg. 1): Gaussian-noised per-class feature sums",
-    "peft_ensemble": "PEFT Ensemble (Tobaben et al., Alg. 2): one DP-SGD member per task",
-    "naive": "one adapter and head fine-tuned with DP-SGD on each task in turn (Alg. A2)",
-    "non_cl": "a fresh DP-SGD model on the union of the tasks so far at each release (Alg. A3)",
-    "l2dpml": "L2DP-ML (Lai et al., Lifelong DP): Laplace functional mechanism with an episodic memory (A-GEM)",
-    "pecl": "PeCL (Zhan et al.): continual language model with per-token noise on the input embeddings",
-}
-
-
 def _origin(method: dict[str, Any]) -> str:
     if method["source"] == "built-in":
         return "built-in"
@@ -51,12 +40,14 @@ def _origin(method: dict[str, Any]) -> str:
 
 
 def _summary(method: dict[str, Any]) -> str:
-    if method["source"] == "built-in" and method["name"] in SUMMARIES:
-        return SUMMARIES[method["name"]]
+    """The spec's one-line ``summary``, else the first paragraph of its class docstring."""
     # lazy import: keeps CLI start-up fast (only this command needs it)
     from dpcl.guarantees.method_registry import REGISTRY
 
-    doc = (type(REGISTRY.spec(method["name"])).__doc__ or "").strip()
+    spec = REGISTRY.spec(method["name"])
+    if isinstance(getattr(spec, "summary", None), str) and spec.summary:
+        return spec.summary
+    doc = (type(spec).__doc__ or "").strip()
     return " ".join(doc.split("\n\n")[0].split()).rstrip(".") or "no description"
 
 

@@ -145,10 +145,19 @@ class TaskPlan:
 
 
 class MethodSpec(Protocol):
+    """What a method declares without importing torch (``dpcl/methods/<name>/spec.py`` for a built-in).
+
+    Optional attributes a spec may carry: ``summary`` (one line for ``dpcl methods``; else the first paragraph
+    of its class docstring) and ``data_parallel`` (True: ``dpcl run --nproc N`` may split its DP-SGD steps over
+    N processes; default False).
+    """
+
     name: str
     keys: tuple[MethodKey, ...]
     #: True when the method trains on the union of all tasks seen so far (data reuse across tasks).
     reuses_past_tasks: bool
+    #: ``"module:Class"`` of its ``ContinualMethod``, imported only by ``dpcl run``.
+    method_class: str
 
     def plan_task(
         self, method: Mapping[str, Any], privacy: PrivacySettings, n_examples: int, task_index: int

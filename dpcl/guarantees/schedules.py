@@ -203,6 +203,8 @@ class DpSgdSpec:
     assumption: str
     method_class: str = ""
     data_parallel: bool = False
+    #: one line on what the method does (``dpcl methods``)
+    summary: str = ""
 
     def plan_task(
         self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int

@@ -68,6 +68,7 @@ class CosineSpec:
     keys: tuple[MethodKey, ...] = COSINE_KEYS
     reuses_past_tasks: bool = False
     method_class: str = "dpcl.methods.cosine.method:CosineClassifier"
+    summary: str = "DP Cosine Classifier (Tobaben et al., Alg. 1): Gaussian-noised per-class feature sums"
 
     def plan_task(
         self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int

@@ -133,6 +133,7 @@ class L2DPMLSpec:
     keys: tuple[MethodKey, ...] = L2DPML_KEYS
     reuses_past_tasks: bool = False
     method_class: str = "dpcl.methods.l2dpml.method:L2DPMLMethod"
+    summary: str = "L2DP-ML (Lai et al., Lifelong DP): Laplace functional mechanism with an episodic memory (A-GEM)"
 
     def plan_task(
         self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int

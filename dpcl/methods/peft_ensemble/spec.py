@@ -128,4 +128,5 @@ PEFT_ENSEMBLE = PeftEnsembleSpec(
     "on that task's data only (Tobaben et al., Alg. 2).",
     method_class="dpcl.methods.peft_ensemble.method:PeftEnsemble",
     data_parallel=True,
+    summary="PEFT Ensemble (Tobaben et al., Alg. 2): one DP-SGD member per task",
 )
