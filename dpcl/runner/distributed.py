@@ -117,8 +117,8 @@ def _check_config(config_path: "str | Path", device: str | None, world: int) -> 
     if not getattr(config.spec, "data_parallel", False):
         ready = [n for n in REGISTRY.names() if getattr(REGISTRY.spec(n), "data_parallel", False)]
         raise ConfigError(
-            f"data-parallel training (--nproc > 1 or torchrun) runs DP-SGD methods whose spec says data_parallel "
-            f"only ({', '.join(ready)}); method {name!r} runs in one process: drop --nproc."
+            f"data-parallel training (--nproc > 1 or torchrun) runs DP-SGD methods only ({', '.join(ready)}: their "
+            f"specs say data_parallel); method {name!r} runs in one process: drop --nproc."
         )
     base = resolve_device(device, config.method)
     if base.startswith("cuda:"):
