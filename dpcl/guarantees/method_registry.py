@@ -15,9 +15,9 @@ names the method's *spec* object (``"package.spec:SPEC"``), e.g. in its
     [project.entry-points."dpcl.methods"]
     noisy_centroid = "dpcl_example_method.spec:NOISY_CENTROID"
 
-The spec carries ``name``, ``keys``, ``reuses_past_tasks`` and ``plan_task``
-like a built-in spec, plus ``method_class = "package.method:Class"``, the
-``ContinualMethod`` subclass, named as a string. Why the spec and not the
+The spec carries ``name``, ``keys``, ``reuses_past_tasks``, ``plan_task`` and
+``method_class = "package.method:Class"`` (the ``ContinualMethod`` subclass,
+named as a string), as every built-in spec does. Why the spec and not the
 class: the spec is what ``dpcl audit`` and ``dpcl methods`` need, and it can
 live in a module that does not import torch; the class (which usually does) is
 imported only by ``dpcl run``.
