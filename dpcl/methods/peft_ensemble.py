@@ -165,6 +165,7 @@ class PeftEnsemble(ContinualMethod):
         if self.head not in PEFT_HEADS:
             raise ConfigError(f"[method] head must be one of {', '.join(map(repr, PEFT_HEADS))}; got {self.head!r}.")
         self.normalize_features = bool(method_option(method, "normalize_features", False))
+        self.center_features = bool(method_option(method, "center_features", False))
         self.weight_decay = float(method_option(method, "weight_decay", 0.0))
         if not np.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ConfigError(f"[method] weight_decay must be a finite number >= 0, got {self.weight_decay}.")
@@ -199,6 +200,8 @@ class PeftEnsemble(ContinualMethod):
         """What an adapter member reads: the feature rows, l2-normalised when ``normalize_features`` (as the
         cosine classifier, Alg. 1, line 13), so that no member's logits grow with the scale of its inputs."""
         x = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
+        if self.center_features:
+            x = x - x.mean(dim=1, keepdim=True)
         if self.normalize_features:
             x = torch.nn.functional.normalize(x, dim=1)
         return x
