@@ -61,8 +61,10 @@ clipping norm), so the variant never changes the privacy cost.
 
 Hyper-parameters read from the ``[method]`` section: ``learning_rate``,
 ``adapter_dim`` (adapter variant), ``aggregation``, ``variant``, ``head``,
-``normalize_features``, ``weight_decay`` (Adam's L2 penalty, applied after
-clipping and noise: post-processing), and
+``center_features`` and ``normalize_features`` (adapter variant: each feature
+vector minus its own mean, then l2-normalised; fixed per-example maps, applied
+alike in training and prediction, so no privacy cost), ``weight_decay`` (Adam's
+L2 penalty, applied after clipping and noise: post-processing), and
 ``max_grad_norm`` / ``batch_size`` / ``epochs`` (the last three enter the plan).
 """
 
@@ -197,8 +199,10 @@ class PeftEnsemble(ContinualMethod):
         return self._text_encoder
 
     def _features(self, features: np.ndarray) -> torch.Tensor:
-        """What an adapter member reads: the feature rows, l2-normalised when ``normalize_features`` (as the
-        cosine classifier, Alg. 1, line 13), so that no member's logits grow with the scale of its inputs."""
+        """What an adapter member reads: the feature rows, each minus its own mean over its coordinates when
+        ``center_features`` (so that raw pixels, all >= 0, do not make every image resemble every task), then
+        l2-normalised when ``normalize_features`` (as the cosine classifier, Alg. 1, line 13), so that no member's
+        logits grow with the scale of its inputs. Both are per-example maps: they read no other example."""
         x = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
         if self.center_features:
             x = x - x.mean(dim=1, keepdim=True)
