@@ -190,6 +190,12 @@ class PeftEnsemble(ContinualMethod):
                 "[method] adapter_dim is the LoRA rank on raw-text streams and must be an integer >= 1 there "
                 f"(0, head-only training, needs encoder features: dataset = 'fortunes'); got {self.adapter_dim}."
             )
+        if self.center_features and (self.text_mode or self.variant == "film"):
+            raise ConfigError(
+                "[method] center_features = true centres precomputed feature vectors (the adapter variant); this "
+                f"ensemble trains {'LoRA members on raw texts' if self.text_mode else 'FiLM members inside the encoder'}"
+                ", which read no such vectors. Remove center_features, or give the stream precomputed features."
+            )
         self.text_members: list[dict[str, Any]] = []
         self._text_encoder: Any = None
 

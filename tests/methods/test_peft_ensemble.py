@@ -215,3 +215,11 @@ def test_centred_members_ignore_each_examples_brightness_and_contrast():
     plain, _ = _run("peft_ensemble", 1.0, tasks=TASK_LABELS[:3], method={**METHOD, "weight_decay": 0.03})
     assert not np.allclose(plain.member_logits(shifted.astype(np.float32))[0], plain.member_logits(x_test)[0],
                            atol=1e-4)
+
+
+def test_center_features_is_refused_where_members_read_no_feature_vectors():
+    """Raw-text members (LoRA on MiniLM, input_dim 0) read texts, not feature vectors: the option is refused by
+    name rather than ignored."""
+    with pytest.raises(ConfigError, match=r"center_features .* raw texts"):
+        PeftEnsemble(setup_for({**METHOD, "adapter_dim": 4, "center_features": True}, input_dim=0))
+    PeftEnsemble(setup_for({**METHOD, "adapter_dim": 4}, input_dim=0))  # the same ensemble without it is accepted
