@@ -196,3 +196,31 @@ def test_weight_decay_shrinks_the_members_weights_private_or_not(noise_multiplie
         model.fit_task(0, data, TASK_LABELS[0], dpsgd_plan(noise_multiplier, 32 / len(data), 30))
         norms.append(float(torch.linalg.norm(model.models[0].head.weight.detach())))
     assert norms[1] < 0.5 * norms[0]
+
+
+def test_centred_members_ignore_each_examples_brightness_and_contrast():
+    """center_features: each feature vector minus its own mean, then l2-normalised, is a fixed per-example map, so
+    an example and any brightness shift plus positive contrast of it (a x + c) get the same member logits and the
+    same prediction; the centred ensemble still learns (train and test as in the other tests, digits)."""
+    model, accuracy = _run("peft_ensemble", 1.0, aggregation="median", tasks=TASK_LABELS[:3],
+                           method={**METHOD, "center_features": True, "weight_decay": 0.03})
+    assert accuracy > 0.45  # chance is 1/6
+    _, _, x_test, _ = digits_split()
+    rng = np.random.default_rng(0)
+    shifted = (rng.uniform(0.5, 3.0, (len(x_test), 1)) * x_test + rng.uniform(-5.0, 5.0, (len(x_test), 1)))
+    before, _ = model.member_logits(x_test)
+    after, _ = model.member_logits(shifted.astype(np.float32))
+    np.testing.assert_allclose(after, before, atol=1e-4)
+    np.testing.assert_array_equal(model.predict(shifted.astype(np.float32)), model.predict(x_test))
+    # without centring the shift changes what the members read
+    plain, _ = _run("peft_ensemble", 1.0, tasks=TASK_LABELS[:3], method={**METHOD, "weight_decay": 0.03})
+    assert not np.allclose(plain.member_logits(shifted.astype(np.float32))[0], plain.member_logits(x_test)[0],
+                           atol=1e-4)
+
+
+def test_center_features_is_refused_where_members_read_no_feature_vectors():
+    """Raw-text members (LoRA on MiniLM, input_dim 0) read texts, not feature vectors: the option is refused by
+    name rather than ignored."""
+    with pytest.raises(ConfigError, match=r"center_features .* raw texts"):
+        PeftEnsemble(setup_for({**METHOD, "adapter_dim": 4, "center_features": True}, input_dim=0))
+    PeftEnsemble(setup_for({**METHOD, "adapter_dim": 4}, input_dim=0))  # the same ensemble without it is accepted

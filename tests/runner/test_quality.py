@@ -5,8 +5,8 @@ Cosine Classifier reaches final AA >= 0.85 at epsilon = 8 and >= 0.65 at
 epsilon = 1 per task; non-private >= 0.85. On the fortunes text stream the PEFT
 Ensemble beats Naive fine-tuning at the same epsilon. Each seed's run is a full
 certified run whose certificates verify. Not private, the PEFT Ensemble is at least
-Naive and within 0.05 of the Cosine Classifier on fortunes, and reaches AA >= 0.5
-on Split Fashion-MNIST (skipped where that dataset is not installed).
+Naive and within 0.05 of the Cosine Classifier on fortunes and on Split Fashion-MNIST,
+where it also reaches AA >= 0.5 (skipped where that dataset is not installed).
 """
 
 from __future__ import annotations
@@ -70,16 +70,33 @@ def test_not_private_peft_ensemble_is_near_the_cosine_classifier_on_fortunes(tmp
     assert private <= peft + 0.05, (private, peft)
 
 
-@pytest.mark.thorough
-def test_not_private_peft_ensemble_meets_the_split_fashion_mnist_bar(tmp_path):
-    """Issue 23's quality bar: the bundled Split Fashion-MNIST ensemble, not private, reaches AA >= 0.5."""
+def _bundled_fmnist_aa(tmp_path: Path, name: str, seeds: range, *, private: bool) -> list[float]:
+    """AA of a bundled Split Fashion-MNIST config (skipped where the Debian dataset is not installed)."""
     from dpcl.data.registry import missing_dataset_folder
 
-    source = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / "fmnist_peft_ensemble.toml"
+    source = Path(__file__).resolve().parents[2] / "dpcl" / "configs" / f"{name}.toml"
     missing = missing_dataset_folder(tomllib.loads(source.read_text())["stream"]["dataset"])
     if missing:
         pytest.skip(missing)
-    config = tmp_path / "fmnist_peft_not_private.toml"
-    config.write_text(source.read_text() + "\n[run]\nprivate = false\n")
-    result = run_training(config, tmp_path / "run", seed=0, quiet=True)
-    assert result.metrics["average_accuracy"] >= 0.5, result.metrics["accuracy_matrix"]
+    config = tmp_path / f"{name}_{'private' if private else 'not_private'}.toml"
+    config.write_text(source.read_text() + ("" if private else "\n[run]\nprivate = false\n"))
+    values = []
+    for seed in seeds:
+        result = run_training(config, tmp_path / config.stem / str(seed), seed=seed, quiet=True)
+        if result.private:
+            assert verify_certificate(result.last_certificate).valid
+        values.append(result.metrics["average_accuracy"])
+    return values
+
+
+@pytest.mark.thorough
+def test_not_private_peft_ensemble_is_near_the_cosine_classifier_on_split_fashion_mnist(tmp_path):
+    """Issue 23 item 4 on Split Fashion-MNIST with the bundled configs: not private, the ensemble reaches the
+    quality bar AA >= 0.5, is at least Naive and within 0.05 of the Cosine Classifier (2 seeds); privacy never
+    helps it beyond noise (the bundled epsilon = 1 at most 0.05 above not private)."""
+    peft = np.mean(_bundled_fmnist_aa(tmp_path, "fmnist_peft_ensemble", range(2), private=False))
+    cosine = np.mean(_bundled_fmnist_aa(tmp_path, "fmnist_cosine", range(1), private=False))  # deterministic
+    naive = np.mean(_bundled_fmnist_aa(tmp_path, "fmnist_naive", range(1), private=False))
+    private = np.mean(_bundled_fmnist_aa(tmp_path, "fmnist_peft_ensemble", range(1), private=True))
+    assert peft >= 0.5 and peft >= naive and peft >= cosine - 0.05, (peft, cosine, naive)
+    assert private <= peft + 0.05, (private, peft)

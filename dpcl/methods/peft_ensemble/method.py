@@ -61,8 +61,10 @@ clipping norm), so the variant never changes the privacy cost.
 
 Hyper-parameters read from the ``[method]`` section: ``learning_rate``,
 ``adapter_dim`` (adapter variant), ``aggregation``, ``variant``, ``head``,
-``normalize_features``, ``weight_decay`` (Adam's L2 penalty, applied after
-clipping and noise: post-processing), and
+``center_features`` and ``normalize_features`` (adapter variant: each feature
+vector minus its own mean, then l2-normalised; fixed per-example maps, applied
+alike in training and prediction, so no privacy cost), ``weight_decay`` (Adam's
+L2 penalty, applied after clipping and noise: post-processing), and
 ``max_grad_norm`` / ``batch_size`` / ``epochs`` (the last three enter the plan).
 """
 
@@ -165,6 +167,7 @@ class PeftEnsemble(ContinualMethod):
         if self.head not in PEFT_HEADS:
             raise ConfigError(f"[method] head must be one of {', '.join(map(repr, PEFT_HEADS))}; got {self.head!r}.")
         self.normalize_features = bool(method_option(method, "normalize_features", False))
+        self.center_features = bool(method_option(method, "center_features", False))
         self.weight_decay = float(method_option(method, "weight_decay", 0.0))
         if not np.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ConfigError(f"[method] weight_decay must be a finite number >= 0, got {self.weight_decay}.")
@@ -187,6 +190,12 @@ class PeftEnsemble(ContinualMethod):
                 "[method] adapter_dim is the LoRA rank on raw-text streams and must be an integer >= 1 there "
                 f"(0, head-only training, needs encoder features: dataset = 'fortunes'); got {self.adapter_dim}."
             )
+        if self.center_features and (self.text_mode or self.variant == "film"):
+            raise ConfigError(
+                "[method] center_features = true centres precomputed feature vectors (the adapter variant); this "
+                f"ensemble trains {'LoRA members on raw texts' if self.text_mode else 'FiLM members inside the encoder'}"
+                ", which read no such vectors. Remove center_features, or give the stream precomputed features."
+            )
         self.text_members: list[dict[str, Any]] = []
         self._text_encoder: Any = None
 
@@ -196,9 +205,13 @@ class PeftEnsemble(ContinualMethod):
         return self._text_encoder
 
     def _features(self, features: np.ndarray) -> torch.Tensor:
-        """What an adapter member reads: the feature rows, l2-normalised when ``normalize_features`` (as the
-        cosine classifier, Alg. 1, line 13), so that no member's logits grow with the scale of its inputs."""
+        """What an adapter member reads: the feature rows, each minus its own mean over its coordinates when
+        ``center_features`` (so that raw pixels, all >= 0, do not make every image resemble every task), then
+        l2-normalised when ``normalize_features`` (as the cosine classifier, Alg. 1, line 13), so that no member's
+        logits grow with the scale of its inputs. Both are per-example maps: they read no other example."""
         x = torch.tensor(np.asarray(features), dtype=torch.float32, device=self.device)
+        if self.center_features:
+            x = x - x.mean(dim=1, keepdim=True)
         if self.normalize_features:
             x = torch.nn.functional.normalize(x, dim=1)
         return x

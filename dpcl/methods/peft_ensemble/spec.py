@@ -47,6 +47,8 @@ PEFT_KEYS: tuple[MethodKey, ...] = DPSGD_KEYS + (
     MethodKey("normalize_features", bool, False, "adapter variant: l2-normalise each feature vector before the "
               "member, as the cosine classifier does (a fixed per-example map; no privacy cost). Helps the head-only "
               "members (adapter_dim = 0) of the bundled configs; with a per-member adapter it slows learning"),
+    MethodKey("center_features", bool, False, "adapter variant: subtract each feature vector's own mean over its "
+              "coordinates (before normalize_features), a fixed per-example map; no privacy cost"),
     MethodKey("weight_decay", float, 0.0, "L2 penalty of Adam on the member's parameters, added after clipping and "
               "noise (post-processing; no privacy cost)", nonnegative),
 )
