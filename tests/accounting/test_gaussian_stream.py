@@ -60,6 +60,25 @@ def test_block_boundaries_do_not_change_any_bit(
     assert np.array_equal(bits(gaussian_sigma(eps, 1e-5, 2.0)), bits(whole))
 
 
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_library_blocks_and_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, extra: int) -> None:
+    # the library's own block size (no patching): 16 full blocks and one element more or less, so the last
+    # block is full, short by one, or a single budget; two threads against one, element by element
+    n = 16 * gauss._BLOCK + extra
+    eps = np.random.default_rng(29 + extra).uniform(0.5, 8.0, n)
+    eps[:: 997] = 10.0 ** np.random.default_rng(7).uniform(-6, 3, eps[:: 997].size)  # some extreme budgets too
+    sigmas = {}
+    for workers in (1, 2):
+        monkeypatch.setattr(gauss, "_WORKERS", workers)
+        sigmas[workers] = gaussian_sigma(eps, 1e-5)
+    assert np.array_equal(bits(sigmas[1]), bits(sigmas[2]))
+    # and the budgets on either side of every block edge are what one kernel call on them alone gives
+    edges = np.arange(gauss._BLOCK, n, gauss._BLOCK)
+    around = np.unique(np.concatenate([edges - 1, edges, [0, n - 1]]))
+    alone = gauss._sigma_block(eps[around], np.full(around.size, 1e-5), np.ones(around.size))
+    assert np.array_equal(bits(sigmas[2][around]), bits(alone))
+
+
 def test_shapes_broadcast_blockwise_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gauss, "_BLOCK", 7)
     monkeypatch.setattr(gauss, "_MIN_BLOCK", 7)
