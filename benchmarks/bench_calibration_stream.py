@@ -123,10 +123,26 @@ def mp_over_delta(eps: float, sigma: float, delta: float = DELTA) -> bool:
         return bool(mpmath.ncdf(mu / 2 - e / mu) - mpmath.exp(e) * mpmath.ncdf(-mu / 2 - e / mu) > mpmath.mpf(delta))
 
 
+def _digest(sigma: np.ndarray) -> str:
+    """SHA-256 of the sigmas' bytes, read in chunks (10^8 sigmas are 800 MB: no copy)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    flat = sigma.reshape(-1)
+    for i in range(0, flat.size, 1 << 22):
+        h.update(memoryview(flat[i : i + (1 << 22)]))
+    return h.hexdigest()
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def child(n: int, mode: str) -> dict[str, Any]:
     """One size in this process: see the module docstring, items 1 and 2."""
     from scipy.special import log_ndtr
 
+    import dpcl.accounting.gaussian as gauss
     from dpcl.accounting.gaussian import gaussian_sigma
 
     eps = _budgets(n)
@@ -138,21 +154,24 @@ def child(n: int, mode: str) -> dict[str, Any]:
         passes.append(time.perf_counter() - start)
         cpu_passes.append(_cpu() - cpu0)
     log_ndtr_seconds, log_ndtr_cpu = min(passes), min(cpu_passes)
+    gaussian_sigma(eps[:4096], DELTA)  # warm-up: two blocks, so the thread pool and the C heap have run once
     load_before = os.getloadavg()[0]
     base_rss, base_peak = _rss_mib(), _peak_mib()
-    cpu0, start = _cpu(), time.perf_counter()
+    faults0, cpu0, start = _faults(), _cpu(), time.perf_counter()
     if mode == "out":
         sigma = gaussian_sigma(eps, DELTA, out=out)
     else:
         sigma = gaussian_sigma(eps, DELTA)
-    seconds, cpu = time.perf_counter() - start, _cpu() - cpu0
+    seconds, cpu, faults = time.perf_counter() - start, _cpu() - cpu0, _faults() - faults0
     peak = _peak_mib()
     load_after = os.getloadavg()[0]
     row: dict[str, Any] = {
         "n": n,
         "mode": mode,
+        "threads": gauss._WORKERS,
         "seconds": seconds,
         "cpu_seconds": cpu,
+        "minor_faults": faults,
         "log_ndtr_seconds": log_ndtr_seconds,
         "log_ndtr_cpu_seconds": log_ndtr_cpu,
         "ratio": seconds / log_ndtr_seconds,
@@ -164,6 +183,23 @@ def child(n: int, mode: str) -> dict[str, Any]:
         "load": [load_before, load_after],
     }
     if mode == "out":
+        # the same budgets on one thread, in this process right after: wall and CPU beside the threaded call's,
+        # and the same bits (compared by digest: a second 10^8 output would not fit beside the first)
+        digest = _digest(sigma)
+        threads, gauss._WORKERS = gauss._WORKERS, 1
+        try:
+            load_one = os.getloadavg()[0]
+            faults0, cpu0, start = _faults(), _cpu(), time.perf_counter()
+            one = gaussian_sigma(eps, DELTA, out=out)
+            row["one_thread"] = {
+                "seconds": time.perf_counter() - start, "cpu_seconds": _cpu() - cpu0, "minor_faults": _faults() - faults0,
+                "load": [load_one, os.getloadavg()[0]],
+            }
+        finally:
+            gauss._WORKERS = threads
+        row["one_thread"]["ratio"] = row["one_thread"]["seconds"] / log_ndtr_seconds
+        row["one_thread"]["cpu_ratio"] = row["one_thread"]["cpu_seconds"] / log_ndtr_cpu
+        row["one_thread"]["same_bits"] = _digest(one) == digest
         row["max_delta"] = _max_delta(eps, sigma)
         if n == 10**7:
             idx = np.random.default_rng(SEED + 1).choice(n, 10_000, replace=False)

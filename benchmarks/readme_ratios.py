@@ -320,6 +320,18 @@ def run_section(name: str, timeout: float) -> dict[str, Any]:
     return result
 
 
+def _commit() -> str:
+    """The measured code's commit, with "+ uncommitted changes" when the work tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    return head + (" + uncommitted changes" if dirty else "")
+
+
 def fmt(value: float, precise: bool = False) -> str:
     """A ratio as the README writes it: thousands separators from 100, 2 decimals below (4 for ``precise``
     ratios near 1, such as one epsilon over another)."""
@@ -391,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0
     run: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-                           "sections": {}}
+                           "commit": _commit(), "sections": {}}
     for name in args.sections:
         run["sections"][name] = run_section(name, args.timeout)
         r = run["sections"][name]

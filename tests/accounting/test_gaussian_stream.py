@@ -79,6 +79,31 @@ def test_library_blocks_and_threads_give_the_same_bits(monkeypatch: pytest.Monke
     assert np.array_equal(bits(sigmas[2][around]), bits(alone))
 
 
+def _calibrate_in_child(eps: np.ndarray, expected: np.ndarray) -> None:
+    import os
+
+    os._exit(0 if np.array_equal(bits(gaussian_sigma(eps, 1e-5)), bits(expected)) else 1)
+
+
+def test_block_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the block threads are kept between calls; a child made by fork inherits the pool but not its threads
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    monkeypatch.setattr(gauss, "_WORKERS", 2)
+    eps = np.random.default_rng(4).uniform(0.5, 8.0, 5000)  # 3 blocks of at most 2,048
+    expected = gaussian_sigma(eps, 1e-5)  # the pool exists in this process now
+    child = multiprocessing.get_context("fork").Process(target=_calibrate_in_child, args=(eps, expected))
+    child.start()
+    child.join(120)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the calibration in the forked child did not finish (its inherited pool has no threads)")
+    assert child.exitcode == 0
+
+
 def test_shapes_broadcast_blockwise_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gauss, "_BLOCK", 7)
     monkeypatch.setattr(gauss, "_MIN_BLOCK", 7)
