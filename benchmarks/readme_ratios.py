@@ -321,12 +321,12 @@ def run_section(name: str, timeout: float) -> dict[str, Any]:
 
 
 def _commit() -> str:
-    """The measured code's commit, with "+ uncommitted changes" when the work tree differs from it."""
+    """The measured code's commit, with "+ uncommitted changes" when the library or a benchmark script differs from it."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "dpcl", "benchmarks/*.py"],
+                               cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (no git)"
     return head + (" + uncommitted changes" if dirty else "")
