@@ -22,7 +22,8 @@ the 1-minute load average before and after it, its wall and CPU seconds. Section
   (``AUDITOR_SEEDS``): sampler throughput (10⁶ trials per input, median of 5); ε lower bound / true ε of
   calibrated Gaussians at 10⁷ trials per input; false alarms of those and of the calibrated Laplace rows
   (seeded: not load dependent).
-* ``one_run_audit``: ``bench_one_run_audit.measure(50000)``: white-box lower bound / certified ε (seeded).
+* ``one_run_audit``: ``bench_one_run_audit.measure(50000)``: white-box lower bound / certified ε, with the
+  Gaussian view and without it (nonparametric), as the README's row quotes them (seeded).
 * ``training``: ``bench_training.measure()``: examples/s of each method against cosine; PeCL's TDP step
   against a clean step.
 * ``cli``: ``bench_cli_startup.measure(11)``: ``dpcl calibrate`` and ``dpcl --help`` against the imports.
@@ -204,9 +205,14 @@ def section_one_run_audit() -> dict[str, Any]:
     import bench_one_run_audit
 
     rows = bench_one_run_audit.measure(50_000)
+    ratios = {}
+    for r in rows:  # the README row quotes both: the Gaussian view, and the bound that assumes nothing of the scores
+        ratios[f"one-run audit: white-box lower bound (Gaussian view) / certified ε at ε {r['target']:g}"] = (
+            r["white_view"] / r["certified"])
+        ratios[f"one-run audit: white-box lower bound (nonparametric) / certified ε at ε {r['target']:g}"] = (
+            r["white_np"] / r["certified"])
     return {
-        "ratios": {f"one-run audit: white-box lower bound / certified ε at ε {r['target']:g}": r["white"] / r["certified"]
-                   for r in rows},
+        "ratios": ratios,
         "seconds": {f"ε {r['target']:g}": r["seconds"] for r in rows},
     }
 
