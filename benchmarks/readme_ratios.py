@@ -366,10 +366,11 @@ def summarise(paths: list[Path]) -> str:
             for ratio, value in result.get("ratios", {}).items():
                 names.setdefault(f"{section} | {ratio}", []).append(value)
     every = [x for v in loads.values() for x in v]
+    started = [r["started"] + (f" (commit {r['commit']})" if "commit" in r else "") for r in runs]
     lines = [
         "# The README's benchmark ratios, re-measured",
         "",
-        f"`benchmarks/readme_ratios.py`, {len(runs)} runs started {', '.join(r['started'] for r in runs)}, on "
+        f"`benchmarks/readme_ratios.py`, {len(runs)} runs started {', '.join(started)}, on "
         f"{runs[0]['cpus']} CPUs shared with other work: load average (1 min) {min(every):.1f} to {max(every):.1f} "
         "during the sections, so wall-clock ratios between libraries are only as steady as the load; each "
         "section's load range is in its row. Not every section ran in every run (the runs column counts those "
