@@ -300,8 +300,8 @@ def render(result: dict[str, Any]) -> str:
         f"Measured {result['date']} on {result['machine']} ({result['cpus']} CPUs, shared with other work), "
         f"numpy {result['numpy']}, scipy {result['scipy']}; `benchmarks/bench_calibration_stream.py --write`. "
         f"Budgets ε ~ U[0.5, 8] (seed {SEED}), δ = 1e-5, sensitivity 1. Load average (1 min) during the run: "
-        f"{result['load_range'][0]:.2f} to {result['load_range'][1]:.2f} on 2 cores, so wall times are inflated "
-        "and ratios to `log_ndtr` (measured in the same process) are the comparable figures.",
+        f"{result['load_range'][0]:.2f} to {result['load_range'][1]:.2f} on 2 cores, so wall times are inflated; "
+        "ratios against `log_ndtr` measured in the same process under the same load remain meaningful.",
         "",
         "## Blocks: time, memory, soundness",
         "",
