@@ -373,8 +373,9 @@ def summarise(paths: list[Path]) -> str:
         f"`benchmarks/readme_ratios.py`, {len(runs)} runs started {', '.join(started)}, on "
         f"{runs[0]['cpus']} CPUs shared with other work: load average (1 min) {min(every):.1f} to {max(every):.1f} "
         "during the sections, so wall-clock ratios between libraries are only as steady as the load; each "
-        "section's load range is in its row. Not every section ran in every run (the runs column counts those "
-        "that finished); sections that ran past their time limit are listed at the end.",
+        "section's load range is in its row. "
+        + ("Not every section ran in every run (the runs column counts those that finished); sections that ran "
+           "past their time limit are listed at the end." if errors else "Every section finished in every run."),
         "",
         "| section | ratio | min | max | runs | load average (1 min) |",
         "| --- | --- | --- | --- | --- | --- |",
