@@ -73,7 +73,8 @@ NOTES = [
     "(thread stacks, the output's first touch). The thread pool is kept between calls (b0ba6b8): new threads "
     "per call cost a 10^5-budget call ~70 % more CPU.",
     "* Threads. Two threads halve the wall time only where two cores are free. This run's machine had 9 to 12 "
-    "runnable processes on its 2 cores, so the threaded and the one-thread wall times are alike (and ~3× the "
+    "runnable processes on its 2 cores and schedules by session (autogroup: a process's threads share its "
+    "session's part of the CPUs), so the threaded and the one-thread wall times are alike (and ~3× the "
     "CPU times); the wall-time goals (10^7 in 5 s, 10^8 in 60 s) are met in CPU time but not in wall time at "
     "that load. On 2 idle cores the wall time would be about half the CPU time; that could not be measured "
     "here. Every size gave the same bits on one thread and on two (digest of all n sigmas).",
