@@ -165,8 +165,8 @@ def section_calibration() -> dict[str, Any]:
 
 #: The auditor section's size: the README row's ratios only (calibrated Gaussians at 10^7 trials per input, the
 #: calibrated Laplace rows at 10^6, AUDITOR_SEEDS seeds each), not ``bench_audit``'s whole run (10 seeds, the
-#: 10^6-trial Gaussian rows, the mis-calibrated rows and 20,000-run canary audits: ~6 CPU minutes, which at a load
-#: average of 14 on 2 cores ran past the section's time limit). About a minute of CPU.
+#: 10^6-trial Gaussian rows, the mis-calibrated rows and 20,000-run canary audits: 2.9 minutes on the idle machine,
+#: which at a load average of 14 on 2 cores ran past the section's time limit). 44 to 104 s in the README's runs.
 AUDITOR_SEEDS = 3
 
 
