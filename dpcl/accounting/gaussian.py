@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
@@ -633,6 +634,69 @@ _MIN_BLOCK = 1 << 11
 _WORKERS = min(2, os.cpu_count() or 1)
 
 
+#: The block threads, kept for the process's later calls: ``(pid, {workers: executor})``.
+_POOLS: tuple[int, dict[int, ThreadPoolExecutor]] = (os.getpid(), {})
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads, created on first use and reused by later calls.
+
+    New threads for every call pay their stacks' and C heaps' first page faults again (a call on 10^5
+    budgets spent ~70 % more CPU time on two new threads than on one thread). A pool inherited through
+    ``fork`` has no threads in the child, so each process makes its own (the pid is checked).
+    """
+    global _POOLS
+    with _POOLS_LOCK:
+        if _POOLS[0] != os.getpid():
+            _POOLS = (os.getpid(), {})
+        pools = _POOLS[1]
+        if workers not in pools:
+            pools[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpcl-calibration")
+        return pools[workers]
+
+
+#: Whether :func:`_raise_malloc_thresholds` has run in this process.
+_MALLOC_THRESHOLDS_RAISED = False
+
+
+def _raise_malloc_thresholds() -> None:
+    """Once per process (glibc only): let the C heap keep the blocks' freed temporaries instead of unmapping them.
+
+    A block's kernel allocates and frees ~100 arrays of 8 bytes per budget (256 KiB for blocks of 2^15).
+    With glibc's starting thresholds (arrays from 128 KiB get their own mapping; free memory at the heap's
+    top beyond 128 KiB goes back to the kernel) most of them come back as fresh pages, and the page faults
+    cost about a third of the calibration's CPU time (measured on 2^20 budgets: ~70,000 minor page faults,
+    ~490 ns of CPU per budget against ~340 ns without them; ``benchmarks/CALIBRATION_THROUGHPUT.md``). glibc raises
+    both thresholds itself when a program frees a mapped chunk, up to 32 MiB and 64 MiB (``mallopt(3)``,
+    "dynamic mmap threshold"); freeing one chunk of just under 32 MiB here does exactly that, as any numpy
+    program freeing a 32 MiB array would. Nothing else changes: no float operation, so no result; the
+    process keeps up to 64 MiB of freed heap per arena instead of returning it at once. The chunk is
+    allocated and freed with libc's ``malloc`` directly (not numpy, so it is not traced or touched: no
+    page of it is ever resident). Elsewhere (other C libraries) it does nothing.
+    """
+    global _MALLOC_THRESHOLDS_RAISED
+    if _MALLOC_THRESHOLDS_RAISED:
+        return
+    _MALLOC_THRESHOLDS_RAISED = True
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        malloc, free = libc.malloc, libc.free
+    except (OSError, AttributeError):  # no symbols to look up: the thresholds stay as they are (results unchanged)
+        return
+    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    free.restype, free.argtypes = None, [ctypes.c_void_p]
+    chunk = malloc((32 << 20) - (64 << 10))  # below glibc's 32 MiB cap on the dynamic threshold
+    if chunk:
+        free(chunk)
+
+
 def _flat_operand(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``value`` as a flat float64 array: a view when it already has ``shape``, length 1 when it is one number.
 
@@ -669,11 +733,12 @@ def _calibrate_blocks(
         return start + int(np.argmax(bad)) if bad.any() else -1
 
     starts = range(0, n, block)
+    if len(starts) > 1:
+        _raise_malloc_thresholds()
     if workers <= 1 or len(starts) <= 1:
         firsts = [run(s) for s in starts]
     else:
-        with ThreadPoolExecutor(max_workers=min(workers, len(starts))) as pool:
-            firsts = list(pool.map(run, starts))
+        firsts = list(_pool(workers).map(run, starts))
     bad = [i for i in firsts if i >= 0]
     return bad[0] if bad else -1
 

@@ -13,6 +13,10 @@ evaluated here in mpmath with enough digits for its cancellation.
 from __future__ import annotations
 
 import math
+import os
+import platform
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -58,6 +62,82 @@ def test_block_boundaries_do_not_change_any_bit(
     # a scalar delta and sensitivity broadcast against per-token budgets: the same bits as one kernel call
     whole = gauss._sigma_block(eps, np.full(n, 1e-5), np.full(n, 2.0))
     assert np.array_equal(bits(gaussian_sigma(eps, 1e-5, 2.0)), bits(whole))
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_library_blocks_and_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, extra: int) -> None:
+    # the library's own block size (no patching): 16 full blocks and one element more or less, so the last
+    # block is full, short by one, or a single budget; two threads against one, element by element
+    n = 16 * gauss._BLOCK + extra
+    eps = np.random.default_rng(29 + extra).uniform(0.5, 8.0, n)
+    eps[:: 997] = 10.0 ** np.random.default_rng(7).uniform(-6, 3, eps[:: 997].size)  # some extreme budgets too
+    sigmas = {}
+    for workers in (1, 2):
+        monkeypatch.setattr(gauss, "_WORKERS", workers)
+        sigmas[workers] = gaussian_sigma(eps, 1e-5)
+    assert np.array_equal(bits(sigmas[1]), bits(sigmas[2]))
+    # and the budgets on either side of every block edge are what one kernel call on them alone gives
+    edges = np.arange(gauss._BLOCK, n, gauss._BLOCK)
+    around = np.unique(np.concatenate([edges - 1, edges, [0, n - 1]]))
+    alone = gauss._sigma_block(eps[around], np.full(around.size, 1e-5), np.ones(around.size))
+    assert np.array_equal(bits(sigmas[2][around]), bits(alone))
+
+
+def _calibrate_in_child(eps: np.ndarray, expected: np.ndarray) -> None:
+    os._exit(0 if np.array_equal(bits(gaussian_sigma(eps, 1e-5)), bits(expected)) else 1)
+
+
+def test_block_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the block threads are kept between calls; a child made by fork inherits the pool but not its threads
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    monkeypatch.setattr(gauss, "_WORKERS", 2)
+    eps = np.random.default_rng(4).uniform(0.5, 8.0, 5000)  # 3 blocks of at most 2,048
+    expected = gaussian_sigma(eps, 1e-5)  # the pool exists in this process now
+    child = multiprocessing.get_context("fork").Process(target=_calibrate_in_child, args=(eps, expected))
+    child.start()
+    child.join(120)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the calibration in the forked child did not finish (its inherited pool has no threads)")
+    assert child.exitcode == 0
+
+
+FAULTS_SCRIPT = """
+import resource, sys
+import numpy as np
+import dpcl.accounting.gaussian as gauss
+gauss._WORKERS = 1
+if sys.argv[1] == "skip":
+    gauss._MALLOC_THRESHOLDS_RAISED = True  # as if it had run: glibc keeps its starting thresholds
+eps = np.empty(1 << 18)
+np.random.default_rng(0).random(out=eps)  # no temporaries: nothing raises glibc's thresholds before the call
+eps *= 7.5
+eps += 0.5
+out = np.empty_like(eps)
+gauss.gaussian_sigma(eps, 1e-5, out=out)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+gauss.gaussian_sigma(eps, 1e-5, out=out)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_blocks_reuse_the_c_heap_instead_of_faulting_pages_in() -> None:
+    # glibc returns freed temporaries to the kernel at its starting thresholds, and every block faults them in
+    # again (a third of the CPU time); the driver raises the thresholds once per process
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("the C heap's thresholds are glibc's")
+    faults = {}
+    for mode in ("raise", "skip"):
+        done = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT, mode], capture_output=True, text=True, check=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        faults[mode] = int(done.stdout.split()[-1])
+    # 8 blocks of 2^15 budgets: ~17,000 minor faults per call at the starting thresholds, none after
+    assert faults["skip"] > 4000, faults
+    assert faults["raise"] < faults["skip"] / 10, faults
 
 
 def test_shapes_broadcast_blockwise_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
