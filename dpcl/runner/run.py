@@ -147,7 +147,7 @@ from dpcl.runner.tasks import (
     task_plan,
     trains_plan,
 )
-from dpcl.runner.threads import use_usable_cores
+from dpcl.runner.threads import prefer_sleeping_threads, use_usable_cores
 
 __all__ = [
     "CRASH_HOOK_ENV",
@@ -826,6 +826,7 @@ def run_training(
     ``sign_key`` (a private key file or an Ed25519 key, :mod:`dpcl.guarantees.signing`) signs every
     certificate after it is written and verified; it is loaded before any work, so a bad key fails first.
     """
+    prefer_sleeping_threads()  # before torch is imported: idle OpenMP threads sleep (dpcl.runner.threads)
     clock = StageClock()
     with clock.stage("load"):
         loaded = load_run(config_path, out_dir, seed=seed, device=device, quiet=quiet,
