@@ -335,6 +335,7 @@ def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0,
     Refused on a rank > 0 of a process group (only rank 0 writes a run directory), and, unless ``resume``, on
     an ``--out`` that already holds a run (:class:`~dpcl.errors.ExistingRunError`, before anything is written).
     """
+    prefer_sleeping_threads()  # before torch is imported: idle OpenMP threads sleep (dpcl.runner.threads)
     key = _check_arguments(seed, reproducible_noise, sign_key)
     config_file = Path(config_path)
     config = load_config(config_file, data_stream_keys=STREAM_KEYS)
@@ -826,7 +827,6 @@ def run_training(
     ``sign_key`` (a private key file or an Ed25519 key, :mod:`dpcl.guarantees.signing`) signs every
     certificate after it is written and verified; it is loaded before any work, so a bad key fails first.
     """
-    prefer_sleeping_threads()  # before torch is imported: idle OpenMP threads sleep (dpcl.runner.threads)
     clock = StageClock()
     with clock.stage("load"):
         loaded = load_run(config_path, out_dir, seed=seed, device=device, quiet=quiet,

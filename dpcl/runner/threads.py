@@ -14,7 +14,8 @@ dpcl's default, where a run starts (``dpcl run``, ``python -m dpcl run``, ``dpcl
   a loaded 2-core machine took 4.4 times as long with 2 spinning threads as with 1 thread, and
   1.1 times with 2 sleeping ones (``benchmarks/THREADS.md``). OpenMP reads this setting once,
   when torch loads it, so :func:`prefer_sleeping_threads` sets it only before torch is first
-  imported (:func:`dpcl.cli.main` and :func:`dpcl.runner.run_training` call it first thing).
+  imported (:func:`dpcl.cli.main` and the first stage of :func:`dpcl.runner.run_training`, which
+  ``dpcl audit-run`` shares, call it first thing).
 
 The user's choice is kept: ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment, or a
 lower count set with ``torch.set_num_threads`` before the run, fixes the thread count;
