@@ -19,7 +19,16 @@ The run is the first ``--tasks`` tasks (default 2) of ``dpcl/configs/fmnist_naiv
 Split Fashion-MNIST; needs the Debian package ``dataset-fashion-mnist``) unless ``--config`` names
 another; ``--tasks 0`` keeps every task of the config.
 
+``--workload loop`` times instead a bare DP-SGD loop of the same shapes (adapter 784-16-784 and head
+784-10, Poisson batches of about 256, per-example gradients, clipping, Gaussian noise, Adam; then
+five forward passes over 10,000 rows) on random data, ``--loop-steps`` steps, in a child that needs
+torch alone, so that it runs on any machine with torch; there dpcl's default is written out as
+``OMP_NUM_THREADS`` = the usable cores with ``OMP_WAIT_POLICY=PASSIVE`` (what dpcl sets where
+torch's own count is not below the usable cores). Pin it to cores with ``taskset -c 0,1`` to
+compare a quiet and a loaded machine of the same size.
+
     .venv/bin/python benchmarks/bench_threads.py [--repeats 3] [--config C.toml] [--tasks N] [--write]  # --write: THREADS.md
+    taskset -c 0,1 python benchmarks/bench_threads.py --workload loop [--loop-steps 300]
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from dpcl._io.atomic_io import write_bytes_atomic  # noqa: E402
 from dpcl.progress import progress  # noqa: E402
-from dpcl.runner.threads import THREAD_ENV_VARS, WAIT_ENV_VARS, usable_cores  # noqa: E402
+from dpcl._threads import THREAD_ENV_VARS, WAIT_ENV_VARS, usable_cores  # noqa: E402
 
 REPORT = Path(__file__).resolve().parent / "THREADS.md"
 DEFAULT = "dpcl default (usable cores, sleeping threads)"
@@ -86,22 +95,64 @@ def shortened_config(config: Path, tasks: int, directory: Path) -> Path:
     return short
 
 
+def dpsgd_loop(steps: int) -> None:
+    """The ``--workload loop`` child: a DP-SGD loop shaped like ``fmnist_naive`` on random data (torch alone)."""
+    import torch  # noqa: PLC0415 - the child's only heavy import, after its thread variables are in place
+
+    g = torch.Generator().manual_seed(0)
+    x_all, y_all = torch.randn(12000, 784, generator=g), torch.randint(0, 10, (12000,), generator=g)
+    down, up, head = torch.nn.Linear(784, 16), torch.nn.Linear(16, 784), torch.nn.Linear(784, 10)
+    params = [*down.parameters(), *up.parameters(), *head.parameters()]
+    optimizer = torch.optim.Adam(params)
+    for _ in range(steps):
+        rows = torch.nonzero(torch.rand(12000, generator=g) < 256 / 12000).squeeze(1)
+        x, y = x_all[rows], y_all[rows]
+        pre = down(x)
+        hidden = pre.relu()
+        h = x + up(hidden)
+        d_logits = torch.softmax(head(h), 1)
+        d_logits[torch.arange(len(y)), y] -= 1  # cross-entropy's gradient per example
+        d_h = d_logits @ head.weight
+        d_pre = (d_h @ up.weight) * (pre > 0)
+        per_example = [torch.einsum("bi,bj->bij", d_pre, x), d_pre, torch.einsum("bi,bj->bij", d_h, hidden), d_h,
+                       torch.einsum("bi,bj->bij", d_logits, h), d_logits]
+        norms = torch.sqrt(sum(q.flatten(1).pow(2).sum(1) for q in per_example))
+        scale = (1 / (norms + 1e-6)).clamp(max=1)
+        for p, q in zip(params, per_example):
+            p.grad = (torch.einsum("b,b...->...", scale, q) + torch.randn(q.shape[1:], generator=g)) / 256
+        optimizer.step()
+    with torch.no_grad():
+        test = torch.randn(10000, 784, generator=g)
+        for _ in range(5):
+            head(test + up(down(test).relu())).argmax(1)
+
+
+def _loop_settings() -> dict[str, dict[str, str]]:
+    """The three settings for ``--workload loop``, written out: the child is not started through dpcl."""
+    cores = str(usable_cores())
+    return {DEFAULT: {"OMP_NUM_THREADS": cores, "OMP_WAIT_POLICY": "PASSIVE"}, SINGLE: {"OMP_NUM_THREADS": "1"},
+            SPINNING: {"OMP_NUM_THREADS": cores, "GOMP_SPINCOUNT": "300000"}}
+
+
 def _child_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(config: Path, repeats: int, tasks: int) -> dict[str, list[Timing]]:
-    times: dict[str, list[Timing]] = {name: [] for name in SETTINGS}
-    runs = [(r, name) for r in range(repeats) for name in SETTINGS]
+def measure(config: Path, repeats: int, tasks: int, loop_steps: int | None = None) -> dict[str, list[Timing]]:
+    """Interleaved timings of every setting: ``dpcl run`` of ``config``, or the DP-SGD loop when ``loop_steps``."""
+    settings = SETTINGS if loop_steps is None else _loop_settings()
+    times: dict[str, list[Timing]] = {name: [] for name in settings}
+    runs = [(r, name) for r in range(repeats) for name in settings]
     with tempfile.TemporaryDirectory() as tmp:
-        path = shortened_config(config, tasks, Path(tmp))
+        path = shortened_config(config, tasks, Path(tmp)) if loop_steps is None else config
         for r, name in progress(runs, desc="bench_threads runs"):
-            out = Path(tmp) / f"run{r}-{list(SETTINGS).index(name)}"
+            out = Path(tmp) / f"run{r}-{list(settings).index(name)}"
+            command = ([sys.executable, "-m", "dpcl", "run", str(path), "--out", str(out), "--quiet",
+                        "--reproducible-noise"] if loop_steps is None
+                       else [sys.executable, str(Path(__file__).resolve()), "--child-loop", str(loop_steps)])
             load, cpu, start = os.getloadavg()[0], _child_cpu(), time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "dpcl", "run", str(path), "--out", str(out), "--quiet",
-                                   "--reproducible-noise"], capture_output=True, text=True, cwd=ROOT,
-                                  env=_environment(SETTINGS[name]))
+            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=_environment(settings[name]))
             wall = time.perf_counter() - start
             if done.returncode != 0:
                 raise SystemExit(f"dpcl run failed ({name}):\n{done.stderr}")
@@ -109,17 +160,20 @@ def measure(config: Path, repeats: int, tasks: int) -> dict[str, list[Timing]]:
     return times
 
 
-def report(config: Path, tasks: int, times: dict[str, list[Timing]]) -> str:
+def report(config: Path, tasks: int, times: dict[str, list[Timing]], loop_steps: int | None = None) -> str:
     import torch  # noqa: PLC0415 - only for the machine line
 
     medians = {name: statistics.median(t.wall for t in runs) for name, runs in times.items()}
     loads = [load for runs in times.values() for t in runs for load in (t.load_before, t.load_after)]
     which = f"its first {tasks} tasks" if tasks else "every task"
+    workload = (f"`dpcl run {config.relative_to(ROOT) if config.is_relative_to(ROOT) else config}` ({which}, "
+                "`--reproducible-noise`, a fresh `--out` and a fresh process each time)" if loop_steps is None
+                else f"The DP-SGD loop of `bench_threads.py --workload loop` ({loop_steps} steps, a fresh process "
+                "each time)")
     lines = [
         "# torch threads: dpcl's default vs OMP_NUM_THREADS=1",
         "",
-        f"`dpcl run {config.relative_to(ROOT) if config.is_relative_to(ROOT) else config}` ({which}, "
-        f"`--reproducible-noise`, a fresh `--out` and a fresh process each time), {len(times[SINGLE])} interleaved "
+        f"{workload}, {len(times[SINGLE])} interleaved "
         f"repeats per setting, at niceness {os.nice(0)}. Machine: "
         f"{platform.machine()}, {usable_cores()} usable core(s) (affinity), os.cpu_count() = {os.cpu_count()}, "
         f"torch {torch.__version__}, Python {platform.python_version()}; 1-minute load average "
@@ -136,7 +190,8 @@ def report(config: Path, tasks: int, times: dict[str, list[Timing]]) -> str:
     lines += ["", f"dpcl's default / OMP_NUM_THREADS=1: **{ratio:.2f}** ({verdict}; goal: not slower, "
               f"{MARGIN - 1:.0%} measurement margin). Spinning threads (before) / OMP_NUM_THREADS=1: "
               f"**{medians[SPINNING] / medians[SINGLE]:.2f}**.",
-              "", "Regenerate: `nice -n 10 .venv/bin/python benchmarks/bench_threads.py --write`.", ""]
+              "", "Regenerate: `nice -n 10 .venv/bin/python benchmarks/bench_threads.py --write`"
+              + ("." if loop_steps is None else f" (this table: `--workload loop --loop-steps {loop_steps}`)."), ""]
     return "\n".join(lines)
 
 
@@ -145,14 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--config", type=Path, default=ROOT / "dpcl" / "configs" / "fmnist_naive.toml")
     parser.add_argument("--tasks", type=int, default=2, help="train the config's first N tasks only (0: all)")
+    parser.add_argument("--workload", choices=("run", "loop"), default="run",
+                        help="run: dpcl run of --config; loop: a bare DP-SGD loop of the same shapes (torch alone)")
+    parser.add_argument("--loop-steps", type=int, default=300, help="steps of --workload loop")
+    parser.add_argument("--child-loop", type=int, metavar="STEPS", help=argparse.SUPPRESS)  # the loop's child
     parser.add_argument("--write", action="store_true", help=f"write {REPORT.name} (atomically)")
     args = parser.parse_args(argv)
+    if args.child_loop is not None:
+        dpsgd_loop(args.child_loop)
+        return 0
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.tasks < 0:
         parser.error("--tasks must be 0 (every task) or more")
+    if args.loop_steps < 1:
+        parser.error("--loop-steps must be at least 1")
     config = args.config.resolve()
-    text = report(config, args.tasks, measure(config, args.repeats, args.tasks))
+    steps = args.loop_steps if args.workload == "loop" else None
+    text = report(config, args.tasks, measure(config, args.repeats, args.tasks, steps), steps)
     print(text)
     if args.write:
         write_bytes_atomic(REPORT, text.encode("utf-8"))
