@@ -1,4 +1,4 @@
-"""dpcl's default torch threads next to ``OMP_NUM_THREADS=1`` and torch's own waiting, side by side, on a short ``dpcl run``.
+"""Torch threads side by side on a short ``dpcl run``: dpcl's default, ``OMP_NUM_THREADS=1``, spinning threads.
 
 dpcl caps torch's intra-op threads at the cores the process may use (``os.sched_getaffinity``) unless
 ``OMP_NUM_THREADS`` is set, and makes idle OpenMP threads sleep (``OMP_WAIT_POLICY=PASSIVE``) unless

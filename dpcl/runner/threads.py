@@ -1,7 +1,7 @@
 """torch's CPU threads: at most the cores this process may run on, and idle threads that sleep.
 
-dpcl's default, where a run starts (``dpcl run``, ``python -m dpcl run``, ``dpcl demo`` and
-:func:`dpcl.runner.run_training`):
+dpcl's default, where a run starts (``dpcl run``, ``python -m dpcl run``, ``dpcl demo``,
+``dpcl audit-run`` and :func:`dpcl.runner.run_training`):
 
 * **threads**: torch's intra-op pool is lowered to :func:`usable_cores` (the process's CPU
   affinity mask: ``taskset``, cgroup cpusets, a batch system's core allocation), never raised.
@@ -11,11 +11,12 @@ dpcl's default, where a run starts (``dpcl run``, ``python -m dpcl run``, ``dpcl
   spinning for about 300,000 iterations after every parallel operation (GNU OpenMP's default).
   Spinning threads take processor time from every other job on a shared machine, and from
   the run's own thread that still has work: a short ``dpcl run`` of Split Fashion-MNIST on
-  a loaded 2-core machine took 4.4 times as long with 2 spinning threads as with 1 thread, and
-  1.1 times with 2 sleeping ones (``benchmarks/THREADS.md``). OpenMP reads this setting once,
-  when torch loads it, so :func:`prefer_sleeping_threads` sets it only before torch is first
-  imported (:func:`dpcl.cli.main` and the first stage of :func:`dpcl.runner.run_training`, which
-  ``dpcl audit-run`` shares, call it first thing).
+  a loaded 2-core machine took 1.8 to 4.4 times as long with 2 spinning threads as with 1
+  thread, and 0.84 to 1.11 times with 2 sleeping ones (``benchmarks/THREADS.md``,
+  ``benchmarks/README.md``); on an idle one 2 threads are about 1.5 times faster than 1.
+  OpenMP reads this setting once, when torch loads it, so :func:`prefer_sleeping_threads` sets
+  it only before torch is first imported (:func:`dpcl.cli.main`, and the first stage of
+  :func:`dpcl.runner.run_training`, which ``dpcl audit-run`` shares, call it first thing).
 
 The user's choice is kept: ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment, or a
 lower count set with ``torch.set_num_threads`` before the run, fixes the thread count;
@@ -25,9 +26,10 @@ The thread count is fixed per process by the affinity mask and the user's settin
 the machine's load: torch splits a large reduction into one part per thread, so the count can
 change the last bits of a float result (a sum of 10⁷ float32 numbers differs between 1 and 2
 threads), and a count chosen from the load would make numbers depend on the load. How idle
-threads wait changes no result. Even sleeping, 2 threads stay somewhat slower than 1 on a
-machine whose cores are busy with other jobs, since every parallel operation waits until both
-of its threads have been scheduled: there ``OMP_NUM_THREADS=1`` is the faster choice.
+threads wait changes no result. Even sleeping, 2 threads are at best about as fast as 1 on a
+machine whose cores are busy with other jobs (slower in some measurements), since every
+parallel operation waits until both of its threads have been scheduled: there
+``OMP_NUM_THREADS=1`` is the safe choice.
 
 A training loop of one's own that uses dpcl's library API (:class:`dpcl.Certifier`, the opacus
 accountant, :mod:`dpcl.methods`) gets torch's own defaults: dpcl changes neither threads nor
