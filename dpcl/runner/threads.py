@@ -26,8 +26,10 @@ lower count set with ``torch.set_num_threads`` before the run, fixes the thread 
 The thread count is fixed per process by the affinity mask and the user's settings, never by
 the machine's load: torch splits a large reduction into one part per thread, so the count can
 change the last bits of a float result (a sum of 10⁷ float32 numbers differs between 1 and 2
-threads), and a count chosen from the load would make numbers depend on the load. How idle
-threads wait changes no result. Even sleeping, 2 threads are at best about as fast as 1 on a
+threads), and a count chosen from the load would make numbers depend on the load. A run's
+floats can therefore differ in their last bits between processes allowed on different numbers
+of cores (as between CPUs whose BLAS takes other code paths); the load alone changes nothing.
+The seeded ``fmnist_naive.toml`` checkpoints were the same bytes with 1 and 2 threads. How idle threads wait changes no result. Even sleeping, 2 threads are at best about as fast as 1 on a
 machine whose cores are busy with other jobs (slower in some measurements), since every
 parallel operation waits until both of its threads have been scheduled: there
 ``OMP_NUM_THREADS=1`` is the safe choice.
