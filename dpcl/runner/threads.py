@@ -12,8 +12,8 @@ dpcl's default, where a run starts (``dpcl run``, ``python -m dpcl run``, ``dpcl
   Spinning threads take processor time from every other job on a shared machine, and from
   the run's own thread that still has work: a short ``dpcl run`` of Split Fashion-MNIST on
   a loaded 2-core machine took 1.8 to 4.4 times as long with 2 spinning threads as with 1
-  thread, and 0.84 to 1.11 times with 2 sleeping ones (``benchmarks/THREADS.md``,
-  ``benchmarks/README.md``); on 2 idle cores a DP-SGD loop of the same shapes ran 1.4 to 1.5
+  thread, and 0.84 to 1.11 times with 2 sleeping ones (1.1 to 1.2 times against jobs that
+  never sleep; ``benchmarks/THREADS.md``, ``benchmarks/README.md``); on 2 idle cores a DP-SGD loop of the same shapes ran 1.4 to 1.5
   times faster with 2 threads than with 1.
   OpenMP reads this setting once, when torch loads it, so :func:`prefer_sleeping_threads` sets
   it only before torch is first imported (:func:`dpcl.cli.main`, and the first stage of
