@@ -50,6 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dpcl._threads import prefer_sleeping_threads
+
+prefer_sleeping_threads()  # before dpcl.methods loads torch: idle OpenMP threads sleep, as in dpcl run
+
 from dpcl.data.digits import load_digits
 from dpcl.data.streams import build_stream as build_stream_section
 from dpcl.data.streams import class_incremental_stream, permuted_stream
@@ -62,6 +66,7 @@ from dpcl.methods.l2dpml.baselines import AGEMClassifier, DPSGDAGEMClassifier
 from dpcl.methods.l2dpml.method import L2DPMLMethod
 from dpcl.metrics.continual import average_accuracy_curve
 from dpcl.progress import progress
+from dpcl.runner.threads import use_usable_cores
 
 #: L2DP-ML hyper-parameters per (dataset, regime). Private runs keep |h_pi| small (Delta_L = K p + p^2 with
 #: p = |h_pi| + 1) and one fixed batch per task (the Laplace noise is per batch); non-private runs can afford a
@@ -139,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         args.delta = max(deltas, default=args.delta)
         plot(stored["results"], args, Path(args.out).with_suffix(".png"))
         return 0
+    use_usable_cores()  # torch's threads at most the cores this process may use, as in dpcl run
     # dp-accounting's RDP logs one warning per fractional order it drops (a sound, looser bound): keep stdout readable
     logging.disable(logging.WARNING)
 

@@ -26,7 +26,7 @@ PACKAGE = ROOT / "dpcl"
 #: decides a module's layer. ``dpcl`` itself (the lazy facade ``from dpcl import Certifier``) and ``dpcl.__main__``
 #: sit on top.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundations", ("dpcl._io", "dpcl._version", "dpcl.errors", "dpcl.progress")),
+    ("foundations", ("dpcl._io", "dpcl._threads", "dpcl._version", "dpcl.errors", "dpcl.progress")),
     ("accounting", ("dpcl.accounting",)),
     ("guarantees", ("dpcl.guarantees",)),
     ("audit", ("dpcl.audit",)),

@@ -21,6 +21,7 @@ import sys
 import warnings
 from typing import Sequence
 
+from dpcl._threads import prefer_sleeping_threads
 from dpcl._version import __version__
 from dpcl.cli.time_limit import CommandTimeLimitExceeded, refusal_message, time_limit
 from dpcl.errors import DpclError
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code. Every refusal (exit 2 or 3 from an error) is one line on stderr
     and, under ``--json``, also one JSON object ``{"error": MESSAGE, "exit_code": CODE}`` on stdout."""
+    prefer_sleeping_threads()  # before any command imports torch: idle OpenMP threads sleep (dpcl.runner.threads)
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = _asks_for_json(argv)
     parser = build_parser()

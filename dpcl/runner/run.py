@@ -147,7 +147,7 @@ from dpcl.runner.tasks import (
     task_plan,
     trains_plan,
 )
-from dpcl.runner.threads import use_usable_cores
+from dpcl.runner.threads import prefer_sleeping_threads, use_usable_cores
 
 __all__ = [
     "CRASH_HOOK_ENV",
@@ -335,6 +335,7 @@ def load_run(config_path: "str | Path", out_dir: "str | Path", *, seed: int = 0,
     Refused on a rank > 0 of a process group (only rank 0 writes a run directory), and, unless ``resume``, on
     an ``--out`` that already holds a run (:class:`~dpcl.errors.ExistingRunError`, before anything is written).
     """
+    prefer_sleeping_threads()  # before torch is imported: idle OpenMP threads sleep (dpcl.runner.threads)
     key = _check_arguments(seed, reproducible_noise, sign_key)
     config_file = Path(config_path)
     config = load_config(config_file, data_stream_keys=STREAM_KEYS)

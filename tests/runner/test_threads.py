@@ -60,3 +60,66 @@ def test_dpcl_run_caps_the_threads(tmp_path):
             "print(before, torch.get_num_threads())")
     before, after = _child(code)
     assert before > 1 and after == 1
+
+
+# How idle OpenMP threads wait. GNU OpenMP (torch's on Linux) prints its settings on stderr when torch loads it and
+# OMP_DISPLAY_ENV=VERBOSE is set: GOMP_SPINCOUNT = '0' where idle threads sleep (OMP_WAIT_POLICY=PASSIVE), 300000
+# (its default) where they spin. Nothing here times anything: the policy itself is pinned.
+
+SLEEPING = "GOMP_SPINCOUNT = '0'"
+
+
+def _openmp_settings(code: str, **env: str) -> tuple[str, str]:
+    """stdout and stderr of ``code`` in a fresh interpreter without any thread or wait variable of the caller's."""
+    from dpcl.runner.threads import THREAD_ENV_VARS, WAIT_ENV_VARS
+
+    clean = {k: v for k, v in os.environ.items() if k not in (*THREAD_ENV_VARS, *WAIT_ENV_VARS)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**clean, "PYTHONPATH": str(REPO), "OMP_DISPLAY_ENV": "VERBOSE", **env})
+    assert done.returncode == 0, done.stderr
+    if "GOMP_SPINCOUNT" not in done.stderr:
+        pytest.skip("torch's OpenMP runtime here is not GNU OpenMP (it prints no GOMP_SPINCOUNT)")
+    return done.stdout, done.stderr
+
+
+def test_torch_alone_spins_so_the_pin_below_can_fail():
+    _, stderr = _openmp_settings("import torch")
+    assert "GOMP_SPINCOUNT = '300000'" in stderr and SLEEPING not in stderr
+
+
+@pytest.mark.parametrize("entry", ["from dpcl.cli import main\nmain(['--version'])",  # the dpcl console script
+                                   "import runpy, sys\nsys.argv = ['dpcl', '--version']\n"
+                                   "runpy.run_module('dpcl', run_name='__main__')"])  # python -m dpcl
+def test_the_command_line_makes_idle_threads_sleep_before_torch_loads(entry):
+    code = f"try:\n    {entry.replace(chr(10), chr(10) + '    ')}\nexcept SystemExit:\n    pass\n" \
+           "import os, torch\nprint(os.environ['OMP_WAIT_POLICY'])"
+    stdout, stderr = _openmp_settings(code)
+    assert stdout.split()[-1] == "PASSIVE" and SLEEPING in stderr
+
+
+def test_a_users_wait_policy_stays():
+    code = "from dpcl.runner.threads import prefer_sleeping_threads\nprint(prefer_sleeping_threads())\nimport torch"
+    for name, value, spin in [("OMP_WAIT_POLICY", "ACTIVE", None), ("GOMP_SPINCOUNT", "1000", "'1000'")]:
+        stdout, stderr = _openmp_settings(code, **{name: value})
+        assert stdout.split() == ["False"] and SLEEPING not in stderr
+        if spin is not None:
+            assert f"GOMP_SPINCOUNT = {spin}" in stderr
+
+
+def test_nothing_changes_once_torch_is_loaded():
+    # OpenMP has read the environment when torch loaded it: setting OMP_WAIT_POLICY then would claim what is not so
+    (printed, _) = _openmp_settings("import os, torch\nfrom dpcl.runner.threads import prefer_sleeping_threads\n"
+                                    "print(prefer_sleeping_threads(), os.environ.get('OMP_WAIT_POLICY'))")
+    assert printed.split() == ["False", "None"]
+
+
+def test_run_training_uses_the_usable_cores_with_sleeping_threads(tmp_path):
+    """The library entry point (what ``dpcl run`` calls) in a fresh process: threads capped at the usable cores,
+    idle threads sleeping; ``dpcl run`` from the command line goes through the same two steps."""
+    config = REPO / "dpcl" / "configs" / "cosine.toml"
+    code = ("import os, sys\nfrom dpcl.runner import run_training\n"
+            f"run_training({str(config)!r}, {str(tmp_path / 'run')!r}, quiet=True)\n"
+            "import torch\nprint(torch.get_num_threads(), len(os.sched_getaffinity(0)), os.environ['OMP_WAIT_POLICY'])")
+    stdout, stderr = _openmp_settings(code)
+    threads, cores, policy = stdout.split()[-3:]
+    assert 1 <= int(threads) <= int(cores) and policy == "PASSIVE" and SLEEPING in stderr
