@@ -28,6 +28,7 @@ import math
 import os
 import signal
 import threading
+from types import FrameType
 from typing import Iterator
 
 from dpcl.errors import InvalidParameterError
@@ -83,6 +84,21 @@ def refusal_message(args: argparse.Namespace, seconds: float) -> str:
     )
 
 
+def _inside_import(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside an ``import`` (a frame of importlib's bootstrap on its stack).
+
+    The limit is not raised there: an exception thrown into a module's top-level code from a signal
+    handler leaves that package half initialised (a later import of it in the same process then fails
+    with a NameError inside the package, as seen with scipy under load). The interval timer fires again
+    every second, so the refusal comes right after the import ends.
+    """
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextlib.contextmanager
 def time_limit(command: str | None) -> Iterator[float]:
     """Run the body under the configured limit (none for ``run``/``demo``, outside the main thread, or without
@@ -94,7 +110,9 @@ def time_limit(command: str | None) -> Iterator[float]:
         yield 0.0
         return
 
-    def on_alarm(signum: int, frame: object) -> None:
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        if _inside_import(frame):  # the timer fires again within a second, after the import
+            return
         raise CommandTimeLimitExceeded(seconds)
 
     previous = signal.signal(signal.SIGPROF, on_alarm)

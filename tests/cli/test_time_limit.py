@@ -64,3 +64,31 @@ def test_a_bad_limit_is_refused_by_name(text, monkeypatch, capsys):
     assert main(["epsilon", "gaussian", "--sigma", "1", "--delta", "1e-5"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and TIME_LIMIT_VARIABLE in err
+
+
+def test_the_limit_waits_for_an_import_to_finish(monkeypatch, tmp_path):
+    """A limit reached inside a module's top-level code fires after the import, not inside it: an exception
+    thrown there would leave the package half initialised for the rest of the process."""
+    import importlib
+    import sys
+
+    from dpcl.cli.time_limit import CommandTimeLimitExceeded, time_limit
+
+    (tmp_path / "dpcl_slow_import_probe.py").write_text(
+        "import time\n"
+        "start = time.process_time()\n"
+        "while time.process_time() - start < 0.6:\n"
+        "    pass\n"
+        "COMPLETE = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(TIME_LIMIT_VARIABLE, "0.2")
+    monkeypatch.delitem(sys.modules, "dpcl_slow_import_probe", raising=False)
+    with pytest.raises(CommandTimeLimitExceeded):
+        with time_limit("epsilon"):
+            importlib.import_module("dpcl_slow_import_probe")
+            start = time.process_time()
+            while time.process_time() - start < 30:
+                pass
+    assert sys.modules["dpcl_slow_import_probe"].COMPLETE is True
+    monkeypatch.delitem(sys.modules, "dpcl_slow_import_probe")
