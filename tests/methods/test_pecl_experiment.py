@@ -249,7 +249,7 @@ def test_like_for_like_script_gives_the_same_run_in_a_worker_process(tmp_path):
     root = Path(__file__).resolve().parents[2]
     row = "SeqFT+DPSGD (eps=8)"
     common = [sys.executable, str(root / "scripts" / "pecl_like_for_like.py"), "--model", "minilm", "--seeds", "0",
-              "--reproducible-noise", "--canaries", "1", "--candidates", "10"]
+              "--reproducible-noise", "--canaries", "1", "--candidates", "10", "--max-per-class", "60"]  # a short stream
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for out, rows, jobs in (("one", [row], "1"), ("two", [row, "DP PeCL (eps=8)"], "2")):
         # as a user runs it (the script as __main__: spawned workers import it from its path)
