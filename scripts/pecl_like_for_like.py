@@ -18,8 +18,17 @@ loop does; ``--epochs``, ``--lr``, ``--head-lr`` and ``--batch-size`` change the
   class-incremental (CI: argmax over every label seen so far) Last, Avg and BWT, the checkpoint's epsilon and
   the scoped per-token epsilon of the input embeddings.
 
-A seed sets the stream's train/test split, the initialisation, the canaries and, with ``--reproducible-noise``,
-the privacy noise (otherwise fresh OS entropy, and the accuracies move from run to run).
+The train/test split is one fixed stratified 80/20 split (split seed 0, :func:`dpcl.data.class_incremental_stream`):
+every seed is tested on the same fortunes. A seed sets the order of the training fortunes, the initialisation, the
+canaries and, with ``--reproducible-noise``, the privacy noise (otherwise fresh OS entropy, and the accuracies move
+from run to run).
+
+``--model minilm`` takes :data:`MINILM_MAX_PER_CLASS` = 140 fortunes per category (224 training and 56 test
+fortunes per task), the most every one of the ten categories has (sports, the smallest, has 147 distinct
+fortunes), so the classes stay balanced. With 60 (96 training and 24 test fortunes per task) one test fortune
+moved a task's accuracy by 0.042, and the fifth pair (work vs education), the hardest for MiniLM's features (a
+logistic probe on frozen MiniLM features reaches 0.87 +- 0.03 on it, 0.89-0.97 on the other pairs), fell below
+SeqFT's bar of TI >= 0.8 by one or two test fortunes (docs/pecl.md).
 
 Canary exposure (Carlini et al. 2019): ``--canaries`` fake secrets ("The secret code of <name> is <6 digits>")
 are inserted ``--canary-repeats`` times each into the first task's training text with its first label, and after
@@ -93,9 +102,14 @@ MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "max_seq_len": 64, "pretrain_s
 #: ``--model minilm``: the MiniLM encoder (public weights, ``pretrained_path = "minilm"``), 32 word pieces; an
 #: encoder has no next-token distribution, so PeCL's rows run without Score_1 and the unlearning loss
 MINILM = {"pretrained_path": "minilm", "max_seq_len": 32, "alpha": 0.0, "unlearning": False}
-#: the optimiser settings of ``--model minilm`` (4 epochs of batch 16: 24 steps per task of 96 fortunes, 120 for
-#: MTL's 480): enough for SeqFT without noise to reach TI >= 0.8 on each task right after training on it
+#: the optimiser settings of ``--model minilm`` (4 epochs of batch 16: 56 steps per task of 224 fortunes, 60 for the
+#: first task's 240 with the canaries, 284 for MTL's 1136): enough for SeqFT without noise to reach TI >= 0.8 on
+#: each task right after training on it
 MINILM_SETTINGS = {"epochs": 4, "learning_rate": 3e-3, "head_learning_rate": 5e-3, "batch_size": 16}
+#: fortunes per category of the stream: the small model's table keeps 60; MiniLM's takes 140, every category's
+#: fortunes up to the smallest category's count (sports: 147), so a task has 224 training and 56 test fortunes
+SMALL_MAX_PER_CLASS = 60
+MINILM_MAX_PER_CLASS = 140
 #: relative CPU cost of a run by (strategy, privacy), measured on MiniLM; 1 for the others
 _COST = {("gem", "none"): 3.0, ("gem", "dpsgd"): 1.6, ("er", "none"): 1.4, ("er", "dpsgd"): 1.4, ("mtl", "none"): 1.1}
 
@@ -196,7 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output directory (runs.json, table.md, timing.json)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), help="row labels (default: every row)")
-    parser.add_argument("--max-per-class", type=int, default=60)
+    parser.add_argument("--max-per-class", type=int, default=None,
+                        help=f"fortunes per category (default: {SMALL_MAX_PER_CLASS} for --model small, "
+                             f"{MINILM_MAX_PER_CLASS} for --model minilm)")
     parser.add_argument("--model", choices=("small", "minilm"), default="small",
                         help="small: the bundled 2-layer GPT-2-architecture model at the paper's settings; minilm: "
                              "the MiniLM encoder at MINILM_SETTINGS")
@@ -235,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = json.loads(runs_file.read_text())["runs"] if runs_file.exists() else []
     done = {(r["method"], r["seed"]) for r in runs}
     defaults, model = (MINILM_SETTINGS, MINILM) if args.model == "minilm" else (PAPER_SETTINGS, MODEL)
+    if args.max_per_class is None:
+        args.max_per_class = MINILM_MAX_PER_CLASS if args.model == "minilm" else SMALL_MAX_PER_CLASS
     given = {"epochs": args.epochs, "learning_rate": args.lr, "head_learning_rate": args.head_lr,
              "batch_size": args.batch_size}
     training = {k: (defaults[k] if v is None else v) for k, v in given.items()}

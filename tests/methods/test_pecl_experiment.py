@@ -209,6 +209,25 @@ def test_like_for_like_table_states_mean_and_sample_sd_over_seeds_and_the_checkp
     assert script.exposure_over_candidates({}) is None
 
 
+def test_minilm_table_stream_is_balanced_and_tests_each_task_on_enough_fortunes():
+    """--model minilm takes as many fortunes per category as the smallest category has (balanced classes), and
+    each task's test set is large enough that one fortune moves its accuracy by at most 0.02 (a bar of 0.8 is
+    then not decided by one or two fortunes); the small model's table keeps its stream."""
+    from dpcl.data.fortunes import load_fortunes_texts
+    from dpcl.methods.pecl.experiment import STREAM_CATEGORIES
+
+    script = _like_for_like_script()
+    per_class = script.MINILM_MAX_PER_CLASS
+    counts = np.bincount(load_fortunes_texts(STREAM_CATEGORIES, max_per_class=None).labels)
+    assert per_class <= counts.min() < per_class + 10  # every category full, none left far below its share
+    tasks, _, _ = fortunes_text_stream(5, 2, per_class, seed=0)
+    for t, task in enumerate(tasks):
+        for labels in (task.train_labels, task.test_labels):  # both classes of the pair equally represented
+            assert np.sum(labels == 2 * t) == np.sum(labels == 2 * t + 1)
+        assert 1 / len(task.test_texts) <= 0.02
+    assert script.SMALL_MAX_PER_CLASS == 60
+
+
 def test_like_for_like_script_refuses_cuda_without_a_gpu_and_a_missing_table(tmp_path, capsys):
     script = _like_for_like_script()
     if not torch.cuda.is_available():
@@ -233,7 +252,7 @@ def test_like_for_like_script_gives_the_same_run_in_a_worker_process(tmp_path):
     root = Path(__file__).resolve().parents[2]
     row = "SeqFT+DPSGD (eps=8)"
     common = [sys.executable, str(root / "scripts" / "pecl_like_for_like.py"), "--model", "minilm", "--seeds", "0",
-              "--reproducible-noise", "--canaries", "1", "--candidates", "10"]
+              "--reproducible-noise", "--canaries", "1", "--candidates", "10", "--max-per-class", "60"]  # a short stream
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for out, rows, jobs in (("one", [row], "1"), ("two", [row, "DP PeCL (eps=8)"], "2")):
         # as a user runs it (the script as __main__: spawned workers import it from its path)
