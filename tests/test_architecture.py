@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("accounting", ("dpcl.accounting",)),
     ("guarantees", ("dpcl.guarantees",)),
     ("audit", ("dpcl.audit",)),
-    ("certifier", ("dpcl.certifier", "dpcl.audit_config")),
+    ("certifier", ("dpcl.certifier", "dpcl.certification", "dpcl.audit_config")),
     ("data", ("dpcl.data", "dpcl.metrics")),
     ("methods", ("dpcl.methods", "dpcl.integrations")),
     ("runner", ("dpcl.runner",)),
@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 TORCH_FREE_LAYERS = ("foundations", "accounting", "guarantees", "audit")
 #: Modules that import torch only inside a method a torch caller uses (``Certifier.noise_generator``): importing
 #: them loads no torch.
-TORCH_FREE_AT_IMPORT = ("dpcl.certifier",)
+TORCH_FREE_AT_IMPORT = ("dpcl.certifier", "dpcl.certification.noise")
 #: The audits of a torch training step: in the audit layer, importing torch; nothing torch-free imports them.
 TORCH_AUDITS = ("dpcl.audit.canary", "dpcl.audit.one_run_dpsgd")
 TORCH_PACKAGES = ("torch", "opacus", "peft", "transformers")
