@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 TORCH_FREE_LAYERS = ("foundations", "accounting", "guarantees", "audit")
 #: Modules that import torch only inside a method a torch caller uses (``Certifier.noise_generator``): importing
 #: them loads no torch.
-TORCH_FREE_AT_IMPORT = ("dpcl.certifier", "dpcl.certification.noise")
+TORCH_FREE_AT_IMPORT = ("dpcl.certifier",)
 #: The audits of a torch training step: in the audit layer, importing torch; nothing torch-free imports them.
 TORCH_AUDITS = ("dpcl.audit.canary", "dpcl.audit.one_run_dpsgd")
 TORCH_PACKAGES = ("torch", "opacus", "peft", "transformers")
