@@ -31,8 +31,7 @@ not load data (``dpcl audit`` obtains them from the data layer or from
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from dpcl.certifier import DISJOINT_ASSUMPTION, SHARED_ASSUMPTION, Certifier
@@ -53,157 +52,21 @@ from dpcl.guarantees.label_space import (
     output_label_sets,
     require_proper_release,
 )
-from dpcl.guarantees.ledger import compact_indices
-from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
+from dpcl.guarantees.method_schema import TaskPlan
+
+# what the audit reports, and its rules; re-exported here, where they have always been imported
+from dpcl.certification.audit_report import (
+    COUNTS_ASSUMPTION,
+    NOT_COVERED_HINT,
+    NOT_COVERED_PREFIX,
+    UNDECLARED_VIOLATION,
+    AuditReport,
+    combined_release,
+    merge_task_notes,
+    resolve_across_tasks,
+)
 
 __all__ = ["AuditReport", "audit_config", "combined_release", "resolve_across_tasks", "NOT_COVERED_PREFIX"]
-
-#: Start of the violation stated for each reason why a private run's checkpoint is not covered.
-NOT_COVERED_PREFIX = (
-    "the config asks for a private run ([run] private = true) but the released checkpoint is NOT private: "
-)
-NOT_COVERED_HINT = (
-    "The method's checkpoint is not a post-processing of any charged release, so no epsilon bounds it. Use a "
-    "method (or [method] setting) whose checkpoint is covered, or set [run] private = false to run it as a "
-    "non-private run whose certificates say so (its scoped statements are still stated)."
-)
-UNDECLARED_VIOLATION = (
-    "method {name!r} does not declare whether its released checkpoint is covered by its charged events "
-    "(TaskPlan.release is None), so its releases can never be certified; the method's plan must state a "
-    "ReleaseCoverage."
-)
-
-COUNTS_ASSUMPTION = (
-    "Per-task example counts (training examples after label filtering, and how many the public label sets "
-    "dropped) are treated as public: audit reports and certificates state them exactly and epsilon does not "
-    "cover them (one example added, removed or replaced can change them by 1). Do not publish those fields "
-    "when the counts themselves are sensitive."
-)
-
-
-@dataclass(frozen=True)
-class AuditReport:
-    """Result of :func:`audit_config`; :meth:`to_dict` is the ``dpcl audit --json`` payload."""
-
-    epsilon: float | None
-    delta: float
-    across_tasks: str
-    accountant: str
-    adjacency: str
-    unit: str
-    method: str
-    per_task: tuple[dict[str, Any], ...]
-    assumptions: tuple[str, ...]
-    violations: tuple[str, ...]
-    notes: tuple[str, ...] = ()
-    total_epsilon: float | None = None
-    filter: dict[str, Any] = field(default_factory=dict)
-    #: False when the released checkpoint has no DP guarantee: a ``[run] private = false`` config, or a plan whose
-    #: checkpoint is not covered by its charged events (``epsilon`` is None; ``release`` says why).
-    private: bool = True
-    #: The stream's :class:`ReleaseCoverage` as a dict (``covered``, ``basis``, ``reasons``); None when undeclared.
-    release: dict[str, Any] | None = None
-    #: Statements about narrower releases: name, scope, epsilon, delta, adjacency, unit, accountant, across_tasks.
-    scoped_guarantees: tuple[dict[str, Any], ...] = ()
-    #: The dry run of the :class:`~dpcl.Certifier` the plans were charged to (its ledgers hold every charge, as
-    #: ``dpcl run`` records them); not part of :meth:`to_dict`.
-    dry_run: Any = field(default=None, compare=False, repr=False)
-
-    @property
-    def covered(self) -> bool:
-        """Whether the plan declares the released checkpoint covered by its charged events."""
-        return bool(self.release and self.release["covered"])
-
-    @property
-    def sound(self) -> bool:
-        return not self.violations
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.sound else PrivacyViolationError.exit_code
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sound": self.sound,
-            "private": self.private,
-            "covered": self.covered,
-            "release": None if self.release is None else dict(self.release),
-            "scoped_guarantees": [dict(x) for x in self.scoped_guarantees],
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "across_tasks": self.across_tasks,
-            "accountant": self.accountant,
-            "adjacency": self.adjacency,
-            "unit": self.unit,
-            "method": self.method,
-            "total_epsilon": self.total_epsilon,
-            "per_task": [dict(p) for p in self.per_task],
-            "assumptions": list(self.assumptions),
-            "violations": list(self.violations),
-            "notes": list(self.notes),
-            "filter": dict(self.filter),
-        }
-
-
-def resolve_across_tasks(requested: str, disjoint_units: bool) -> tuple[str, list[str]]:
-    """``auto`` -> parallel iff units are disjoint. Returns (mode, violations)."""
-    if requested == "auto":
-        return ("parallel" if disjoint_units else "sequential"), []
-    if requested == "parallel" and not disjoint_units:
-        return "sequential", [
-            "across_tasks = 'parallel' but disjoint_units = false: parallel composition (Tobaben et al., Thm 4.4) "
-            "needs tasks with disjoint privacy units. The stream is accounted sequentially instead; set "
-            "across_tasks = 'sequential' or make the tasks' units disjoint."
-        ]
-    return requested, []
-
-
-def combined_release(plans: Sequence[TaskPlan]) -> ReleaseCoverage | None:
-    """The coverage of a stream's releases: covered when every task's plan is covered (bases joined),
-    otherwise not covered with every distinct reason; None when a plan leaves it undeclared."""
-    coverages = [p.release for p in plans]
-    if not coverages or any(c is None for c in coverages):
-        return None
-    reasons = list(dict.fromkeys(r for c in coverages if not c.covered for r in c.reasons))
-    if reasons:
-        return ReleaseCoverage.not_covered(*reasons)
-    return ReleaseCoverage.post_processing(" ".join(dict.fromkeys(c.basis for c in coverages)))
-
-
-_TASK_NOTE = re.compile(r"task (\d+): (.*)", re.S)
-
-
-def merge_task_notes(notes: Sequence[str]) -> list[str]:
-    """Notes that differ only in their ``task N:`` prefix stated once for all those tasks ("tasks 0-9999: ...").
-
-    Equal-size tasks get the same plan, so a stream of 10^4 of them would otherwise repeat one sentence 10^4
-    times. Other notes are kept as they are, in order; a merged note takes the place of its first task's note.
-    """
-    order: list[Any] = []
-    tasks_of: dict[str, list[int]] = {}
-    for note in notes:
-        match = _TASK_NOTE.fullmatch(note)
-        if match is None:
-            order.append(note)
-            continue
-        rest = match.group(2)
-        if rest not in tasks_of:
-            tasks_of[rest] = []
-            order.append((rest,))
-        tasks_of[rest].append(int(match.group(1)))
-    out = []
-    for item in order:
-        if isinstance(item, str):
-            out.append(item)
-            continue
-        (rest,) = item
-        tasks = sorted(set(tasks_of[rest]))
-        if len(tasks) == 1:
-            out.append(f"task {tasks[0]}: {rest}")
-        else:
-            spans = ", ".join(f"{r[0]}-{r[1]}" if isinstance(r, list) else str(r) for r in compact_indices(tasks))
-            out.append(f"tasks {spans}: {rest}")
-    return out
 
 
 def _check_sizes(task_sizes: Sequence[int], n_tasks: int) -> list[int]:
@@ -328,6 +191,120 @@ def _drop_epsilons(per_task: Sequence[dict[str, Any]], status: str, from_task: i
             entry.setdefault("status", status)
 
 
+def _label_space_findings(settings: Any, n_tasks: int, violations: list[str], assumptions: list[str]) -> bool:
+    """False for ``label_space = "data"`` (not DP at all, Prop. 4.6); otherwise the public label sets ``dpcl run``
+    filters with are checked (refused here exactly as the run would refuse them) and their assumption stated."""
+    if settings.label_space == "data":
+        violations.append(PROP_4_6_COUNTEREXAMPLE)
+        return False
+    output_label_sets(settings.label_space, settings.prior_labels, n_tasks)
+    assumptions.append(label_space_assumption(settings.label_space))
+    return True
+
+
+def _plan_notes(plans: Sequence[Any], spec: Any, adjacency: str, settings: Any) -> list[str]:
+    """The plans' notes, each once (methods repeat a note per task), and a note when the method's adjacency is
+    not the config's."""
+    notes = merge_task_notes(list(dict.fromkeys(n for _, _, p in plans if p is not None for n in p.notes)))
+    if adjacency != settings.adjacency:
+        notes.append(
+            f"method {spec.name!r} accounts its events under {adjacency!r} adjacency (config says "
+            f"{settings.adjacency!r}); the guarantee is stated under {adjacency!r}."
+        )
+    return notes
+
+
+def _charge_plans(certifier: Certifier, spec: Any, plans: Sequence[Any], sizes: Sequence[int],
+                  filter_reports: Sequence[FilterReport] | None, accountant: str,
+                  violations: list[str]) -> tuple[list[dict[str, Any]], "_Stream"]:
+    """Charge every task's plan to the dry run, in order, as ``dpcl run`` would; one report entry per task."""
+    reports = {r.task_index: r for r in (filter_reports or ())}
+    per_task: list[dict[str, Any]] = []
+    stream = _Stream(accountant=accountant)
+    for t, n_plan, plan in plans:
+        entry: dict[str, Any] = {"task": t, "examples": sizes[t]}
+        per_task.append(entry)
+        if spec.reuses_past_tasks:
+            entry["trained_on_examples"] = n_plan
+        if t in reports:
+            entry["filtered_out"] = reports[t].filtered
+        if plan is None:
+            entry["status"] = "refused: releases nothing on an empty task (Prop. F.1)"
+            continue
+        entry["noise"] = {k: v for k, v in plan.noise.items() if isinstance(v, (int, float, str, bool))}
+        if stream.stopped:
+            entry["status"] = "not trained: stream stopped earlier"
+            continue
+        if n_plan == 0:
+            entry["status"] = "empty task: " + str(plan.noise.get("empty_task_release", "nothing released"))
+        _charge_task(certifier, spec, t, plan, entry, stream, violations)
+    return per_task, stream
+
+
+def _charged_epsilon(stream: "_Stream", not_dp_from: int | None, per_task: Sequence[dict[str, Any]],
+                     notes: list[str]) -> float | None:
+    """The stream's epsilon as charged; None where no epsilon bounds the releases."""
+    epsilon = stream.epsilon
+    if epsilon is None and stream.stopped and not stream.no_sound_bound:
+        epsilon = 0.0  # the privacy filter refused the first task: nothing is released, nothing is spent
+    if stream.no_sound_bound:
+        epsilon = None
+    if not_dp_from is not None:
+        # The ledger's numbers bound the noisy releases, but what the config releases alongside them (output
+        # labels read from the data, or nothing on an empty task) is not DP for any epsilon: state no number.
+        epsilon = None
+        _drop_epsilons(per_task, "not DP: no epsilon bounds this release (see violations)", not_dp_from)
+        notes.append(
+            f"no epsilon is reported from task {not_dp_from} on: the releases are not differentially private for any "
+            "epsilon and delta < 1 (see violations); the per-task noise shown is what the method would add."
+        )
+    return epsilon
+
+
+def _release_coverage(config: TrainingConfig, plans: Sequence[Any], violations: list[str]) -> Any:
+    """Whether the released checkpoint is covered by the charged events (None: a plan does not say)."""
+    coverage = combined_release([p for _, _, p in plans if p is not None])
+    if coverage is None:
+        violations.append(UNDECLARED_VIOLATION.format(name=config.spec.name))
+    elif not coverage.covered and getattr(config, "private", True):
+        violations.extend(NOT_COVERED_PREFIX + reason for reason in coverage.reasons)
+    return coverage
+
+
+def _scoped_guarantees(certifier: Certifier) -> list[dict[str, Any]]:
+    out = []
+    for name, (scope, scoped_ledger) in certifier.scoped_statements().items():
+        g = scoped_ledger.guarantee()
+        out.append(
+            {"name": name, "scope": scope, "epsilon": g.epsilon, "delta": g.delta, "adjacency": g.adjacency,
+             "unit": g.unit, "accountant": g.accountant, "across_tasks": g.across_tasks}
+        )
+    return out
+
+
+def _budget_findings(settings: Any, epsilon: float | None, stream: "_Stream", certifier: Certifier,
+                     per_task: Sequence[dict[str, Any]], across: str, violations: list[str],
+                     notes: list[str]) -> dict[str, Any]:
+    """A stream epsilon above ``total_epsilon``, the privacy filter's state, and a per-task bound above the budget
+    the noise was calibrated to; returns the filter's state."""
+    total = settings.total_epsilon
+    if total is not None and epsilon is not None and epsilon > total and not stream.stopped:
+        violations.append(
+            f"the stream's epsilon {epsilon:.6g} exceeds total_epsilon = {total:g} by {epsilon - total:.6g}."
+        )
+    filter_state = certifier.ledger.filter_state() if certifier.ledger.uses_filter else {}
+    if filter_state:
+        notes.append(_filter_note(filter_state, across))
+    over = [p for p in per_task if p.get("epsilon") is not None and p["epsilon"] > settings.epsilon * (1 + 1e-9)]
+    if over:
+        notes.append(
+            f"accountant {settings.accountant!r} bounds task {over[0]['task']} at epsilon={over[0]['epsilon']:.6g}, "
+            f"above the per-task budget {settings.epsilon:g} the noise was calibrated to: its upper bound is looser "
+            "than the calibration's (both are sound). accountant = 'auto' reports the tightest sound bound."
+        )
+    return filter_state
+
+
 def audit_config(
     config: TrainingConfig,
     task_sizes: Sequence[int],
@@ -347,15 +324,8 @@ def audit_config(
     sizes = _check_sizes(task_sizes, config.n_tasks)
     violations: list[str] = []
     assumptions: list[str] = []
-
     # first task from which the releases are not (epsilon, delta < 1)-DP at all (Prop. 4.6 / F.1): no bound exists
-    not_dp_label_space = settings.label_space == "data"
-    if not_dp_label_space:
-        violations.append(PROP_4_6_COUNTEREXAMPLE)
-    else:
-        # the public label sets dpcl run filters with (refused here exactly as the run would refuse them)
-        output_label_sets(settings.label_space, settings.prior_labels, len(sizes))
-        assumptions.append(label_space_assumption(settings.label_space))
+    not_dp_label_space = not _label_space_findings(settings, len(sizes), violations, assumptions)
     across, problems = resolve_across_tasks(settings.across_tasks, settings.disjoint_units)
     violations.extend(problems)
 
@@ -377,54 +347,11 @@ def audit_config(
     assumptions.append(COUNTS_ASSUMPTION)
     for _, _, plan in plans:
         assumptions.extend(a for a in (plan.assumptions if plan else ()) if a not in assumptions)
-    # methods repeat a note per task; state it once
-    notes = merge_task_notes(list(dict.fromkeys(n for _, _, p in plans if p is not None for n in p.notes)))
-    if adjacency != settings.adjacency:
-        notes.append(
-            f"method {spec.name!r} accounts its events under {adjacency!r} adjacency (config says "
-            f"{settings.adjacency!r}); the guarantee is stated under {adjacency!r}."
-        )
+    notes = _plan_notes(plans, spec, adjacency, settings)
 
-    reports = {r.task_index: r for r in (filter_reports or ())}
-    per_task: list[dict[str, Any]] = []
-    stream = _Stream(accountant=settings.accountant)
-    for t, n_plan, plan in plans:
-        entry: dict[str, Any] = {"task": t, "examples": sizes[t]}
-        per_task.append(entry)
-        if spec.reuses_past_tasks:
-            entry["trained_on_examples"] = n_plan
-        if t in reports:
-            entry["filtered_out"] = reports[t].filtered
-        if plan is None:
-            entry["status"] = "refused: releases nothing on an empty task (Prop. F.1)"
-            continue
-        entry["noise"] = {k: v for k, v in plan.noise.items() if isinstance(v, (int, float, str, bool))}
-        if stream.stopped:
-            entry["status"] = "not trained: stream stopped earlier"
-            continue
-        if n_plan == 0:
-            entry["status"] = "empty task: " + str(plan.noise.get("empty_task_release", "nothing released"))
-        _charge_task(certifier, spec, t, plan, entry, stream, violations)
-    epsilon, accountant_used = stream.epsilon, stream.accountant
-    if epsilon is None and stream.stopped and not stream.no_sound_bound:
-        epsilon = 0.0  # the privacy filter refused the first task: nothing is released, nothing is spent
-    if stream.no_sound_bound:
-        epsilon = None
-    if not_dp_from is not None:
-        # The ledger's numbers bound the noisy releases, but what the config releases alongside them (output
-        # labels read from the data, or nothing on an empty task) is not DP for any epsilon: state no number.
-        epsilon = None
-        _drop_epsilons(per_task, "not DP: no epsilon bounds this release (see violations)", not_dp_from)
-        notes.append(
-            f"no epsilon is reported from task {not_dp_from} on: the releases are not differentially private for any "
-            "epsilon and delta < 1 (see violations); the per-task noise shown is what the method would add."
-        )
-
-    coverage = combined_release([p for _, _, p in plans if p is not None])
-    if coverage is None:
-        violations.append(UNDECLARED_VIOLATION.format(name=spec.name))
-    elif not coverage.covered and getattr(config, "private", True):
-        violations.extend(NOT_COVERED_PREFIX + reason for reason in coverage.reasons)
+    per_task, stream = _charge_plans(certifier, spec, plans, sizes, filter_reports, settings.accountant, violations)
+    epsilon, accountant_used = _charged_epsilon(stream, not_dp_from, per_task, notes), stream.accountant
+    coverage = _release_coverage(config, plans, violations)
     covered = coverage is not None and coverage.covered
     if not covered:
         # the headline is the checkpoint: whatever the charged events bound, nothing bounds the checkpoint
@@ -433,29 +360,8 @@ def audit_config(
         _drop_epsilons(per_task, "checkpoint not private: no epsilon bounds it (see release)")
         if coverage is not None:
             notes.append(NOT_COVERED_HINT)
-    scoped_guarantees = []
-    for name, (scope, scoped_ledger) in certifier.scoped_statements().items():
-        g = scoped_ledger.guarantee()
-        scoped_guarantees.append(
-            {"name": name, "scope": scope, "epsilon": g.epsilon, "delta": g.delta, "adjacency": g.adjacency,
-             "unit": g.unit, "accountant": g.accountant, "across_tasks": g.across_tasks}
-        )
-
-    total = settings.total_epsilon
-    if total is not None and epsilon is not None and epsilon > total and not stream.stopped:
-        violations.append(
-            f"the stream's epsilon {epsilon:.6g} exceeds total_epsilon = {total:g} by {epsilon - total:.6g}."
-        )
-    filter_state = certifier.ledger.filter_state() if certifier.ledger.uses_filter else {}
-    if filter_state:
-        notes.append(_filter_note(filter_state, across))
-    over = [p for p in per_task if p.get("epsilon") is not None and p["epsilon"] > settings.epsilon * (1 + 1e-9)]
-    if over:
-        notes.append(
-            f"accountant {settings.accountant!r} bounds task {over[0]['task']} at epsilon={over[0]['epsilon']:.6g}, "
-            f"above the per-task budget {settings.epsilon:g} the noise was calibrated to: its upper bound is looser "
-            "than the calibration's (both are sound). accountant = 'auto' reports the tightest sound bound."
-        )
+    scoped_guarantees = _scoped_guarantees(certifier)
+    filter_state = _budget_findings(settings, epsilon, stream, certifier, per_task, across, violations, notes)
     return AuditReport(
         epsilon=epsilon,
         delta=settings.delta,
@@ -468,7 +374,7 @@ def audit_config(
         assumptions=tuple(assumptions),
         violations=tuple(violations),
         notes=tuple(notes),
-        total_epsilon=total,
+        total_epsilon=settings.total_epsilon,
         filter=filter_state,
         private=covered,
         release=None if coverage is None else coverage.to_dict(),

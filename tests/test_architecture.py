@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("accounting", ("dpcl.accounting",)),
     ("guarantees", ("dpcl.guarantees",)),
     ("audit", ("dpcl.audit",)),
-    ("certifier", ("dpcl.certifier", "dpcl.audit_config")),
+    ("certifier", ("dpcl.certifier", "dpcl.certification", "dpcl.audit_config")),
     ("data", ("dpcl.data", "dpcl.metrics")),
     ("methods", ("dpcl.methods", "dpcl.integrations")),
     ("runner", ("dpcl.runner",)),

@@ -33,6 +33,7 @@ from dpcl.accounting.validation import (
     check_positive,
     check_positive_scalar,
     check_sample_rate,
+    parse_choice,
 )
 from dpcl.errors import InvalidParameterError
 
@@ -45,13 +46,8 @@ class Adjacency(str, Enum):
 
     @classmethod
     def parse(cls, value: "Adjacency | str") -> "Adjacency":
-        if isinstance(value, Adjacency):
-            return value
-        try:
-            return cls(str(value))
-        except ValueError:
-            allowed = ", ".join(repr(a.value) for a in cls)
-            raise InvalidParameterError(f"adjacency must be one of {allowed}, got {value!r}.") from None
+        return parse_choice(cls, value, lambda allowed: InvalidParameterError(
+            f"adjacency must be one of {allowed}, got {value!r}."))
 
 
 #: Common privacy units. Any non-empty string is accepted ("patient", "document"...).

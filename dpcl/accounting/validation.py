@@ -246,3 +246,14 @@ def check_delta_scalar(name: str, value: Any, *, allow_zero: bool = False) -> fl
         allowed = "[0, 1)" if allow_zero else "(0, 1)"
         raise InvalidParameterError(f"{name} must be a single number in {allowed}, got an array.")
     return float(check_delta(name, array, allow_zero=allow_zero))
+
+
+def parse_choice(choices: Any, value: Any, refuse: Callable[[str], Exception]) -> Any:
+    """``value`` as a member of the string enum ``choices`` (a member is returned as is); anything else raises
+    ``refuse(allowed)``, ``allowed`` naming every choice."""
+    if isinstance(value, choices):
+        return value
+    try:
+        return choices(str(value))
+    except ValueError:
+        raise refuse(", ".join(repr(c.value) for c in choices)) from None

@@ -219,15 +219,7 @@ def audit_dpsgd_one_run(
     noise; it defaults to one seeded from the operating system's entropy, so
     only a test passes its own.
     """
-    x = torch.as_tensor(np.asarray(features, dtype=np.float64))
-    y_np = np.asarray(labels)
-    if x.ndim != 2 or y_np.shape != (x.shape[0],) or x.shape[0] < 1:
-        raise InvalidParameterError(f"features must be (n, d) and labels (n,); got {tuple(x.shape)} and {y_np.shape}.")
-    if not torch.isfinite(x).all():
-        raise InvalidParameterError("features must be finite.")
-    if not np.issubdtype(y_np.dtype, np.integer) or y_np.min() < 0:
-        raise InvalidParameterError("labels must be non-negative integer class indices.")
-    y = torch.as_tensor(y_np.astype(np.int64))
+    x, y = _training_data(features, labels)
     classes = max(int(y.max()) + 1, 2)
     m = check_integer_count("canaries", canaries, 2)
     z = check_positive_scalar("noise_multiplier", noise_multiplier)
@@ -247,7 +239,32 @@ def audit_dpsgd_one_run(
         x, y, m, included, kind=canary_kind, canary_norm=b, classes=classes, sample_rate=q, steps=t,
         learning_rate=lr, dpsgd=dpsgd, sampler=gen,
     )
-    bits = included.numpy().astype(bool)
+    white, black = _white_and_black_box(scores, included.numpy().astype(bool), float(delta), conf, q, canary_kind)
+    accuracy = float((torch.argmax(x @ real, dim=1) == y).to(torch.float64).mean())
+    return OneRunDpsgdAudit(
+        certified_epsilon=float(accounting.epsilon), accountant=str(accounting.accountant), delta=float(delta),
+        confidence=conf, noise_multiplier=z, sample_rate=q, steps=t, examples=int(x.shape[0]), canaries=m,
+        canary_kind=canary_kind, adjacency="add_remove", unit="example", white_box=white[0], black_box=black[0],
+        scores=(white[1], black[1]), train_accuracy=accuracy,
+    )
+
+
+def _training_data(features: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real training examples as tensors: ``features`` (n, d) finite, ``labels`` (n,) class indices >= 0."""
+    x = torch.as_tensor(np.asarray(features, dtype=np.float64))
+    y_np = np.asarray(labels)
+    if x.ndim != 2 or y_np.shape != (x.shape[0],) or x.shape[0] < 1:
+        raise InvalidParameterError(f"features must be (n, d) and labels (n,); got {tuple(x.shape)} and {y_np.shape}.")
+    if not torch.isfinite(x).all():
+        raise InvalidParameterError("features must be finite.")
+    if not np.issubdtype(y_np.dtype, np.integer) or y_np.min() < 0:
+        raise InvalidParameterError("labels must be non-negative integer class indices.")
+    return x, torch.as_tensor(y_np.astype(np.int64))
+
+
+def _white_and_black_box(scores: dict[str, torch.Tensor], bits: np.ndarray, delta: float, conf: float, q: float,
+                         canary_kind: str) -> tuple[tuple[OneRunAuditResult, str], tuple[OneRunAuditResult, str]]:
+    """The best white-box and black-box lower bounds (and the scores that gave them) at joint confidence ``conf``."""
     # the Gaussian f-DP analysis tests "as private as a Gaussian mechanism", which the certificate implies
     # only without subsampling (full-batch DP-SGD is a composition of Gaussian mechanisms)
     gaussian = q == 1.0
@@ -260,22 +277,16 @@ def audit_dpsgd_one_run(
     # confidence over scores that cannot add evidence would only loosen the bound
     white_scores = ("likelihood",) if q == 1.0 else WHITE_BOX_SCORES
     white = _best(
-        [audit_one_run(scores[name].numpy(), bits, float(delta), confidence=1.0 - (1.0 - conf_each) / len(white_scores),
+        [audit_one_run(scores[name].numpy(), bits, delta, confidence=1.0 - (1.0 - conf_each) / len(white_scores),
                        gaussian_claim=gaussian, gaussian_view=view) for name in white_scores],
         white_scores,
     )
     black = _best(
-        [audit_one_run(scores["final_model"].numpy(), bits, float(delta), confidence=conf_each, gaussian_claim=gaussian,
+        [audit_one_run(scores["final_model"].numpy(), bits, delta, confidence=conf_each, gaussian_claim=gaussian,
                        gaussian_view=view)],
         BLACK_BOX_SCORES,
     )
-    accuracy = float((torch.argmax(x @ real, dim=1) == y).to(torch.float64).mean())
-    return OneRunDpsgdAudit(
-        certified_epsilon=float(accounting.epsilon), accountant=str(accounting.accountant), delta=float(delta),
-        confidence=conf, noise_multiplier=z, sample_rate=q, steps=t, examples=int(x.shape[0]), canaries=m,
-        canary_kind=canary_kind, adjacency="add_remove", unit="example", white_box=white[0], black_box=black[0],
-        scores=(white[1], black[1]), train_accuracy=accuracy,
-    )
+    return white, black
 
 
 def _best(results: list[OneRunAuditResult], names: tuple[str, ...]) -> tuple[OneRunAuditResult, str]:

@@ -138,9 +138,10 @@ def run_audit_run(args: argparse.Namespace) -> int:
 
 
 def harness_audit(args: argparse.Namespace, out: Path, canaries: int, confidence: float, *,
-                  required: bool) -> dict[str, Any] | None:
+                  required: bool, loaded: Any = None, prepared: Any = None) -> dict[str, Any] | None:
     """The DP-SGD harness audit of every task (white and black box), or None when the method plans no DP-SGD run
-    and ``required`` is false (a method without DP-SGD is refused when it is true)."""
+    and ``required`` is false (a method without DP-SGD is refused when it is true). ``loaded`` and ``prepared``:
+    the run and its stream when the caller has built them already (``--mode both``: the canary run's)."""
     import numpy as np
 
     # lazy import: keeps CLI start-up fast and torch-free (only this command trains)
@@ -148,10 +149,11 @@ def harness_audit(args: argparse.Namespace, out: Path, canaries: int, confidence
     from dpcl.runner.run import audit_run, load_run, prepare_stream
 
     step_class = load_step_class(args.step)
-    loaded = load_run(args.config, out, quiet=True)  # --out is checked as a directory dpcl may write
+    if loaded is None:
+        loaded = load_run(args.config, out, quiet=True)  # --out is checked as a directory dpcl may write
     if not loaded.private:
         raise ConfigError("the config trains without privacy ([privacy] private = false): there is no certified epsilon to audit.")
-    prepared = prepare_stream(loaded)
+    prepared = prepare_stream(loaded) if prepared is None else prepared
     report = audit_run(loaded, prepared)
     if not required and not all(_plans_dpsgd(entry) for entry in report.per_task):
         return None
@@ -213,15 +215,18 @@ def _stream_audit(args: argparse.Namespace, out: Path, canaries: int, confidence
     from dpcl.runner.canary_run import run_with_canaries
 
     each = confidence if args.mode == "stream" else 1.0 - (1.0 - confidence) / 2
-    harness = None
-    if args.mode == "both":
-        harness = harness_audit(args, out, canaries, each, required=False)
+    audits: dict[str, Any] = {}
+
+    def audit_harness(loaded: Any, prepared: Any) -> None:  # on the run's own stream, before its canaries
+        audits["harness"] = harness_audit(args, out, canaries, each, required=False, loaded=loaded, prepared=prepared)
 
     def report_release(t: int) -> None:
         print(f"audit-run (in stream): release {t + 1} trained, certified and scored", file=sys.stderr, flush=True)
 
     payload = run_with_canaries(args.config, out, canaries=canaries, confidence=each, quiet=True,
-                                progress=None if (args.quiet or args.json) else report_release)
+                                progress=None if (args.quiet or args.json) else report_release,
+                                before=audit_harness if args.mode == "both" else None)
+    harness = audits.get("harness")
     payload["confidence"] = confidence
     payload["mode"] = args.mode
     payload["harness"] = harness if harness is not None else (

@@ -28,15 +28,9 @@ from dpcl.accounting.accountants.registry import TRAINING_CHOICES
 from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
 from dpcl.accounting.gaussian import classic_gaussian_sigma, gaussian_epsilon, gaussian_sigma
 from dpcl.cli.numbers import computed, parse_delta, parse_dpsgd_inputs, parse_positive
-from dpcl.cli.output import add_json_flag, emit
+from dpcl.cli.output import DELTA_OPTION, SAMPLE_RATE_OPTION, STEPS_OPTION, add_command, emit_lines
 from dpcl.errors import InvalidParameterError
 
-
-def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
-    """``emit`` with the ``notes`` list shown one note per line in the table view."""
-    if not getattr(args, "json", False) and "notes" in payload:
-        payload = {**payload, "notes": "\n".join(payload["notes"])}
-    emit(args, title, payload)
 
 #: Accountants that can calibrate DP-SGD noise (default ``auto``: the tightest sound bound): the registered
 #: accountants offered for training.
@@ -50,48 +44,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Calibrate noise to a target (epsilon, delta).",
     )
     mechanisms = parser.add_subparsers(dest="mechanism", metavar="MECHANISM", required=True)
-
-    gaussian = mechanisms.add_parser(
-        "gaussian",
+    epsilon = ("--epsilon", {"required": True, "metavar": "E", "help": "target epsilon, > 0"})
+    add_command(
+        mechanisms, "gaussian",
         help="analytic Gaussian sigma (Balle & Wang 2018) and the classic formula",
         description=(
             "Smallest Gaussian sigma with delta(epsilon) <= delta under the exact privacy profile "
             "(Balle & Wang 2018, Thm 8), next to the classic formula and whether it is valid (epsilon < 1)."
         ),
+        options=[
+            epsilon,
+            ("--delta", {"required": True, "metavar": "D", "help": "target delta, in (0, 1)"}),
+            ("--sensitivity", {"default": "1.0", "metavar": "S",
+                               "help": "l2 sensitivity of the query under your neighbouring relation (default 1)"}),
+        ],
+        handler=run_calibrate_gaussian,
     )
-    gaussian.add_argument("--epsilon", required=True, metavar="E", help="target epsilon, > 0")
-    gaussian.add_argument("--delta", required=True, metavar="D", help="target delta, in (0, 1)")
-    gaussian.add_argument(
-        "--sensitivity", default="1.0", metavar="S", help="l2 sensitivity of the query under your neighbouring relation (default 1)"
-    )
-    add_json_flag(gaussian)
-    gaussian.set_defaults(handler=run_calibrate_gaussian)
-
-    dpsgd = mechanisms.add_parser(
-        "dpsgd",
+    add_command(
+        mechanisms, "dpsgd",
         help="smallest DP-SGD noise multiplier for a target epsilon",
         description=(
             "Smallest DP-SGD noise multiplier (sigma / clipping norm) such that T steps of Poisson-subsampled "
             "Gaussian at rate Q stay within (epsilon, delta) under add/remove adjacency."
         ),
+        options=[
+            epsilon,
+            DELTA_OPTION,
+            SAMPLE_RATE_OPTION,
+            STEPS_OPTION,
+            ("--accountant", {"default": "auto", "choices": DPSGD_CALIBRATION_ACCOUNTANTS, "help": (
+                "accountant used for the search (default auto: the tightest sound bound of dpcl's accountants; "
+                "prv uses prv-accountant's upper bound)")}),
+        ],
+        handler=run_calibrate_dpsgd,
+        time_hint=(
+            "a calibration evaluates the accountant many times; try --accountant rdp (fastest, a looser bound), a "
+            "larger --epsilon or --sample-rate, or fewer --steps"),
     )
-    dpsgd.add_argument("--epsilon", required=True, metavar="E", help="target epsilon, > 0")
-    dpsgd.add_argument("--delta", required=True, metavar="D", help="delta, in (0, 1)")
-    dpsgd.add_argument("--sample-rate", required=True, metavar="Q", help="Poisson sampling rate, in (0, 1]")
-    dpsgd.add_argument("--steps", required=True, metavar="T", help="number of noisy steps, integer >= 1")
-    dpsgd.add_argument(
-        "--accountant",
-        default="auto",
-        choices=DPSGD_CALIBRATION_ACCOUNTANTS,
-        help=(
-            "accountant used for the search (default auto: the tightest sound bound of dpcl's accountants; "
-            "prv uses prv-accountant's upper bound)"
-        ),
-    )
-    add_json_flag(dpsgd)
-    dpsgd.set_defaults(handler=run_calibrate_dpsgd, time_hint=(
-        "a calibration evaluates the accountant many times; try --accountant rdp (fastest, a looser bound), a larger "
-        "--epsilon or --sample-rate, or fewer --steps"))
 
 
 def calibrate_gaussian_payload(epsilon: float, delta: float, sensitivity: float) -> dict:
@@ -144,7 +133,7 @@ def run_calibrate_gaussian(args: argparse.Namespace) -> int:
     epsilon = parse_positive("--epsilon", args.epsilon)
     delta = parse_delta("--delta", args.delta)
     sensitivity = parse_positive("--sensitivity", args.sensitivity)
-    _emit(args, "Gaussian calibration", calibrate_gaussian_payload(epsilon, delta, sensitivity))
+    emit_lines(args, "Gaussian calibration", calibrate_gaussian_payload(epsilon, delta, sensitivity))
     return 0
 
 
@@ -166,5 +155,5 @@ def run_calibrate_dpsgd(args: argparse.Namespace) -> int:
         "adjacency": "add_remove",
         "unit": "example",
     }
-    _emit(args, "DP-SGD noise calibration", payload)
+    emit_lines(args, "DP-SGD noise calibration", payload)
     return 0

@@ -35,18 +35,9 @@ from dpcl.cli.numbers import (
     parse_positive,
     read_sigmas,
 )
-from dpcl.cli.output import add_json_flag, emit
+from dpcl.cli.output import DELTA_OPTION, SAMPLE_RATE_OPTION, STEPS_OPTION, add_command, emit_lines
 from dpcl.errors import InvalidParameterError
 
-
-def _emit(args: argparse.Namespace, title: str, payload: dict) -> None:
-    """``emit`` with ``candidates`` and ``notes`` shown one per line in the table view."""
-    if not getattr(args, "json", False):
-        if "candidates" in payload:
-            payload = {**payload, "candidates": "\n".join(f"{k}: {v:.6g}" for k, v in payload["candidates"].items())}
-        if "notes" in payload:
-            payload = {**payload, "notes": "\n".join(payload["notes"])}
-    emit(args, title, payload)
 
 #: Accountants ``dpcl epsilon dpsgd`` offers: the registered accountants offered for training.
 DPSGD_ACCOUNTANTS = TRAINING_CHOICES
@@ -59,57 +50,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Epsilon (an upper bound) of a mechanism or a composition at a given delta.",
     )
     mechanisms = parser.add_subparsers(dest="mechanism", metavar="MECHANISM", required=True)
-
-    gaussian = mechanisms.add_parser(
-        "gaussian",
+    add_command(
+        mechanisms, "gaussian",
         help="exact epsilon of one Gaussian mechanism",
         description="Exact epsilon of one Gaussian mechanism at delta (Balle & Wang 2018, Thm 8).",
+        options=[
+            ("--sigma", {"required": True, "metavar": "S", "help": "noise standard deviation, > 0"}),
+            DELTA_OPTION,
+            ("--sensitivity", {"default": "1.0", "metavar": "C",
+                               "help": "l2 sensitivity of the query under your neighbouring relation (default 1)"}),
+        ],
+        handler=run_epsilon_gaussian,
     )
-    gaussian.add_argument("--sigma", required=True, metavar="S", help="noise standard deviation, > 0")
-    gaussian.add_argument("--delta", required=True, metavar="D", help="delta, in (0, 1)")
-    gaussian.add_argument(
-        "--sensitivity", default="1.0", metavar="C", help="l2 sensitivity of the query under your neighbouring relation (default 1)"
-    )
-    add_json_flag(gaussian)
-    gaussian.set_defaults(handler=run_epsilon_gaussian)
-
-    dpsgd = mechanisms.add_parser(
-        "dpsgd",
+    add_command(
+        mechanisms, "dpsgd",
         help="epsilon of a DP-SGD run",
         description=(
             "Epsilon of T steps of DP-SGD: Poisson sampling at rate Q, clipped per-example gradients, "
             "Gaussian noise with the given multiplier; add/remove adjacency, privacy unit = one example."
         ),
+        options=[
+            ("--noise-multiplier", {"required": True, "metavar": "Z", "help": "sigma / clipping norm, > 0"}),
+            SAMPLE_RATE_OPTION,
+            STEPS_OPTION,
+            DELTA_OPTION,
+            ("--accountant", {"default": "auto", "choices": DPSGD_ACCOUNTANTS,
+                              "help": "accountant (default auto: the tightest sound bound, named in the answer)"}),
+        ],
+        handler=run_epsilon_dpsgd,
+        time_hint="try --accountant rdp (fastest, a looser bound) or pld, or a larger --noise-multiplier",
     )
-    dpsgd.add_argument("--noise-multiplier", required=True, metavar="Z", help="sigma / clipping norm, > 0")
-    dpsgd.add_argument("--sample-rate", required=True, metavar="Q", help="Poisson sampling rate, in (0, 1]")
-    dpsgd.add_argument("--steps", required=True, metavar="T", help="number of noisy steps, integer >= 1")
-    dpsgd.add_argument("--delta", required=True, metavar="D", help="delta, in (0, 1)")
-    dpsgd.add_argument(
-        "--accountant",
-        default="auto",
-        choices=DPSGD_ACCOUNTANTS,
-        help="accountant (default auto: the tightest sound bound, named in the answer)",
-    )
-    add_json_flag(dpsgd)
-    dpsgd.set_defaults(handler=run_epsilon_dpsgd, time_hint=(
-        "try --accountant rdp (fastest, a looser bound) or pld, or a larger --noise-multiplier"))
-
-    compose = mechanisms.add_parser(
-        "compose-gaussians",
+    add_command(
+        mechanisms, "compose-gaussians",
         help="exact epsilon of many composed Gaussian mechanisms",
         description=(
             "Exact epsilon of the adaptive composition of Gaussian mechanisms with the sigmas in FILE "
             "(one per line; blank lines and lines starting with '#' are ignored; or a .npy array)."
         ),
+        options=[
+            ("--sigmas", {"required": True, "metavar": "FILE", "help": "text file, one sigma per line, or .npy"}),
+            DELTA_OPTION,
+            ("--sensitivity", {"default": "1.0", "metavar": "C",
+                               "help": "l2 sensitivity shared by every mechanism (default 1)"}),
+        ],
+        handler=run_epsilon_compose_gaussians,
+        time_hint="split the sigmas into several files",
     )
-    compose.add_argument("--sigmas", required=True, metavar="FILE", help="text file, one sigma per line, or .npy")
-    compose.add_argument("--delta", required=True, metavar="D", help="delta, in (0, 1)")
-    compose.add_argument(
-        "--sensitivity", default="1.0", metavar="C", help="l2 sensitivity shared by every mechanism (default 1)"
-    )
-    add_json_flag(compose)
-    compose.set_defaults(handler=run_epsilon_compose_gaussians, time_hint="split the sigmas into several files")
 
 
 def run_epsilon_gaussian(args: argparse.Namespace) -> int:
@@ -127,7 +113,7 @@ def run_epsilon_gaussian(args: argparse.Namespace) -> int:
         "sensitivity": sensitivity,
         "accountant": "exact",
     }
-    _emit(args, "Gaussian mechanism", payload)
+    emit_lines(args, "Gaussian mechanism", payload)
     return 0
 
 
@@ -152,7 +138,7 @@ def run_epsilon_dpsgd(args: argparse.Namespace) -> int:
         payload["candidates"] = {str(k): float(v) for k, v in result.candidates.items()}
     if result.notes:
         payload["notes"] = list(result.notes)
-    _emit(args, "DP-SGD privacy", payload)
+    emit_lines(args, "DP-SGD privacy", payload)
     return 0
 
 
@@ -181,5 +167,5 @@ def run_epsilon_compose_gaussians(args: argparse.Namespace) -> int:
         "sensitivity": sensitivity,
         "accountant": "exact",
     }
-    _emit(args, "Composition of Gaussian mechanisms", payload)
+    emit_lines(args, "Composition of Gaussian mechanisms", payload)
     return 0

@@ -14,6 +14,26 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
 
 
+#: Options several commands share, as ``(flag, add_argument keywords)``.
+DELTA_OPTION = ("--delta", {"required": True, "metavar": "D", "help": "delta, in (0, 1)"})
+SAMPLE_RATE_OPTION = ("--sample-rate", {"required": True, "metavar": "Q", "help": "Poisson sampling rate, in (0, 1]"})
+STEPS_OPTION = ("--steps", {"required": True, "metavar": "T", "help": "number of noisy steps, integer >= 1"})
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction, name: str, *, help: str, description: str,
+    options: list[tuple[str, dict[str, Any]]], handler: Any, time_hint: str | None = None,
+) -> argparse.ArgumentParser:
+    """A (sub)command: its parser with ``options`` (``(flag, add_argument keywords)``, in order) and ``--json``,
+    run by ``handler``; ``time_hint`` is what the time-limit message suggests."""
+    parser = subparsers.add_parser(name, help=help, description=description)
+    for flag, keywords in options:
+        parser.add_argument(flag, **keywords)
+    add_json_flag(parser)
+    parser.set_defaults(handler=handler, **({} if time_hint is None else {"time_hint": time_hint}))
+    return parser
+
+
 def to_jsonable(value: Any) -> Any:
     """Convert numpy scalars/arrays, tuples, enums and dataclass-likes to JSON types."""
     if isinstance(value, Mapping):
@@ -91,3 +111,13 @@ def emit(args: argparse.Namespace, title: str, payload: Mapping[str, Any]) -> No
         print_json(payload)
     else:
         print_table(title, payload)
+
+
+def emit_lines(args: argparse.Namespace, title: str, payload: Mapping[str, Any]) -> None:
+    """:func:`emit` with ``candidates`` and ``notes`` shown one per line in the table view."""
+    if not getattr(args, "json", False):
+        if "candidates" in payload:
+            payload = {**payload, "candidates": "\n".join(f"{k}: {v:.6g}" for k, v in payload["candidates"].items())}
+        if "notes" in payload:
+            payload = {**payload, "notes": "\n".join(payload["notes"])}
+    emit(args, title, payload)

@@ -49,16 +49,30 @@ do not track privacy units or offer a labels-only plan for auditing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dpcl.data.dataset import LabelledDataset, concatenate
+from dpcl.data.dataset import LabelledDataset
 from dpcl.data.pretrained import check_encoder_for_dataset, encode_with_encoder, encoder_training_inputs
 from dpcl.data.registry import dataset_labels, dataset_modality, dataset_own_test_start, load_dataset
-from dpcl.data.splits import check_fraction, stratified_split
-from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError
+from dpcl.data.splits import check_fraction
+from dpcl.errors import ConfigError, InvalidParameterError
+# the stream type and the labels-only index plans; the stream type is re-exported here
+from dpcl.data.stream_plans import (
+    HOLDOUTS,
+    _check_label_groups,
+    _check_n_tasks,
+    _check_seed,
+    _plan_blurry,
+    _plan_class_incremental,
+    _plan_permuted,
+    _TAG_PERMUTE,
+    _rng,
+    _split_indices,
+)
+from dpcl.data.task_stream import Task, TaskStream
+
 
 __all__ = [
     "STREAM_KINDS",
@@ -135,253 +149,8 @@ STREAM_KEYS: dict[str, tuple[type | tuple[type, ...], Any, str]] = {
 GUARANTEE_STREAM_KEYS = ("label_space", "prior_labels", "disjoint_units", "task_sizes")
 
 
-@dataclass(frozen=True, eq=False)
-class Task:
-    """One task of a stream.
-
-    Attributes:
-        index: 0-based position in the stream.
-        train: the task's training examples D_t (the data its privacy events are charged to).
-        test: the task's test examples (reporting only).
-        labels: the task's label group (for ``blurry`` streams, ``train`` also holds a
-            fraction of examples with other tasks' labels; for ``permuted``, all labels).
-        permutation: the feature permutation of a ``permuted`` task (``features[:, permutation]``),
-            else None.
-    """
-
-    index: int
-    train: LabelledDataset
-    test: LabelledDataset
-    labels: tuple[int, ...]
-    permutation: np.ndarray | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class TaskStream:
-    """An ordered sequence of tasks built from one dataset."""
-
-    tasks: tuple[Task, ...]
-    kind: str
-    dataset_name: str
-    class_names: tuple[str, ...]
-    seed: int
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    def __iter__(self) -> Iterator[Task]:
-        return iter(self.tasks)
-
-    def __getitem__(self, index: int) -> Task:
-        return self.tasks[index]
-
-    @property
-    def n_classes(self) -> int:
-        return len(self.class_names)
-
-    def task_sizes(self) -> list[int]:
-        """Training-set size of each task."""
-        return [len(t.train) for t in self.tasks]
-
-    def unit_ids(self) -> list[np.ndarray]:
-        """The privacy-unit ids of each task's training set."""
-        return [t.train.unit_ids for t in self.tasks]
-
-    def check_disjoint_units(self) -> None:
-        """Raise DisjointnessViolationError if two tasks' training sets share a unit (names one)."""
-        ids = [np.unique(u) for u in self.unit_ids()]
-        if not ids:
-            return
-        owner = np.concatenate([np.full(u.size, i) for i, u in enumerate(ids)])
-        flat = np.concatenate(ids)
-        order = np.argsort(flat, kind="stable")
-        dup = np.flatnonzero(flat[order][1:] == flat[order][:-1])
-        if dup.size:
-            unit = int(flat[order][dup[0]])
-            a, b = int(owner[order][dup[0]]), int(owner[order][dup[0] + 1])
-            raise DisjointnessViolationError(
-                f"tasks {a} and {b} share privacy unit {unit}; tasks declared disjoint must hold disjoint units."
-            )
-
-    def joint_train(self) -> LabelledDataset:
-        """All tasks' training examples together (the Non-CL baseline's data, Tobaben et al. Alg. A3)."""
-        return concatenate([t.train for t in self.tasks], name=f"{self.dataset_name}:joint")
-
-    def seen_test(self, task_index: int) -> LabelledDataset:
-        """Test examples of tasks 0..task_index together."""
-        return concatenate([t.test for t in self.tasks[: task_index + 1]], name=f"{self.dataset_name}:seen")
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-able summary: kind, dataset, seed, per-task sizes and labels."""
-        return {
-            "kind": self.kind,
-            "dataset": self.dataset_name,
-            "seed": self.seed,
-            "options": dict(self.options),
-            "class_names": list(self.class_names),
-            "tasks": [
-                {"index": t.index, "labels": list(t.labels), "n_train": len(t.train), "n_test": len(t.test)}
-                for t in self.tasks
-            ],
-        }
-
-
-# ----------------------------------------------------------------------------------------------
-# argument checks
-
-
-def _check_seed(name: str, seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
-        raise InvalidParameterError(f"{name} must be an integer >= 0, got {seed!r}.")
-    return int(seed)
-
-
-def _check_label_groups(tasks: Any, n_classes: int) -> tuple[tuple[int, ...], ...]:
-    if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence) or len(tasks) == 0:
-        raise InvalidParameterError(f"tasks must be a non-empty list of label lists, e.g. [[0, 1], [2, 3]]; got {tasks!r}.")
-    groups = []
-    for t, group in enumerate(tasks):
-        if isinstance(group, (str, bytes)) or not isinstance(group, Sequence):
-            raise InvalidParameterError(f"tasks[{t}] must be a list of integer labels, got {group!r}.")
-        labels = []
-        for label in group:
-            if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= int(label) < n_classes:
-                raise InvalidParameterError(
-                    f"tasks[{t}] holds {label!r}; labels must be integers in [0, {n_classes})."
-                )
-            labels.append(int(label))
-        if len(set(labels)) != len(labels):
-            raise InvalidParameterError(f"tasks[{t}] repeats a label: {labels}.")
-        groups.append(tuple(labels))
-    seen: dict[int, int] = {}
-    for t, group in enumerate(groups):
-        for label in group:
-            if label in seen:
-                raise InvalidParameterError(
-                    f"label {label} is in tasks[{seen[label]}] and tasks[{t}]; label groups must not overlap "
-                    "(use kind = \"blurry\" for tasks that share labels)."
-                )
-            seen[label] = t
-    return tuple(groups)
-
-
-def _rng(seed: int, *tags: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed, *tags]))
-
-
-_TAG_ORDER, _TAG_BLURRY, _TAG_PERMUTE = 0x0DE, 0xB1, 0x9E
-
-
-# ----------------------------------------------------------------------------------------------
-# index plans: which train/test indices go to which task (labels only)
-
-
-def _plan_class_incremental(
-    train_labels: np.ndarray, test_labels: np.ndarray, groups: tuple[tuple[int, ...], ...], seed: int, n_classes: int
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    task_of_label = np.full(n_classes, -1, dtype=np.int64)
-    for t, group in enumerate(groups):  # loop over tasks, not examples
-        task_of_label[list(group)] = t
-    train_task = task_of_label[train_labels]
-    test_task = task_of_label[test_labels]
-    plans = []
-    for t in range(len(groups)):
-        train_idx = np.flatnonzero(train_task == t)
-        train_idx = train_idx[_rng(seed, _TAG_ORDER, t).permutation(train_idx.size)]
-        plans.append((train_idx, np.flatnonzero(test_task == t)))
-    return plans
-
-
-def _plan_blurry(
-    train_labels: np.ndarray,
-    test_labels: np.ndarray,
-    groups: tuple[tuple[int, ...], ...],
-    blurry_fraction: float,
-    seed: int,
-    n_classes: int,
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    base = _plan_class_incremental(train_labels, test_labels, groups, seed, n_classes)  # own pools, shuffled
-    n_own = np.array([p[0].size for p in base], dtype=np.int64)
-    donate = np.floor(blurry_fraction * n_own + 0.5).astype(np.int64)
-    total = int(donate.sum())
-    if total == 0:
-        return base
-    largest = int(donate.max())
-    if 2 * largest > total:
-        t = int(donate.argmax())
-        raise InvalidParameterError(
-            f"blurry_fraction={blurry_fraction} cannot be met: task {t} must take {largest} examples from "
-            f"other tasks but they give away only {total - largest} in all; lower blurry_fraction, "
-            "balance the task sizes or add tasks."
-        )
-    rng = _rng(seed, _TAG_BLURRY)
-    block_order = rng.permutation(len(base))
-    # donated examples (the first d_t of each shuffled own pool), laid out block by block
-    donated = np.concatenate([base[t][0][: donate[t]] for t in block_order])
-    receiver = np.repeat(block_order, donate[block_order])
-    shift = int(rng.integers(largest, total - largest + 1))
-    # the item at position i goes to the task owning slot (i + shift) mod total
-    receiving_task = receiver[(np.arange(total) + shift) % total]
-    plans = []
-    for t, (own, test_idx) in enumerate(base):
-        train_idx = np.concatenate([own[donate[t]:], donated[receiving_task == t]])
-        train_idx = train_idx[_rng(seed, _TAG_ORDER, len(base) + t).permutation(train_idx.size)]
-        plans.append((train_idx, test_idx))
-    return plans
-
-
-def _plan_permuted(train_units: np.ndarray, n_test: int, n_tasks: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    # chunks of *units* (not examples), so a unit with several examples stays in one task
-    units, inverse = np.unique(train_units, return_inverse=True)
-    chunk_sizes = [c.size for c in np.array_split(np.arange(units.size), n_tasks)]
-    chunk_of_unit = np.empty(units.size, dtype=np.int64)
-    chunk_of_unit[_rng(seed, _TAG_ORDER).permutation(units.size)] = np.repeat(np.arange(n_tasks), chunk_sizes)
-    task_of_example = chunk_of_unit[inverse]
-    plans = []
-    for t in range(n_tasks):
-        train_idx = np.flatnonzero(task_of_example == t)
-        plans.append((train_idx[_rng(seed, _TAG_ORDER, t).permutation(train_idx.size)], np.arange(n_test)))
-    return plans
-
-
-def _check_n_tasks(n_tasks: Any, n_units: int) -> int:
-    if isinstance(n_tasks, bool) or not isinstance(n_tasks, (int, np.integer)) or not 1 <= int(n_tasks) <= max(n_units, 1):
-        raise InvalidParameterError(
-            f"n_tasks must be an integer in [1, {max(n_units, 1)}] (at most one task per privacy unit of the "
-            f"training split), got {n_tasks!r}."
-        )
-    return int(n_tasks)
-
-
 # ----------------------------------------------------------------------------------------------
 # streams from a dataset
-
-
-HOLDOUTS = ("stratified", "dataset")
-
-
-def _split_indices(
-    labels: np.ndarray, test_fraction: float, split_seed: int, holdout: str, own_test_start: int | None, name: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Indices ``(train, test)``: stratified by ``test_fraction`` and ``split_seed``, or the dataset's own
-    split (examples before ``own_test_start`` train, the rest test)."""
-    if holdout == "stratified":
-        return stratified_split(labels, test_fraction, _check_seed("split_seed", split_seed))
-    if holdout != "dataset":
-        raise InvalidParameterError(f"holdout must be one of {', '.join(HOLDOUTS)}, got {holdout!r}.")
-    if own_test_start is None:
-        raise InvalidParameterError(
-            f"holdout = 'dataset' needs a dataset with its own test split loaded with it (idx: or cifar: with "
-            f"dataset_options split = 'all'); {name!r} has none. Use holdout = 'stratified'."
-        )
-    n = labels.shape[0]
-    if not 0 < own_test_start < n:
-        raise InvalidParameterError(
-            f"holdout = 'dataset' needs training and test examples; {name!r} has {own_test_start} training "
-            f"and {n - own_test_start} test examples."
-        )
-    return np.arange(own_test_start, dtype=np.int64), np.arange(own_test_start, n, dtype=np.int64)
 
 
 def _split(

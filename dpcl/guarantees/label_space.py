@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from dpcl.accounting.validation import parse_choice
 from dpcl.errors import ConfigError, InvalidParameterError, LabelSpaceViolationError
 
 __all__ = [
@@ -74,13 +75,8 @@ class LabelSpacePolicy(str, Enum):
 
     @classmethod
     def parse(cls, value: "LabelSpacePolicy | str") -> "LabelSpacePolicy":
-        if isinstance(value, LabelSpacePolicy):
-            return value
-        try:
-            return cls(str(value))
-        except ValueError:
-            allowed = ", ".join(repr(p.value) for p in cls)
-            raise ConfigError(f"[stream] label_space must be one of {allowed}; got {value!r}.") from None
+        return parse_choice(cls, value, lambda allowed: ConfigError(
+            f"[stream] label_space must be one of {allowed}; got {value!r}."))
 
 
 def refuse_data_label_space(policy: "LabelSpacePolicy | str") -> LabelSpacePolicy:

@@ -256,57 +256,30 @@ def _audit_section(payload: Any) -> list[str]:
     return out
 
 
-def write_report(
-    run_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str] | None" = None, *, public_key: Any = None,
-    audit: "str | os.PathLike[str] | None" = None,
-) -> ReportSummary:
-    """Write the HTML page of the run in ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``), atomically.
+def _certificate_row(path: Path, data: Mapping[str, Any], report: Any) -> dict[str, Any]:
+    """What the page shows of one certificate, read and verified."""
+    g = data["guarantee"]
+    private = bool(g.get("private", True))
+    release = data.get("release", {}) if isinstance(data.get("release"), Mapping) else {}
+    task = release.get("task_index")
+    return {
+        "label": path.name.removesuffix(".cert.json"),
+        "task": task, "private": private, "epsilon": g.get("epsilon") if private else None,
+        "delta": g.get("delta") if private else None, "unit": g.get("unit", "—"),
+        "adjacency": g.get("adjacency", "—"), "across": g.get("across_tasks", "—"),
+        "composition": g.get("composition", ""), "accountant": g.get("accountant", "—"),
+        "basis": g.get("basis", ""), "reasons": g.get("reasons", []),
+        "checkpoint": (data.get("checkpoint") or {}).get("path", "—"),
+        "sha256": (data.get("checkpoint") or {}).get("sha256", "—"),
+        "valid": report.valid, "report": report, "data": data, "path": path,
+    }
 
-    ``public_key`` (a PEM path or key object, as for ``dpcl verify --public-key``) has every signature checked.
-    ``audit`` is a one-run audit's ``audit.json`` (``dpcl audit-run``; default ``RUN_DIR/audit/audit.json`` when
-    it exists), shown beside the certified epsilon.
-    Refuses a path that is not a run directory (:func:`certificate_paths`)."""
-    root = Path(run_dir)
-    paths = certificate_paths(root)
-    certificates = [read_certificate(p) for p in paths]
-    reports = [verify_certificate(p, public_key=public_key) for p in paths]
-    rows = []
-    for path, data, report in zip(paths, certificates, reports):
-        g = data["guarantee"]
-        private = bool(g.get("private", True))
-        release = data.get("release", {}) if isinstance(data.get("release"), Mapping) else {}
-        task = release.get("task_index")
-        rows.append({
-            "label": path.name.removesuffix(".cert.json"),
-            "task": task, "private": private, "epsilon": g.get("epsilon") if private else None,
-            "delta": g.get("delta") if private else None, "unit": g.get("unit", "—"),
-            "adjacency": g.get("adjacency", "—"), "across": g.get("across_tasks", "—"),
-            "composition": g.get("composition", ""), "accountant": g.get("accountant", "—"),
-            "basis": g.get("basis", ""), "reasons": g.get("reasons", []),
-            "checkpoint": (data.get("checkpoint") or {}).get("path", "—"),
-            "sha256": (data.get("checkpoint") or {}).get("sha256", "—"),
-            "valid": report.valid, "report": report, "data": data, "path": path,
-        })
+
+def _glance_section(rows: list[dict[str, Any]], sig_class: str, sig_text: str) -> list[str]:
     last = rows[-1]
-    metrics = read_json(root / "metrics.json") if (root / "metrics.json").is_file() else {}
-    if not isinstance(metrics, Mapping):
-        metrics = {}
-    keyed = public_key is not None
-    sig_class, sig_text = _signature_state(reports, keyed)
-    all_valid = all(r["valid"] for r in rows)
-
-    parts: list[str] = []
-    add = parts.append
-    add("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">")
-    add(f"<title>dpcl privacy report: {_escape(root.resolve().name)}</title><style>{_STYLE}</style></head><body>")
-    add(f"<h1>Privacy report of <code>{_escape(root.resolve().name)}</code></h1>")
-    add(f"<p class=\"small\">Written by dpcl {_escape(__version__)} from {len(rows)} certificate(s) in "
-        f"<code>certificates/</code>{' and metrics.json' if metrics else ''}; every number below is read from "
-        "them or recomputed from their events.</p>")
-
-    # -- at a glance
-    add("<section id=\"glance\" class=\"glance\"><h2>At a glance</h2><ul>")
-    if all_valid:
+    out = ["<section id=\"glance\" class=\"glance\"><h2>At a glance</h2><ul>"]
+    add = out.append
+    if all(r["valid"] for r in rows):
         add(f"<li class=\"ok\">All {len(rows)} certificate(s) verify: epsilon recomputed from the events, "
             "checkpoint hashes and certificate contents match.</li>")
     else:
@@ -325,11 +298,14 @@ def write_report(
         add(f"<li class=\"bad\">{not_private} release(s) NOT PRIVATE.</li>")
     add(f"<li class=\"{sig_class}\">Signatures: {_escape(sig_text)}.</li>")
     add("</ul></section>")
+    return out
 
-    # -- releases
-    add("<section id=\"releases\"><h2>Releases</h2><table><tr><th>certificate</th><th>task</th><th>private</th>"
-        "<th>ε</th><th>δ</th><th>unit</th><th>adjacency</th><th>composition</th><th>accountant</th>"
-        "<th>verifies</th></tr>")
+
+def _releases_section(rows: list[dict[str, Any]]) -> list[str]:
+    out = ["<section id=\"releases\"><h2>Releases</h2><table><tr><th>certificate</th><th>task</th><th>private</th>"
+           "<th>ε</th><th>δ</th><th>unit</th><th>adjacency</th><th>composition</th><th>accountant</th>"
+           "<th>verifies</th></tr>"]
+    add = out.append
     for r in rows:
         verdict = "<span class=\"ok\">valid</span>" if r["valid"] else "<span class=\"bad\">INVALID</span>"
         private = "yes" if r["private"] else "<span class=\"bad\">NOT PRIVATE</span>"
@@ -343,9 +319,13 @@ def write_report(
     for sentence in compositions:
         add(f"<p class=\"small\">Composition: {_escape(sentence)}</p>")
     add("</section>")
+    return out
 
-    # -- figures
-    add("<section id=\"figures\"><h2>Figures</h2>")
+
+def _figures_section(rows: list[dict[str, Any]], metrics: Mapping[str, Any]) -> list[str]:
+    last = rows[-1]
+    out = ["<section id=\"figures\"><h2>Figures</h2>"]
+    add = out.append
     add(f"<figure><img alt=\"epsilon over the stream\" src=\"{_epsilon_figure(rows)}\">"
         "<figcaption class=\"small\">The ε each certificate states for its checkpoint, release by release "
         "(composed over every earlier charge that can read the same unit).</figcaption></figure>")
@@ -368,10 +348,14 @@ def write_report(
     else:
         add("<p>No accuracy matrix: this run directory has no metrics.json (a Certifier run records none).</p>")
     add("</section>")
+    return out
 
-    # -- assumptions
-    add("<section id=\"assumptions\"><h2>Assumptions</h2><p class=\"small\">Every guarantee above holds only if "
-        f"these hold (from the certificate of the last release, <code>{_escape(last['label'])}</code>).</p><ol>")
+
+def _assumptions_section(rows: list[dict[str, Any]]) -> list[str]:
+    last = rows[-1]
+    out = ["<section id=\"assumptions\"><h2>Assumptions</h2><p class=\"small\">Every guarantee above holds only if "
+           f"these hold (from the certificate of the last release, <code>{_escape(last['label'])}</code>).</p><ol>"]
+    add = out.append
     for sentence in last["data"].get("assumptions", []):
         add(f"<li>{_escape(sentence)}</li>")
     add("</ol>")
@@ -379,10 +363,12 @@ def write_report(
     if others:
         add(f"<p class=\"warn\">{len(others)} earlier certificate(s) state other assumptions; read them there.</p>")
     add("</section>")
+    return out
 
-    # -- coverage
-    add("<section id=\"coverage\"><h2>Coverage of each checkpoint</h2><table><tr><th>certificate</th>"
-        "<th>checkpoint</th><th>what the guarantee covers</th></tr>")
+
+def _coverage_section(rows: list[dict[str, Any]]) -> list[str]:
+    out = ["<section id=\"coverage\"><h2>Coverage of each checkpoint</h2><table><tr><th>certificate</th>"
+           "<th>checkpoint</th><th>what the guarantee covers</th></tr>"]
     for r in rows:
         if r["private"]:
             covered = _escape(r["basis"]) or "—"
@@ -393,20 +379,18 @@ def write_report(
             if isinstance(s, Mapping):
                 covered += (f"<br><i>scoped statement {_escape(s.get('name', ''))}</i>: ε = {_number(s.get('epsilon'))}"
                             f", δ = {_number(s.get('delta'))}, {_escape(s.get('unit', ''))}: {_escape(s.get('scope', ''))}")
-        add(f"<tr><td><code>{_escape(r['label'])}</code></td><td><code>{_escape(r['checkpoint'])}</code><br>"
-            f"<span class=\"small\">sha256 {_escape(r['sha256'])}</span></td><td>{covered}</td></tr>")
-    add("</table></section>")
+        out.append(f"<tr><td><code>{_escape(r['label'])}</code></td><td><code>{_escape(r['checkpoint'])}</code><br>"
+                   f"<span class=\"small\">sha256 {_escape(r['sha256'])}</span></td><td>{covered}</td></tr>")
+    out.append("</table></section>")
+    return out
 
-    # -- one-run audit
-    audit_file = Path(audit) if audit is not None else root / "audit" / AUDIT_NAME
-    if audit is not None or audit_file.is_file():
-        parts.extend(_audit_section(read_json(audit_file)))
 
-    # -- verification
-    add("<section id=\"verification\"><h2>Verification and signatures</h2><p class=\"small\">The checks of "
-        "<code>dpcl verify</code>"
-        + (" with the given public key" if keyed else " (no public key given: signatures are reported, not checked)")
-        + ".</p>")
+def _verification_section(rows: list[dict[str, Any]], keyed: bool) -> list[str]:
+    out = ["<section id=\"verification\"><h2>Verification and signatures</h2><p class=\"small\">The checks of "
+           "<code>dpcl verify</code>"
+           + (" with the given public key" if keyed else " (no public key given: signatures are reported, not checked)")
+           + ".</p>"]
+    add = out.append
     for r in rows:
         report = r["report"]
         head = "<span class=\"ok\">valid</span>" if report.valid else "<span class=\"bad\">INVALID</span>"
@@ -420,6 +404,49 @@ def write_report(
             add(f"<tr><td>{_escape(c.name)}</td><td>{mark}</td><td>{_escape(c.detail)}</td></tr>")
         add("</table>")
     add("</section></body></html>\n")
+    return out
+
+
+def write_report(
+    run_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str] | None" = None, *, public_key: Any = None,
+    audit: "str | os.PathLike[str] | None" = None,
+) -> ReportSummary:
+    """Write the HTML page of the run in ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``), atomically.
+
+    ``public_key`` (a PEM path or key object, as for ``dpcl verify --public-key``) has every signature checked.
+    ``audit`` is a one-run audit's ``audit.json`` (``dpcl audit-run``; default ``RUN_DIR/audit/audit.json`` when
+    it exists), shown beside the certified epsilon.
+    Refuses a path that is not a run directory (:func:`certificate_paths`)."""
+    root = Path(run_dir)
+    paths = certificate_paths(root)
+    certificates = [read_certificate(p) for p in paths]
+    reports = [verify_certificate(p, public_key=public_key) for p in paths]
+    rows = [_certificate_row(path, data, report) for path, data, report in zip(paths, certificates, reports)]
+    last = rows[-1]
+    metrics = read_json(root / "metrics.json") if (root / "metrics.json").is_file() else {}
+    if not isinstance(metrics, Mapping):
+        metrics = {}
+    keyed = public_key is not None
+    sig_class, sig_text = _signature_state(reports, keyed)
+    all_valid = all(r["valid"] for r in rows)
+
+    parts: list[str] = [
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+        f"<title>dpcl privacy report: {_escape(root.resolve().name)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>Privacy report of <code>{_escape(root.resolve().name)}</code></h1>",
+        f"<p class=\"small\">Written by dpcl {_escape(__version__)} from {len(rows)} certificate(s) in "
+        f"<code>certificates/</code>{' and metrics.json' if metrics else ''}; every number below is read from "
+        "them or recomputed from their events.</p>",
+    ]
+    parts += _glance_section(rows, sig_class, sig_text)
+    parts += _releases_section(rows)
+    parts += _figures_section(rows, metrics)
+    parts += _assumptions_section(rows)
+    parts += _coverage_section(rows)
+    audit_file = Path(audit) if audit is not None else root / "audit" / AUDIT_NAME
+    if audit is not None or audit_file.is_file():
+        parts += _audit_section(read_json(audit_file))
+    parts += _verification_section(rows, keyed)
     page = "".join(parts)
     target = Path(out) if out is not None else root / REPORT_NAME
     write_text_atomic(target, page)

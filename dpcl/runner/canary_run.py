@@ -14,8 +14,8 @@ input-space canaries and the black-box score of their Sec. 6):
 * the included canaries are examples like any other: new unit ids, counted in
   the task's size, so the run's plans (noise calibrated to the sizes it
   trains on), charges, ledgers and certificates are those of the stream that
-  was actually trained, and every certificate stays true. The run is the
-  same pipeline as ``dpcl run`` (:mod:`dpcl.runner.run`'s stages);
+  was actually trained, and every certificate stays true. The run is
+  ``dpcl run`` itself (:func:`~dpcl.runner.run.run_training` with hooks);
 * after each release, every canary of that task (included or not) is scored by
   the released model: the margin of its label's score over the best other
   released label (:meth:`~dpcl.methods.base.ContinualMethod.scores`), which is
@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from dpcl.audit.one_run import audit_one_run
-from dpcl.errors import ConfigError
-from dpcl.runner.run import StageClock, audit_run, load_run, open_run, prepare_stream, run_task, write_summary
+from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.runner.run import RunHooks, run_training
 
 __all__ = ["CanarySet", "add_canaries", "run_with_canaries"]
 
@@ -114,77 +114,111 @@ def add_canaries(tasks: list[Any], canaries: int, rng: np.random.Generator | Non
 
 
 def canary_margins(method: Any, canaries: CanarySet) -> np.ndarray:
-    """Black-box score of each canary: its label's score minus the best other released label's score."""
+    """Black-box score of each canary: its label's score minus the best other released label's score.
+
+    A released model that scores a canary's own label or a released label with NaN or an infinity is refused
+    (:class:`~dpcl.errors.InvalidParameterError`): such a score cannot be ranked, and replacing it by a number
+    would make the audit's guesses up."""
     scores = np.asarray(method.scores(canaries.features), dtype=np.float64)
     seen = np.asarray(method.seen_labels, dtype=bool)
     columns = method.label_positions(canaries.labels)
-    own = scores[np.arange(scores.shape[0]), columns]
+    rows = np.arange(scores.shape[0])
+    own = scores[rows, columns]
+    finite = np.isfinite(own) & np.isfinite(np.where(seen[None, :], scores, 0.0)).all(axis=1)
+    if not finite.all():
+        first = int(np.argmin(finite))
+        raise InvalidParameterError(
+            f"the released model of task {canaries.task + 1} gives canary {first} a non-finite score (NaN or "
+            f"infinite) on {int((~finite).sum())} of {finite.size} canaries: training diverged, so no black-box "
+            "margin exists. Lower the learning rate in [method] (or train fewer steps), then audit again."
+        )
     others = np.where(seen[None, :], scores, -np.inf)
-    others[np.arange(scores.shape[0]), columns] = -np.inf
+    others[rows, columns] = -np.inf
     best_other = others.max(axis=1)
-    margin = own - np.where(np.isfinite(best_other), best_other, 0.0)
-    return np.nan_to_num(margin, nan=0.0, posinf=1e300, neginf=-1e300)
+    return own - np.where(np.isfinite(best_other), best_other, 0.0)
+
+
+class _CanaryHooks(RunHooks):
+    """The canary run as hooks of :func:`~dpcl.runner.run.run_training`: checks, canaries added to the stream,
+    every release scored black box and audited."""
+
+    def __init__(self, canaries: int, confidence: float, progress: Any, before: Any) -> None:
+        self.canaries, self.confidence, self.progress, self.before = canaries, confidence, progress, before
+        self.sets: list[CanarySet] = []
+        self.tasks: list[Any] = []
+        self.results: list[dict[str, Any]] = []
+        self.delta = 0.0
+
+    def loaded(self, loaded: Any) -> None:
+        if not loaded.private:
+            raise ConfigError(
+                "the config trains without privacy ([privacy] private = false): there is no certified epsilon to audit."
+            )
+        adjacency = loaded.config.settings.adjacency
+        if adjacency != "add_remove":
+            raise ConfigError(
+                f"--in-stream audits add/remove guarantees (a canary is added or not), but [privacy] adjacency = "
+                f"{adjacency!r}; a replace-one certificate says nothing about adding an example. Audit an add_remove "
+                "config."
+            )
+        if getattr(loaded.method_class, "needs_texts", False):
+            raise ConfigError(
+                f"method {loaded.method_name!r} trains on raw text; --in-stream makes feature-space canaries only."
+            )
+        self.delta = float(loaded.config.settings.delta)
+
+    def stream(self, loaded: Any, prepared: Any) -> Any:
+        if self.before is not None:
+            self.before(loaded, prepared)
+        self.tasks, self.sets = add_canaries(prepared.tasks, self.canaries)
+        return dataclasses.replace(prepared, tasks=self.tasks)
+
+    def after_task(self, run: Any, t: int) -> None:
+        margins = canary_margins(run.method, self.sets[t])
+        per_task_confidence = 1.0 - (1.0 - self.confidence) / len(self.sets)
+        bound = audit_one_run(margins, self.sets[t].included, self.delta, confidence=per_task_confidence)
+        certified = float(run.releases[-1].cumulative_epsilon)
+        self.results.append({
+            "task": t, "certified_epsilon": certified, "canaries": self.canaries,
+            "black_box": bound.to_dict(), "empirical_epsilon_lower": bound.epsilon_lower,
+            "flagged": bound.epsilon_lower > certified, "examples": int(len(self.tasks[t].labels)),
+        })
+        if self.progress is not None:
+            self.progress(t)
 
 
 def run_with_canaries(config_path: "str | Path", out_dir: "str | Path", *, canaries: int, confidence: float,
-                      seed: int = 0, device: str | None = None, quiet: bool = True, progress: Any = None) -> dict[str, Any]:
+                      seed: int = 0, device: str | None = None, quiet: bool = True, progress: Any = None,
+                      before: Any = None) -> dict[str, Any]:
     """Train and certify ``config_path`` into ``out_dir`` with canaries in every task; audit each release.
 
-    Returns the audit's payload (what ``audit.json`` holds). ``progress(t)`` is called after each task.
+    The run is :func:`~dpcl.runner.run.run_training` with hooks (:class:`~dpcl.runner.run_types.RunHooks`).
+    Returns the audit's payload (what ``audit.json`` holds). ``progress(t)`` is called after each task;
+    ``before(loaded, prepared)`` on the run's stream before its canaries are added (``dpcl audit-run --mode both``
+    audits the DP-SGD harness there, so the stream is built once).
     """
-    loaded = load_run(config_path, out_dir, seed=seed, device=device, quiet=quiet)
-    if not loaded.private:
-        raise ConfigError("the config trains without privacy ([privacy] private = false): there is no certified epsilon to audit.")
-    adjacency = loaded.config.settings.adjacency
-    if adjacency != "add_remove":
-        raise ConfigError(
-            f"--in-stream audits add/remove guarantees (a canary is added or not), but [privacy] adjacency = "
-            f"{adjacency!r}; a replace-one certificate says nothing about adding an example. Audit an add_remove config."
-        )
-    if getattr(loaded.method_class, "needs_texts", False):
-        raise ConfigError(f"method {loaded.method_name!r} trains on raw text; --in-stream makes feature-space canaries only.")
-    clock = StageClock()
-    prepared = prepare_stream(loaded)
-    tasks, sets = add_canaries(prepared.tasks, canaries)
-    prepared = dataclasses.replace(prepared, tasks=tasks)
-    report = audit_run(loaded, prepared)
-    run = open_run(loaded, prepared, report, clock)
-    delta = float(loaded.config.settings.delta)
-    per_task_confidence = 1.0 - (1.0 - confidence) / len(sets)
-    results = []
-    for t in range(run.n_tasks):
-        run_task(run, t)
-        margins = canary_margins(run.method, sets[t])
-        bound = audit_one_run(margins, sets[t].included, delta, confidence=per_task_confidence)
-        certified = float(run.releases[-1].cumulative_epsilon)
-        results.append({
-            "task": t, "certified_epsilon": certified, "canaries": canaries,
-            "black_box": bound.to_dict(), "empirical_epsilon_lower": bound.epsilon_lower,
-            "flagged": bound.epsilon_lower > certified, "examples": int(len(tasks[t].labels)),
-        })
-        if progress is not None:
-            progress(t)
-    run.certifier.compact_ledgers()
-    write_summary(run)
+    hooks = _CanaryHooks(canaries, confidence, progress, before)
+    result = run_training(config_path, out_dir, seed=seed, device=device, quiet=quiet, hooks=hooks)
+    results = hooks.results
     flagged = [r["task"] for r in results if r["flagged"]]
     return {
         "config": str(config_path),
-        "method": loaded.method_name,
+        "method": result.method,
         "mode": "in-stream",
-        "certified_epsilon": float(run.releases[-1].cumulative_epsilon),
+        "certified_epsilon": float(result.releases[-1].cumulative_epsilon),
         "empirical_epsilon_lower": max(r["empirical_epsilon_lower"] for r in results),
-        "delta": delta,
-        "adjacency": adjacency,
-        "unit": str(report.unit),
+        "delta": hooks.delta,
+        "adjacency": "add_remove",
+        "unit": str(result.audit["unit"]),
         "confidence": confidence,
         "canaries_per_task": canaries,
         "canary_kind": "input (uniform in the box of the task's features, a label from its public label set)",
         "verdict": "violated" if flagged else "consistent",
         "flagged_tasks": flagged,
-        "run_directory": str(run.out),
+        "run_directory": str(result.out_dir),
         "release": CANARY_RUN_RELEASE,
         "what_is_trained": (
-            f"the config's own method ({loaded.method_name}) through dpcl run's pipeline, with the included canaries "
+            f"the config's own method ({result.method}) through dpcl run's pipeline, with the included canaries "
             "as extra units of each task; scored black box from each task's released model"
         ),
         "tasks": results,

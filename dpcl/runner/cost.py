@@ -38,18 +38,25 @@ unavailable and why (:func:`training_cost` returns a :class:`CostUnavailable`).
 from __future__ import annotations
 
 import math
-import os
-import resource
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from dpcl.data.idx import find_idx_files
 from dpcl.errors import ConfigError
 from dpcl.guarantees.label_space import output_label_sets
-from dpcl.guarantees.public_encoder import _read_json, encoder_directory, packaged_encoder
+from dpcl.guarantees.public_encoder import encoder_directory
 from dpcl.guarantees.schedules import dpsgd_schedule
-from dpcl.methods.peft_ensemble.spec import peft_variant
+
+# what the device has free, and the sizes the estimate starts from; re-exported where they were always imported
+from dpcl.runner.memory_headroom import MemoryHeadroom, human_bytes, memory_headroom
+from dpcl.runner.model_size import (
+    META_LIMIT,
+    _hidden_width,
+    _lora_parameters,
+    _meta_adapter_parameters,
+    _meta_transformer,
+    _peft_variant,
+    stream_input_dim,
+)
 
 __all__ = [
     "CostUnavailable",
@@ -115,156 +122,6 @@ class CostUnavailable:
 
     def to_dict(self) -> dict[str, Any]:
         return {"available": False, "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class MemoryHeadroom:
-    """Bytes the device can still give this process, and which limit sets it (``limits``: every limit found)."""
-
-    device: str
-    bytes: int
-    binding: str
-    limits: Mapping[str, int] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "free_bytes": self.bytes, "binding": self.binding, "limits": dict(self.limits)}
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"  # pragma: no cover
-
-
-# -- the input dimension ----------------------------------------------------------------------------------------
-def stream_input_dim(config: Any) -> tuple[int | None, str]:
-    """The feature dimension the method will be built with, read without loading the features; ``(None, why)``
-    when it cannot be known before the data is loaded (``dpcl run`` then uses the loaded features)."""
-    stream = config.raw.get("stream", {})
-    encoder = stream.get("encoder")
-    dataset = stream.get("dataset")
-    options = dict(stream.get("dataset_options") or {})
-    method_class_trains_encoder = config.method.get("name") == "peft_ensemble" and _peft_variant(config) == "film"
-    if encoder is not None and not method_class_trains_encoder:
-        return _encoder_feature_dim(encoder)
-    if dataset == "digits":
-        return 64, ""
-    if dataset == "fortunes":
-        return 384, ""  # MiniLM sentence embeddings (dpcl.data.encoder)
-    if dataset == "fortunes_texts":
-        return 0, ""
-    if isinstance(dataset, str) and dataset.startswith("idx:"):
-        return _idx_dim(dataset[4:], str(options.get("prefix", "")))
-    if isinstance(dataset, str) and dataset.startswith("cifar:"):
-        return 3072, ""
-    if isinstance(dataset, str) and dataset.startswith("image_folder:") and options.get("size"):
-        height, width = (int(v) for v in options["size"])
-        return height * width * (3 if options.get("mode", "L") == "RGB" else 1), ""
-    return None, f"the feature dimension of [stream] dataset {dataset!r} is known only once its data is loaded"
-
-
-def _peft_variant(config: Any) -> str:
-
-    return peft_variant(config.method)
-
-
-def _encoder_feature_dim(encoder: Any) -> tuple[int | None, str]:
-
-    packaged = packaged_encoder(encoder)
-    if packaged is not None:
-        return packaged.feature_dim, ""
-    try:
-        cfg = _read_json(encoder_directory(encoder) / "config.json")
-    except Exception as exc:  # noqa: BLE001 - the audit reports why, the run reads the loaded features
-        return None, f"[stream] encoder {encoder!r}: {exc}"
-    for key in ("hidden_size", "hidden_sizes", "dim", "d_model"):
-        value = cfg.get(key)
-        if isinstance(value, list) and value:
-            value = value[-1]
-        if isinstance(value, int) and value > 0:
-            return value, ""
-    return None, f"[stream] encoder {encoder!r}: its config.json gives no hidden_size"
-
-
-def _idx_dim(folder: str, prefix: str) -> tuple[int | None, str]:
-    import gzip
-
-
-    try:
-        path = find_idx_files(folder, prefix=prefix)[("train", "images")]
-        with open(path, "rb") as raw:
-            head = raw.read(2)
-        opener = gzip.open if head == b"\x1f\x8b" else open
-        with opener(path, "rb") as f:
-            header = f.read(16)
-        rows, cols = int.from_bytes(header[8:12], "big"), int.from_bytes(header[12:16], "big")
-    except Exception as exc:  # noqa: BLE001 - reported, never fatal to the audit
-        return None, f"cannot read the image size of idx:{folder} ({exc})"
-    return rows * cols, ""
-
-
-# -- parameters counted on the meta device -------------------------------------------------------------------------
-#: Models with more parameters than this are counted analytically only (building them, even on ``meta``, is slow).
-META_LIMIT = 1 << 36
-
-
-def _meta_adapter_parameters(input_dim: int, n_outputs: int, adapter_dim: int) -> tuple[int, int]:
-    """(trainable, total) parameters of :class:`~dpcl.methods.dpsgd_training.AdapterClassifier`, built on ``meta``
-    (analytically, ``2 d a + a + d`` for the adapter and ``d L + L`` for the head, when that is beyond
-    :data:`META_LIMIT`)."""
-    analytic = (2 * input_dim * adapter_dim + adapter_dim + input_dim if adapter_dim > 0 else 0) + (
-        input_dim * n_outputs + n_outputs)
-    if analytic > META_LIMIT:
-        return analytic, analytic
-    import torch
-
-    # lazy import: loads torch (counting parameters needs the model); the audit works without it
-    from dpcl.methods.dpsgd_training import AdapterClassifier
-
-    with torch.device("meta"):
-        model = AdapterClassifier(input_dim, n_outputs, adapter_dim)
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return int(trainable), int(total)
-
-
-def _meta_transformer(path: Any, *, causal: bool = False, config_overrides: Mapping[str, Any] | None = None,
-                      gpt2: Mapping[str, Any] | None = None) -> Any:
-    """A transformers model on ``meta`` from a local directory's config (or a fresh GPT-2 config): shapes only."""
-    import torch
-
-    with torch.device("meta"):
-        if gpt2 is not None:
-            from transformers import GPT2Config, GPT2LMHeadModel
-
-            return GPT2LMHeadModel(GPT2Config(**gpt2))
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-
-        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True, **dict(config_overrides or {}))
-        return (AutoModelForCausalLM if causal else AutoModel).from_config(cfg)
-
-
-def _lora_parameters(model: Any, rank: int, targets: Sequence[str] | None) -> int:
-    """Parameters of rank-``rank`` LoRA factors on the Linear (or GPT-2 Conv1D) modules named by ``targets``."""
-    total = 0
-    for name, module in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        weight = getattr(module, "weight", None)
-        if weight is None or weight.dim() != 2 or (targets is not None and leaf not in targets):
-            continue
-        if targets is None and leaf not in ("q_proj", "v_proj", "query", "value", "c_attn"):
-            continue
-        total += rank * (weight.shape[0] + weight.shape[1])
-    return total
-
-
-def _hidden_width(model: Any) -> tuple[int, int]:
-    cfg = model.config
-    width = int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
-    layers = int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer"))
-    return width, layers
 
 
 # -- the estimate ---------------------------------------------------------------------------------------------------
@@ -544,93 +401,6 @@ def training_cost(config: Any, sizes: Sequence[int], *, input_dim: int | None = 
         return CostUnavailable(str(exc))
     except (ImportError, OSError, ValueError) as exc:
         return CostUnavailable(f"the {config.method['name']} model could not be built on the meta device: {exc}")
-
-
-# -- what the device has free --------------------------------------------------------------------------------------
-def _proc_status() -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                parts = value.split()
-                if len(parts) == 2 and parts[1] == "kB":
-                    out[key] = int(parts[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
-def _cgroup_headroom() -> int | None:
-    """``memory.max - memory.current`` of this process's cgroup (v2), or v1's limit minus usage; None if unlimited."""
-    try:
-        with open("/proc/self/cgroup", encoding="ascii") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # cgroup v2
-            base = Path("/sys/fs/cgroup") / path.lstrip("/")
-            for folder in (base, Path("/sys/fs/cgroup")):
-                try:
-                    limit = (folder / "memory.max").read_text().strip()
-                    current = int((folder / "memory.current").read_text())
-                except (OSError, ValueError):
-                    continue
-                return None if limit == "max" else max(int(limit) - current, 0)
-        elif "memory" in controllers.split(","):
-            folder = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            try:
-                limit = int((folder / "memory.limit_in_bytes").read_text())
-                usage = int((folder / "memory.usage_in_bytes").read_text())
-            except (OSError, ValueError):
-                return None
-            return None if limit >= 1 << 60 else max(limit - usage, 0)
-    return None
-
-
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def memory_headroom(device: str = "cpu") -> MemoryHeadroom:
-    """What ``device`` can still give this process: for the CPU the least of the available RAM, the address-space
-    and data-segment limits (RLIMIT_AS, RLIMIT_DATA, minus what the process already maps) and the cgroup's limit;
-    for CUDA the free memory ``torch.cuda.mem_get_info`` reports."""
-    if device.startswith("cuda"):
-        import torch
-
-        index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
-        free, _total = torch.cuda.mem_get_info(index)
-        return MemoryHeadroom(device, int(free), "torch.cuda.mem_get_info", {"cuda_free": int(free)})
-    limits: dict[str, int] = {}
-    available = _mem_available()
-    if available is not None:
-        limits["MemAvailable"] = available
-    status = _proc_status()
-    for name, rlimit, used in (("RLIMIT_AS", resource.RLIMIT_AS, status.get("VmSize", 0)),
-                               ("RLIMIT_DATA", resource.RLIMIT_DATA, status.get("VmData", 0))):
-        soft, _hard = resource.getrlimit(rlimit)
-        if soft != resource.RLIM_INFINITY:
-            limits[name] = max(int(soft) - used, 0)
-    cgroup = _cgroup_headroom()
-    if cgroup is not None:
-        limits["cgroup memory.max"] = cgroup
-    if not limits:
-        return MemoryHeadroom(device, 1 << 62, "none found", {})
-    binding = min(limits, key=lambda k: limits[k])
-    return MemoryHeadroom(device, limits[binding], binding, limits)
 
 
 class MemoryLimitError(ConfigError):

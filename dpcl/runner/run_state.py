@@ -9,7 +9,7 @@ method, noise source).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -35,17 +35,7 @@ class ReleaseSummary:
     curator_sha256: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "task_index": self.task_index,
-            "accuracies": list(self.accuracies),
-            "cumulative_epsilon": self.cumulative_epsilon,
-            "checkpoint": self.checkpoint,
-            "certificate": self.certificate,
-            "examples": self.examples,
-            "filtered_out": self.filtered_out,
-            "curator_state": self.curator_state,
-            "curator_sha256": self.curator_sha256,
-        }
+        return {**asdict(self), "accuracies": list(self.accuracies)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ReleaseSummary":

@@ -129,3 +129,46 @@ def test_stream_mode_audits_a_method_without_dpsgd(tmp_path):
     payload = json.loads((out / "audit" / "audit.json").read_text())
     assert payload["method"] == "cosine" and payload["harness"].startswith("not run")
     assert 0 <= payload["empirical_epsilon_lower"] <= payload["certified_epsilon"]
+
+
+class _ScoringMethod:
+    """A released model as canary_margins sees it: scores over label positions, the labels released so far."""
+
+    def __init__(self, scores, seen):
+        self._scores, self.seen_labels = np.asarray(scores, dtype=np.float64), np.asarray(seen, dtype=bool)
+
+    def scores(self, features):
+        return self._scores
+
+    def label_positions(self, labels):
+        return np.asarray(labels, dtype=np.int64)
+
+
+def _canaries(labels):
+    from dpcl.runner.canary_run import CanarySet
+
+    n = len(labels)
+    return CanarySet(task=0, features=np.zeros((n, 2), np.float32), labels=np.asarray(labels),
+                     included=np.zeros(n, bool), unit_ids=np.arange(n))
+
+
+def test_canary_margins_are_the_own_label_score_over_the_best_other_released_label():
+    from dpcl.runner.canary_run import canary_margins
+
+    method = _ScoringMethod([[2.0, 0.5, 9.0], [1.0, 3.0, 9.0]], seen=[True, True, False])  # label 2 not released
+    np.testing.assert_array_equal(canary_margins(method, _canaries([0, 0])), [1.5, -2.0])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("column", [0, 1])
+def test_a_non_finite_score_of_a_released_label_is_refused_not_replaced(bad, column):
+    from dpcl.errors import InvalidParameterError
+    from dpcl.runner.canary_run import canary_margins
+
+    scores = [[2.0, 0.5, 9.0], [1.0, 3.0, 9.0]]
+    scores[1][column] = bad
+    with pytest.raises(InvalidParameterError, match="non-finite score"):
+        canary_margins(_ScoringMethod(scores, seen=[True, True, False]), _canaries([0, 0]))
+    # a label not released yet may score anything: it is never compared
+    scores[1][column], scores[1][2] = 1.0, bad
+    assert np.isfinite(canary_margins(_ScoringMethod(scores, seen=[True, True, False]), _canaries([0, 0]))).all()

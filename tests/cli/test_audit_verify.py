@@ -14,7 +14,7 @@ import pytest
 import dpcl
 from dpcl.accounting.events import GaussianEvent
 from dpcl.cli import main
-from dpcl.guarantees import ledger as ledger_module
+from dpcl.guarantees import stream_composition as composition_module
 from dpcl._io.atomic_io import sha256_file
 from dpcl.guarantees.certificates import certificate_from_ledger, write_certificate
 from dpcl.guarantees.ledger import TaskLedger
@@ -41,7 +41,7 @@ CONFIGS = Path(dpcl.__file__).parent / "configs"
 
 @pytest.fixture(autouse=True)
 def reference_accountant(monkeypatch):
-    monkeypatch.setattr(ledger_module, "_compute", reference_compute)
+    monkeypatch.setattr(composition_module, "_compute", reference_compute)
 
 
 def _run(capsys, *argv):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dpcl.accounting.events import GaussianEvent
-from dpcl.guarantees import ledger as ledger_module
+from dpcl.guarantees import stream_composition as composition_module
 from dpcl.guarantees.ledger import TaskLedger
 
 from .certified_runs import certify
@@ -16,7 +16,7 @@ from .reference import reference_compute
 @pytest.fixture()
 def reference_accountant(monkeypatch):
     """Account with the independent closed form of tests/guarantees/reference.py (never with dpcl's own output)."""
-    monkeypatch.setattr(ledger_module, "_compute", reference_compute)
+    monkeypatch.setattr(composition_module, "_compute", reference_compute)
 
 
 @pytest.fixture()

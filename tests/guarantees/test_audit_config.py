@@ -9,7 +9,7 @@ import pytest
 
 from dpcl.accounting.gaussian import gaussian_sigma
 from dpcl.errors import ConfigError
-from dpcl.guarantees import ledger as ledger_module
+from dpcl.guarantees import stream_composition as composition_module
 from dpcl.audit_config import audit_config, resolve_across_tasks
 from dpcl.guarantees.config import parse_config
 from dpcl.guarantees.label_space import FilterReport
@@ -34,7 +34,7 @@ SIZES = [100, 120, 90]
 
 @pytest.fixture(autouse=True)
 def reference_accountant(monkeypatch):
-    monkeypatch.setattr(ledger_module, "_compute", reference_compute)
+    monkeypatch.setattr(composition_module, "_compute", reference_compute)
 
 
 def _cfg(**changes):

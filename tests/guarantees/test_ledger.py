@@ -24,7 +24,7 @@ from dpcl.errors import (
     LedgerCorruptError,
     PrivacyViolationError,
 )
-from dpcl.guarantees import ledger as ledger_module
+from dpcl.guarantees import stream_composition as composition_module
 from dpcl.guarantees.ledger import Charge, TaskLedger, compose_stream
 
 from .reference import gaussian_profile_epsilon, reference_compute
@@ -36,7 +36,7 @@ sigmas_st = st.lists(st.floats(min_value=0.3, max_value=20.0), min_size=1, max_s
 @pytest.fixture(autouse=True)
 def reference_accountant(monkeypatch):
     """Account with the independent closed form of tests/guarantees/reference.py."""
-    monkeypatch.setattr(ledger_module, "_compute", reference_compute)
+    monkeypatch.setattr(composition_module, "_compute", reference_compute)
 
 
 def _gauss(sigma: float) -> GaussianEvent:
@@ -215,8 +215,8 @@ _WORKER = textwrap.dedent(
     sys.path.insert(0, {tests_dir!r})
     from reference import reference_compute
     from dpcl.accounting.events import EpsilonDeltaEvent, GaussianEvent
-    from dpcl.guarantees import ledger as ledger_module
-    ledger_module._compute = reference_compute
+    from dpcl.guarantees import ledger as ledger_module, stream_composition
+    stream_composition._compute = reference_compute
     ledger = ledger_module.TaskLedger.open({path!r}, delta={delta!r}, across_tasks="sequential")
     done = set(ledger.released_tasks())
     for t in range(4):

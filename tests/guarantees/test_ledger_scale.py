@@ -16,6 +16,8 @@ import pytest
 from dpcl.accounting.events import GaussianEvent, LaplaceEvent, PoissonSampledGaussianEvent, RepeatedEvent
 from dpcl.errors import ConfigError, LedgerCorruptError, MalformedCertificateError
 from dpcl.guarantees import ledger as ledger_module
+from dpcl.guarantees import ledger_store
+from dpcl.guarantees import stream_composition as composition_module
 from dpcl.guarantees.certificates import (
     CERTIFICATE_VERSION,
     REPEATED_CHARGES_VERSION,
@@ -205,13 +207,13 @@ def test_incremental_parallel_guarantee_equals_compose_stream():
 
 def test_a_long_parallel_stream_runs_the_accountant_once_per_distinct_group(monkeypatch):
     calls = []
-    real = ledger_module._compute
+    real = composition_module._compute
 
     def counting(events, delta, accountant):
         calls.append(events)
         return real(events, delta, accountant)
 
-    monkeypatch.setattr(ledger_module, "_compute", counting)
+    monkeypatch.setattr(composition_module, "_compute", counting)
     ledger = TaskLedger(delta=DELTA, across_tasks="parallel", accountant="exact")
     for t in range(2000):
         ledger.charge(t, GaussianEvent(sigma=4.0))
@@ -534,7 +536,7 @@ def test_a_resealed_journal_line_is_still_checked(tmp_path):
 def test_a_journal_is_folded_in_when_it_outgrows_the_ledger_and_a_crash_in_between_loses_nothing(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(ledger_module, "JOURNAL_MIN_BYTES", 2000)
+    monkeypatch.setattr(ledger_store, "JOURNAL_MIN_BYTES", 2000)
     path = tmp_path / "ledger.json"
     ledger = _journaled_ledger(path, tasks=8)
     assert len(json.loads(path.read_text())["releases"]) > 0  # folded in at least once

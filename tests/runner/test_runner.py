@@ -92,7 +92,7 @@ def test_crash_after_the_ledger_commits_a_release_finishes_it_without_retraining
 ):
     """The ledger's release record is the commit point: a crash after it (here while writing the certificate)
     is resumed by finishing that release from its committed checkpoint, never by retraining the task."""
-    import dpcl.certifier as certificates  # the run writes its certificates through the Certifier
+    import dpcl.certification.releases as certificates  # the run writes its certificates through the Certifier
 
     config = write_config(tmp_path, "cosine", epsilon=1.0, tasks="[[0, 1], [2, 3], [4, 5]]")
     real_write = certificates.write_certificate

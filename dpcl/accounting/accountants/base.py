@@ -11,7 +11,7 @@ hands to the accountant it looks up in the registry (:mod:`~dpcl.accounting.acco
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -57,15 +57,7 @@ class AccountingResult:
         object.__setattr__(self, "notes", tuple(self.notes))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "accountant": self.accountant,
-            "adjacency": self.adjacency,
-            "unit": self.unit,
-            "candidates": dict(self.candidates),
-            "notes": list(self.notes),
-        }
+        return {**asdict(self), "notes": list(self.notes)}
 
 
 @dataclass
