@@ -264,3 +264,28 @@ def test_like_for_like_script_gives_the_same_run_in_a_worker_process(tmp_path):
     assert one[0]["accuracy_matrix"] == two[row]["accuracy_matrix"]
     assert one[0]["canaries"] == two[row]["canaries"]
     assert json.loads((tmp_path / "two" / "timing.json").read_text())["runs"] == 2
+
+
+def test_pair_probe_script_scores_every_task_pair_on_random_splits_and_on_the_tables_split(tmp_path, monkeypatch):
+    """scripts/pecl_pair_probe.py with a bag-of-words featuriser in place of MiniLM (the plumbing, not the encoder):
+    one entry per task pair, probes above chance, the table's split scored on its own test fortunes."""
+    import importlib.util
+
+    from sklearn.feature_extraction.text import HashingVectorizer
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "pecl_pair_probe.py"
+    spec = importlib.util.spec_from_file_location("pecl_pair_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    words = HashingVectorizer(n_features=2**14, alternate_sign=False)
+    monkeypatch.setattr(module, "encoder", lambda max_seq_len: lambda texts: words.transform(list(texts)))
+    assert module.main(["--out", str(tmp_path), "--splits", "3", "--train-per-class", "40",
+                        "--test-per-class", "40", "--stream-per-class", "60"]) == 0
+    report = json.loads((tmp_path / "pair_probe.json").read_text())
+    assert [r["pair"] for r in report["random_splits"]] == [
+        ["computers", "food"], ["law", "love"], ["politics", "science"], ["sports", "startrek"], ["work", "education"]]
+    means = [r["by_training_size"]["40"]["mean"] for r in report["random_splits"]]
+    assert all(0.0 <= m <= 1.0 for m in means) and np.mean(means) > 0.6  # chance 0.5
+    stream = report["stream_split"]["60"]
+    assert [(s["train"], s["test"]) for s in stream] == [(96, 24)] * 5
+    assert np.mean([s["accuracy"] for s in stream]) > 0.6
