@@ -7,7 +7,7 @@ pieces, as the table's learner reads them, L2-normalised) and fits a logistic-re
 * ``random_splits``: over ``--splits`` random splits of each pair's fortunes, ``--train-per-class`` training and
   ``--test-per-class`` test fortunes per category (mean and sd of the test accuracy), for each training size: the
   ceiling a linear read-out of the frozen features gives the pair, and whether more training fortunes raise it;
-* ``stream_split``: on the table's own fixed split (:func:`dpcl.methods.pecl.experiment.fortunes_text_stream`) for
+* ``stream_split``: on the table's own fixed split (:func:`dpcl.methods.pecl.texts.fortunes_text_stream`) for
   each ``--stream-per-class``: what the probe gets on exactly the test fortunes the table scores.
 
 It reads only the fortunes and the public encoder and trains nothing the table uses; writes ``pair_probe.json``.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dpcl._io.atomic_io import write_json_atomic  # noqa: E402
 from dpcl.data.fortunes import load_fortunes_texts  # noqa: E402
-from dpcl.methods.pecl.experiment import STREAM_CATEGORIES, fortunes_text_stream  # noqa: E402
+from dpcl.methods.pecl.texts import STREAM_CATEGORIES, fortunes_text_stream  # noqa: E402
 
 
 def encoder(max_seq_len: int):

@@ -214,7 +214,7 @@ def test_minilm_table_stream_is_balanced_and_tests_each_task_on_enough_fortunes(
     each task's test set is large enough that one fortune moves its accuracy by at most 0.02 (a bar of 0.8 is
     then not decided by one or two fortunes); the small model's table keeps its stream."""
     from dpcl.data.fortunes import load_fortunes_texts
-    from dpcl.methods.pecl.experiment import STREAM_CATEGORIES
+    from dpcl.methods.pecl.texts import STREAM_CATEGORIES
 
     script = _like_for_like_script()
     per_class = script.MINILM_MAX_PER_CLASS
