@@ -42,4 +42,7 @@ if [ "$with_tests" = 1 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 fi
+# A dpcl.egg-info left here by an older install would hide the new metadata (and its method entry points)
+# from every command run in this folder: it is a build product, so it goes before the install.
+rm -rf dpcl.egg-info
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"

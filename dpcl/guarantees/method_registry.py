@@ -140,6 +140,20 @@ def _discover(group: str, builtin_distribution: str) -> list[MethodEntry]:
     return entries
 
 
+def _metadata_location(distribution: str) -> str:
+    """`` (metadata read from PATH)`` for the metadata importlib finds first for ``distribution``, or ``""``.
+
+    That first folder on ``sys.path`` wins: a ``dpcl.egg-info`` left in the working directory by an old
+    install hides a newer installed one, which is why the error names the folder it read.
+    """
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return " (no metadata found)"
+    path = getattr(dist, "_path", None)  # PathDistribution's folder; other finders may not say
+    return f" (metadata read from {path})" if path is not None else ""
+
+
 class MethodRegistry:
     """The methods registered in one entry-point group, discovered once (see :meth:`refresh`): the entry points of
     ``builtin_distribution`` (dpcl itself) are the built-ins, every other distribution's are plugins."""
@@ -165,9 +179,10 @@ class MethodRegistry:
             if not builtins:
                 raise IncompleteInstallError(
                     f"no built-in method is registered: the installed metadata of the {self.builtin_distribution!r} "
-                    f"distribution has no {self.group!r} entry points (dpcl is used from a source tree that was never "
-                    "installed, or from an install older than its pyproject.toml). Run `pip install -e .` in the "
-                    "dpcl source tree (or reinstall dpcl)."
+                    f"distribution{_metadata_location(self.builtin_distribution)} has no {self.group!r} entry points "
+                    "(dpcl is used from a source tree that was never installed, or from an install older than its "
+                    "pyproject.toml). Run `pip install -e .` in the dpcl source tree (or reinstall dpcl); if the "
+                    "metadata named here is a stale dpcl.egg-info folder in the directory you run from, delete it."
                 )
             entries = dict(builtins)
             for plugin in (e for e in found if e.is_plugin):
