@@ -61,23 +61,27 @@ NOTES = [
     "* Where the time goes. The sigmas must stay bit-identical to the unblocked calibration, which fixes the "
     "float operations: per budget, two safeguarded Halley steps and one verification, i.e. 6 `log_ndtr` "
     "evaluations and ~350 elementwise numpy passes (the profile's error bounds, the Mills-ratio start, the "
-    "bracket logic); `calibration_passes.py` and `CALIBRATION_THROUGHPUT.md` split the time. This run: ~340 ns "
-    "of CPU per budget against ~22 ns for one `log_ndtr` pass over the budgets, × 14.6 to × 16.1 in CPU time "
-    "at every n, on one thread or two. × 10 would need ≤ ~220 ns per budget: fewer array passes in the kernel "
+    "bracket logic); `calibration_passes.py` and `CALIBRATION_THROUGHPUT.md` split the time: ~300-350 ns "
+    "of CPU per budget against ~22 ns for one `log_ndtr` pass over the budgets, × 13 to × 16 in CPU time "
+    "at every n, on one thread or two. × 10 in CPU time would need ≤ ~220 ns per budget: fewer array passes in the kernel "
     "or fewer `log_ndtr` evaluations (a different iteration: different last bits), not a different driver.",
     "* The C heap. Until commit e4b22ed a block's ~100 freed temporaries went back to the kernel (glibc's "
     "starting malloc thresholds) and came back as fresh pages: ~70,000 minor page faults per 2^20 budgets, a "
-    "third of the CPU time (× 23 to × 29 one `log_ndtr` pass in this report's previous run at load 11 to 15). "
+    "third of the CPU time (× 23 to × 29 one `log_ndtr` pass in an earlier run at load 11 to 15). "
     "The first call of several blocks in a process now raises glibc's thresholds the way glibc itself does "
     "when a program frees a 32 MiB chunk (`_raise_malloc_thresholds`); the faults column shows what is left "
     "(thread stacks, the output's first touch). The thread pool is kept between calls (b0ba6b8): new threads "
     "per call cost a 10^5-budget call ~70 % more CPU.",
-    "* Threads. Two threads halve the wall time only where two cores are free. This run's machine had 9 to 12 "
-    "runnable processes on its 2 cores and schedules by session (autogroup: a process's threads share its "
-    "session's part of the CPUs), so the threaded and the one-thread wall times are alike (and ~3× the "
-    "CPU times); the wall-time goals (10^7 in 5 s, 10^8 in 60 s) are met in CPU time but not in wall time at "
-    "that load. On 2 idle cores the wall time would be about half the CPU time; that could not be measured "
-    "here. Every size gave the same bits on one thread and on two (digest of all n sigmas).",
+    "* Threads. Two threads shorten the wall time only where two cores are free. The run of 2026-11-28 06:03 "
+    "UTC had 9 to 12 runnable processes on the 2 cores, and the kernel schedules by session (autogroup: a "
+    "process's threads share its session's part of the CPUs), so there the threaded and the one-thread wall "
+    "times were alike (10^7 in 9.5 s, 10^8 in 100 s, ~3× the CPU times). This report's run had the 2 cores to "
+    "itself (its load is its own two threads): 10^7 in 1.7 s and 10^8 in 19.9 s of wall time, × 7.9 to × 8.7 "
+    "one `log_ndtr` pass from 10^6 budgets on. At 10^5 budgets the call's fixed costs (16 blocks of 6,250, "
+    "each ~350 numpy calls, and handing them to the threads) weigh more than the arithmetic, and a call takes "
+    "× 15 to × 16 one pass on either thread count; blocks fewer than 16 would lower that and raise the "
+    "working memory per budget above its goal (64 bytes). Every size gave the same bits on one thread and on "
+    "two (digest of all n sigmas).",
     "* Block layout: blocks of at most 2^15 budgets (at least 16 blocks per call, at least 2^11 budgets "
     "each), two threads. Working memory per call is ~24 MiB from 10^6 budgets on, whatever n; the input "
     "checks look at 2^20 elements at a time. `gaussian_sigma(eps, delta, out=memmap)` writes into a "
@@ -298,11 +302,12 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         "# Per-token analytic calibration at corpus scale",
         "",
-        f"Measured {result['date']} on {result['machine']} ({result['cpus']} CPUs, shared with other work), "
+        f"Measured {result['date']} on {result['machine']} ({result['cpus']} CPUs), "
         f"numpy {result['numpy']}, scipy {result['scipy']}; `benchmarks/bench_calibration_stream.py --write`. "
         f"Budgets ε ~ U[0.5, 8] (seed {SEED}), δ = 1e-5, sensitivity 1. Load average (1 min) during the run: "
-        f"{result['load_range'][0]:.2f} to {result['load_range'][1]:.2f} on 2 cores, so wall times are inflated; "
-        "ratios against `log_ndtr` measured in the same process under the same load remain meaningful.",
+        f"{result['load_range'][0]:.2f} to {result['load_range'][1]:.2f} on 2 cores (a load above the benchmark's "
+        "own two threads inflates wall times; ratios against `log_ndtr` measured in the same process under the "
+        "same load remain meaningful).",
         "",
         "## Blocks: time, memory, soundness",
         "",
