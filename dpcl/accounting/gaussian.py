@@ -36,6 +36,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from dpcl.accounting.validation import broadcast_together, check_delta, check_nonnegative, check_positive
+from dpcl._threads import usable_cores
 from dpcl.errors import InvalidParameterError
 
 __all__ = [
@@ -178,9 +179,10 @@ _BLOCK = 1 << 15
 #: Fewest budgets per block (a block costs ~0.3 ms of interpreter overhead).
 _MIN_BLOCK = 1 << 11
 #: Threads that calibrate blocks concurrently (numpy and scipy ufuncs release the
-#: GIL). Results do not depend on it: every element is computed by the same
+#: GIL): two at most, and no more than the cores this process may use (its affinity
+#: mask, as for torch's threads: :func:`dpcl._threads.usable_cores`). Results do not depend on it: every element is computed by the same
 #: elementwise operations whichever block and thread computes it.
-_WORKERS = min(2, os.cpu_count() or 1)
+_WORKERS = min(2, usable_cores())
 
 
 #: The block threads, kept for the process's later calls: ``(pid, {workers: executor})``.
