@@ -18,6 +18,7 @@ from dpcl.methods.base import (
     MethodSetup,
     ProgressCallback,
     TrainingData,
+    TrainingTask,
     method_class,
 )
 
@@ -27,5 +28,6 @@ __all__ = [
     "MethodSetup",
     "ProgressCallback",
     "TrainingData",
+    "TrainingTask",
     "method_class",
 ]

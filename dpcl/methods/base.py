@@ -90,6 +90,22 @@ class TrainingData:
 
 
 @dataclass(frozen=True)
+class TrainingTask:
+    """One task as a method learns it (:meth:`ContinualMethod.learn_task`), its labels already checked.
+
+    ``index`` is the task's position in the stream, ``data`` its label-filtered
+    private training data, ``output_labels`` its public label set ``O_t`` and
+    ``plan`` the :class:`TaskPlan` whose events the runner charged before
+    training (its ``noise`` is what the method may use).
+    """
+
+    index: int
+    data: TrainingData
+    output_labels: tuple[int, ...]
+    plan: TaskPlan
+
+
+@dataclass(frozen=True)
 class MethodSetup:
     """What a method is built from: everything here is public or configuration.
 
@@ -127,12 +143,23 @@ class ContinualMethod(ABC):
     """A continual-learning method trained task by task under a privacy plan.
 
     Subclasses set :attr:`name` (the ``[method] name``) and implement
-    :meth:`fit_task`, :meth:`scores`, :meth:`state_dict` and
-    :meth:`load_state_dict`. Prediction (:meth:`predict`) is restricted to the
-    labels released so far, ``\\cup_{k<=t} O_k`` (Tobaben et al., eq. 9 / 10).
+    :meth:`learn_task`, :meth:`scores`, :meth:`state_dict` and
+    :meth:`load_state_dict`; the runner calls :meth:`fit_task`, which checks a
+    task's labels around :meth:`learn_task`. Prediction (:meth:`predict`) is
+    restricted to the labels released so far, ``\\cup_{k<=t} O_k`` (Tobaben et
+    al., eq. 9 / 10).
     """
 
     name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "fit_task" in vars(cls):
+            raise MethodPluginError(
+                f"{cls.__module__}.{cls.__qualname__} overrides fit_task, which ContinualMethod implements (it checks "
+                "the task's labels and records the release); implement learn_task(self, task, progress=None) instead, "
+                "reading task.index, task.data, task.output_labels and task.plan (docs/plugins.md)."
+            )
 
     def __init__(self, setup: MethodSetup) -> None:
         self.setup = setup
@@ -182,19 +209,43 @@ class ContinualMethod(ABC):
         self.seen_labels[self.label_positions(output_labels)] = True
 
     # -- the contract ----------------------------------------------------
-    @abstractmethod
     def fit_task(
         self,
         task_index: int,
         data: TrainingData,
-        output_labels: tuple[int, ...],
+        output_labels: Sequence[int],
         plan: TaskPlan,
         progress: ProgressCallback | None = None,
     ) -> None:
-        """Learn task ``task_index`` from ``data`` with the noise in ``plan.noise``.
+        """Learn task ``task_index`` from ``data`` with the noise in ``plan.noise``; what the runner calls.
 
-        ``output_labels`` is the task's public label set ``O_t``; every label in
-        ``data.labels`` is in it. Implementations call :meth:`mark_released`.
+        ``output_labels`` is the task's public label set ``O_t``. Before the
+        method's :meth:`learn_task` runs, this checks the contract every method
+        relies on: ``O_t`` is non-empty, distinct and in the public label space,
+        and every label in ``data.labels`` is in ``O_t`` (the label-space filter,
+        Tobaben et al., Prop. 4.7). After it, the labels of ``O_t`` count as
+        released (:meth:`mark_released`) and :attr:`tasks_fitted` goes up by one.
+        """
+        task = TrainingTask(int(task_index), data, tuple(int(o) for o in output_labels), plan)
+        self.label_positions(task.output_labels)  # every O_t label is public
+        if not task.output_labels or len(set(task.output_labels)) != len(task.output_labels):
+            raise InvalidParameterError(f"output_labels must be distinct public labels, got {output_labels!r}.")
+        if not np.all(np.isin(np.asarray(data.labels, dtype=np.int64), np.asarray(task.output_labels))):
+            raise InvalidParameterError(
+                f"task {task.index} has examples whose label is outside its public labels {list(task.output_labels)}; "
+                "apply the label-space filter first (Tobaben et al., Prop. 4.7)."
+            )
+        self.learn_task(task, progress)
+        self.mark_released(task.output_labels)
+        self.tasks_fitted += 1
+
+    @abstractmethod
+    def learn_task(self, task: TrainingTask, progress: ProgressCallback | None = None) -> None:
+        """Train on ``task.data`` under ``task.plan`` (the method's own part of :meth:`fit_task`).
+
+        The labels are checked when this runs; the release bookkeeping happens
+        after it returns. Report units of work through ``progress``
+        (:meth:`planned_work` of them in all).
         """
 
     @abstractmethod

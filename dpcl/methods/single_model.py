@@ -16,7 +16,7 @@ import torch
 
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
-from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
+from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData, TrainingTask
 from dpcl.methods.dpsgd_training import (
     AdapterClassifier,
     ReferenceGradient,
@@ -59,40 +59,25 @@ class SingleModelDPSGD(ContinualMethod):
             int(self.setup.input_dim), len(self.label_space), self.adapter_dim, self.generator, self.device
         )
 
-    def fit_task(
-        self,
-        task_index: int,
-        data: TrainingData,
-        output_labels: tuple[int, ...],
-        plan: TaskPlan,
-        progress: ProgressCallback | None = None,
-    ) -> None:
-        labels = np.asarray(data.labels, dtype=np.int64)
-        if not np.all(np.isin(labels, np.asarray(output_labels, dtype=np.int64))):
-            raise InvalidParameterError(
-                f"task {task_index} has examples whose label is outside its public labels {list(output_labels)}; "
-                "apply the label-space filter first (Tobaben et al., Prop. 4.7)."
-            )
-        self.label_positions(output_labels)
-        schedule = schedule_from_plan(plan, self.setup.method, len(data))
+    def learn_task(self, task: TrainingTask, progress: ProgressCallback | None = None) -> None:
+        data = task.data
+        schedule = schedule_from_plan(task.plan, self.setup.method, len(data))
         if self.restart_each_release:
             self.model = self._fresh_model()
         features = torch.tensor(np.asarray(data.features), dtype=torch.float32, device=self.device)
-        targets = torch.as_tensor(self.label_positions(labels), dtype=torch.long, device=self.device)
+        targets = torch.as_tensor(self.label_positions(data.labels), dtype=torch.long, device=self.device)
         train_classifier(
             self.model,
             features,
             targets,
             schedule,
             learning_rate=self.learning_rate,
-            generator=self.noise_generator(task_index),  # Poisson masks + DP-SGD noise
+            generator=self.noise_generator(task.index),  # Poisson masks + DP-SGD noise
             progress=progress,
-            reference=self._reference(task_index, data, plan, schedule.sample_rate),
+            reference=self._reference(task.index, data, task.plan, schedule.sample_rate),
             optimizer_name=self.optimizer_name,
         )
         self._after_task(data, features, targets)
-        self.mark_released(output_labels)
-        self.tasks_fitted += 1
 
     def _reference(self, task_index: int, data: TrainingData, plan: TaskPlan, task_rate: float
                    ) -> ReferenceGradient | None:

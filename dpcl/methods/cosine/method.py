@@ -32,7 +32,7 @@ import torch
 
 from dpcl.errors import ConfigError, InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
-from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
+from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingTask
 
 
 def normalise_rows(features: torch.Tensor) -> torch.Tensor:
@@ -81,30 +81,17 @@ class CosineClassifier(ContinualMethod):
     def planned_work(self, plan: TaskPlan) -> int:
         return 1
 
-    def fit_task(
-        self,
-        task_index: int,
-        data: TrainingData,
-        output_labels: tuple[int, ...],
-        plan: TaskPlan,
-        progress: ProgressCallback | None = None,
-    ) -> None:
-        sigma = plan_sigma(plan)
+    def learn_task(self, task: TrainingTask, progress: ProgressCallback | None = None) -> None:
+        sigma = plan_sigma(task.plan)
+        data = task.data
         if data.features.shape[1] != self.class_sums.shape[1]:
             raise InvalidParameterError(
-                f"task {task_index} features have dimension {data.features.shape[1]}, "
+                f"task {task.index} features have dimension {data.features.shape[1]}, "
                 f"the classifier was built for {self.class_sums.shape[1]}."
             )
-        rows = torch.as_tensor(self.label_positions(output_labels), device=self.device)
-        if rows.numel() != len(set(int(o) for o in output_labels)) or rows.numel() == 0:
-            raise InvalidParameterError(f"output_labels must be distinct public labels, got {output_labels!r}.")
+        rows = torch.as_tensor(self.label_positions(task.output_labels), device=self.device)
         labels = np.asarray(data.labels, dtype=np.int64)
-        task_labels = np.asarray(output_labels, dtype=np.int64)
-        if not np.all(np.isin(labels, task_labels)):
-            raise InvalidParameterError(
-                f"task {task_index} has examples whose label is outside its public labels {list(output_labels)}; "
-                "apply the label-space filter first (Tobaben et al., Prop. 4.7)."
-            )
+        task_labels = np.asarray(task.output_labels, dtype=np.int64)
         # row of each example inside this task's |O_t| x K release
         order = np.argsort(task_labels)
         example_rows = torch.as_tensor(order[np.searchsorted(task_labels[order], labels)], device=self.device)
@@ -112,11 +99,9 @@ class CosineClassifier(ContinualMethod):
         release = torch.zeros(rows.numel(), self.class_sums.shape[1], dtype=torch.float64, device=self.device)
         release.index_add_(0, example_rows, features)
         if sigma is not None:
-            noise = self.noise_generator(task_index)
+            noise = self.noise_generator(task.index)
             release += sigma * torch.randn(release.shape, generator=noise, dtype=torch.float64, device=self.device)
         self.class_sums[rows] += release
-        self.mark_released(output_labels)
-        self.tasks_fitted += 1
         if progress is not None:
             progress(1)
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dpcl.errors import InvalidParameterError
-from dpcl.methods.base import ContinualMethod, MethodSetup, TrainingData
+from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData, TrainingTask
 from dpcl.methods.dpsgd_engine import DpSgdEngine, ProjectGradient, backward_quietly, flat_grad
 from dpcl.methods.gem import agem_project
 
@@ -101,12 +101,12 @@ class AGEMClassifier(ContinualMethod):
                 "episodic memory; call load_curator_state_dict with the state curator_state_dict returned."
             )
 
-    def fit_task(self, task_index, data, output_labels, plan, progress=None) -> None:
+    def learn_task(self, task: TrainingTask, progress: ProgressCallback | None = None) -> None:
         self._require_memory()
-        rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
-        x, y = self._tensors(data)
+        rng = np.random.default_rng([int(self.setup.seed), task.index])
+        x, y = self._tensors(task.data)
         opt = torch.optim.SGD(self.model.parameters(), lr=self.learning_rate)
-        for idx in self._batches(len(data), rng) if len(data) else []:
+        for idx in self._batches(len(task.data), rng) if len(task.data) else []:
             idx = torch.as_tensor(idx, dtype=torch.long, device=self.device)
             g = self._gradient(x[idx], y[idx], rng)
             if len(self.mem_y):
@@ -118,8 +118,6 @@ class AGEMClassifier(ContinualMethod):
         if progress:
             progress(1)
         self._keep_in_memory(x, y, rng)
-        self.mark_released(output_labels)
-        self.tasks_fitted += 1
 
     def state_dict(self) -> dict[str, Any]:
         """The release (CPU tensors): the model only (the replay memory holds raw training examples: curator state)."""
@@ -181,17 +179,17 @@ class DPSGDAGEMClassifier(AGEMClassifier):
         """The summed cross-entropy's backward pass on a sample (per-example gradients for opacus)."""
         return lambda idx: backward_quietly(nn.functional.cross_entropy(self.model(x[idx]), y[idx], reduction="sum"))
 
-    def fit_task(self, task_index, data, output_labels, plan, progress=None) -> None:
+    def learn_task(self, task: TrainingTask, progress: ProgressCallback | None = None) -> None:
         from opacus.optimizers import DPOptimizer
 
         self._require_memory()
-        rng = np.random.default_rng([int(self.setup.seed), int(task_index)])
+        rng = np.random.default_rng([int(self.setup.seed), task.index])
         # Poisson masks + DP-SGD noise, on the model's device (opacus draws the noise where the gradients are)
-        gen = self.noise_generator(task_index, device=self.device)
-        x, y = self._tensors(data)
-        n = len(data)
+        gen = self.noise_generator(task.index, device=self.device)
+        x, y = self._tensors(task.data)
+        n = len(task.data)
         sgd = torch.optim.SGD(self.model.parameters(), lr=self.learning_rate)
-        opt = DPOptimizer(sgd, noise_multiplier=float(plan.noise["noise_multiplier"]), max_grad_norm=self.clip_norm,
+        opt = DPOptimizer(sgd, noise_multiplier=float(task.plan.noise["noise_multiplier"]), max_grad_norm=self.clip_norm,
                           expected_batch_size=self.batch_size, loss_reduction="sum", generator=gen)
         q = min(1.0, self.batch_size / n) if n else 0.0
         m = len(self.mem_y)
@@ -221,5 +219,3 @@ class DPSGDAGEMClassifier(AGEMClassifier):
         if progress:
             progress(steps)
         self._keep_in_memory(x, y, rng)
-        self.mark_released(output_labels)
-        self.tasks_fitted += 1

@@ -74,7 +74,7 @@ from dpcl.guarantees.lifelong import (
 )
 from dpcl.methods.l2dpml.spec import L2DPML_KEYS
 from dpcl.guarantees.method_schema import TaskPlan, method_value
-from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
+from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData, TrainingTask
 from dpcl.methods.gem import agem_project  # noqa: F401  (re-exported: A-GEM of Alg. 2 and the baselines)
 from dpcl.methods.l2dpml.functional import (  # noqa: F401  (re-exported: the coefficient sums)
     _entry_digest,
@@ -233,21 +233,15 @@ class L2DPMLMethod(ContinualMethod):
             raise PrivacyViolationError(f"task {task_index}: {partition.detail}")
         return x_np, batches, [rng_check, units, partition]
 
-    def fit_task(
-        self,
-        task_index: int,
-        data: TrainingData,
-        output_labels: tuple[int, ...],
-        plan: TaskPlan,
-        progress: ProgressCallback | None = None,
-    ) -> None:
+    def learn_task(self, task: TrainingTask, progress: ProgressCallback | None = None) -> None:
         if self.seen_units is None:
             raise InvalidParameterError(
                 "this l2dpml model was restored from a released checkpoint only: continuing the stream needs its "
                 "curator state (privacy-unit ids of earlier tasks and memory batches); call "
                 "load_curator_state_dict with the state curator_state_dict returned."
             )
-        noise = self._task_noise(task_index, plan)
+        task_index, data = task.index, task.data
+        noise = self._task_noise(task_index, task.plan)
         private = noise["epsilon1"] is not None
         n = len(data)
         batch_size = int(noise["batch_size"])
@@ -268,8 +262,6 @@ self.memory, [_entry_digest(e) for e in self.memory])
             Precondition("fixed_hidden_layers", "hidden layers between h1 and h_pi are not trained on private data",
                          hidden_fixed, "parameter digest unchanged since initialisation"),
         ]
-        self.mark_released(output_labels)
-        self.tasks_fitted += 1
         if not private:
             self.reports[task_index] = {
                 "private": False,

@@ -52,7 +52,7 @@ from dpcl.data.fortunes import load_fortunes_texts
 from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.pecl.spec import PECL_KEYS
-from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
+from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingTask
 from dpcl.methods.pecl.texts import PUBLIC_CATEGORIES
 from dpcl.methods.pecl.learner import ContinualLM, learner_config
 from dpcl.methods.pecl.tdp import TokenDP
@@ -108,14 +108,8 @@ class PeCLMethod(ContinualMethod):
     def planned_work(self, plan: TaskPlan) -> int:
         return 1
 
-    def fit_task(
-        self,
-        task_index: int,
-        data: TrainingData,
-        output_labels: tuple[int, ...],
-        plan: TaskPlan,
-        progress: ProgressCallback | None = None,
-    ) -> None:
+    def learn_task(self, task: TrainingTask, progress: ProgressCallback | None = None) -> None:
+        data, plan = task.data, task.plan
         if data.texts is None:
             raise ConfigError(
                 "pecl trains on raw text: the task data carries no texts (TrainingData.texts is None); "
@@ -124,7 +118,7 @@ class PeCLMethod(ContinualMethod):
         overlap = np.intersect1d(np.asarray(data.unit_ids), self.public_unit_ids)
         if overlap.size:
             raise DisjointnessViolationError(
-                f"{overlap.size} training example(s) of task {task_index} are in the public pre-training corpus; "
+                f"{overlap.size} training example(s) of task {task.index} are in the public pre-training corpus; "
                 "choose stream categories disjoint from the public ones."
             )
         if self._curator_missing:
@@ -145,15 +139,13 @@ class PeCLMethod(ContinualMethod):
             schedule = {k: noise.get(k) for k in ("noise_multiplier", "sample_rate", "steps", "max_grad_norm")}
             if len(data.texts) and (not plan.events or any(v is None for v in schedule.values())):
                 raise PrivacyViolationError(
-                    f"training = 'dp_sgd' needs a plan with DP-SGD events and its schedule for task {task_index}; "
+                    f"training = 'dp_sgd' needs a plan with DP-SGD events and its schedule for task {task.index}; "
                     f"got events={plan.events!r}, noise={dict(noise)!r}."
                 )
-            self.learner.fit_task(task_index, list(data.texts), self.label_positions(data.labels),
-                                  output_labels=self.label_positions(output_labels), dpsgd=schedule)
+            self.learner.fit_task(task.index, list(data.texts), self.label_positions(data.labels),
+                                  output_labels=self.label_positions(task.output_labels), dpsgd=schedule)
         else:
-            self.learner.fit_task(task_index, list(data.texts), self.label_positions(data.labels))
-        self.mark_released(output_labels)
-        self.tasks_fitted += 1
+            self.learner.fit_task(task.index, list(data.texts), self.label_positions(data.labels))
         if progress is not None:
             progress(1)
 

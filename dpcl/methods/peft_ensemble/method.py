@@ -84,10 +84,9 @@ from dpcl.data.pretrained import (
     to_pixel_values,
 )
 from dpcl.errors import ConfigError, InvalidParameterError
-from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.guarantees.public_encoder import encoder_directory, encoder_fingerprint, encoder_modality
 from dpcl.methods.peft_ensemble.spec import PEFT_HEADS, peft_variant
-from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData
+from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData, TrainingTask
 from dpcl.methods.dpsgd_training import AdapterClassifier, schedule_from_plan, seeded_adapter, train_classifier
 from dpcl.methods.film import FilmClassifier, TextFilmClassifier, freeze_all_but_film
 from dpcl.methods.lora_text import LoraTextEncoder, TextMember, pooled_features, tokenize
@@ -311,44 +310,26 @@ class PeftEnsemble(ContinualMethod):
     def _new_model(self, n_outputs: int) -> AdapterClassifier:
         return seeded_adapter(int(self.setup.input_dim), n_outputs, self.adapter_dim, self.generator, self.device)
 
-    def fit_task(
-        self,
-        task_index: int,
-        data: TrainingData,
-        output_labels: tuple[int, ...],
-        plan: TaskPlan,
-        progress: ProgressCallback | None = None,
-    ) -> None:
-        task_labels = np.asarray(output_labels, dtype=np.int64)
-        if task_labels.size == 0 or np.unique(task_labels).size != task_labels.size:
-            raise InvalidParameterError(f"output_labels must be distinct public labels, got {output_labels!r}.")
-        labels = np.asarray(data.labels, dtype=np.int64)
-        if not np.all(np.isin(labels, task_labels)):
-            raise InvalidParameterError(
-                f"task {task_index} has examples whose label is outside its public labels {list(output_labels)}; "
-                "apply the label-space filter first (Tobaben et al., Prop. 4.7)."
-            )
-        self.label_positions(task_labels)  # all in the public label space
-        planned = plan.noise.get("peft_variant")
+    def learn_task(self, task: TrainingTask, progress: ProgressCallback | None = None) -> None:
+        data, task_labels = task.data, np.asarray(task.output_labels, dtype=np.int64)
+        planned = task.plan.noise.get("peft_variant")
         if planned is not None and planned != self.variant:
             raise InvalidParameterError(
-                f"task {task_index}'s plan is for PEFT variant {planned!r} but this ensemble trains {self.variant!r}."
+                f"task {task.index}'s plan is for PEFT variant {planned!r} but this ensemble trains {self.variant!r}."
             )
-        schedule = schedule_from_plan(plan, self.setup.method, len(data))
+        schedule = schedule_from_plan(task.plan, self.setup.method, len(data))
         # the member's head: every public label (S_prior^const, the default) or the task's own O_t
         member_labels = np.asarray(self.label_space if self.head == "label_space" else np.sort(task_labels))
-        targets = np.searchsorted(member_labels, labels)  # member_labels is sorted and holds every task label
+        targets = np.searchsorted(member_labels, np.asarray(data.labels, dtype=np.int64))  # sorted, holds every label
         if self.variant == "film":
-            self._fit_film_member(task_index, data, targets, member_labels.size, schedule, progress)
+            self._fit_film_member(task.index, data, targets, member_labels.size, schedule, progress)
         elif self.text_mode:
-            self._fit_text_member(task_index, data, targets, member_labels.size, schedule, progress)
+            self._fit_text_member(task.index, data, targets, member_labels.size, schedule, progress)
         else:
             model = self._new_model(member_labels.size)
-            self._train(task_index, model, self._features(data.features), targets, schedule, progress)
+            self._train(task.index, model, self._features(data.features), targets, schedule, progress)
             self.models.append(model)
         self.model_labels.append(tuple(int(o) for o in member_labels))
-        self.mark_released(output_labels)
-        self.tasks_fitted += 1
 
     def member_logits(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Logits [m, n, L] of every ensemble member over the label space, and masks [m, L] of their labels.
