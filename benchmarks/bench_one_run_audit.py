@@ -35,14 +35,14 @@ STEPS = 10
 
 
 def measure(canaries: int) -> list[dict]:
-    import torch
     from sklearn.datasets import load_digits
     from tqdm import tqdm
 
     from dpcl.accounting.dpsgd import dpsgd_noise_multiplier
     from dpcl.audit.one_run_dpsgd import audit_dpsgd_one_run
+    from dpcl.runner.threads import use_usable_cores
 
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    use_usable_cores()  # dpcl's default: torch's threads at most the cores this process may use
     x, y = load_digits(return_X_y=True)
     x = x / 16.0
     rows = []
