@@ -147,9 +147,16 @@ class TaskPlan:
 class MethodSpec(Protocol):
     """What a method declares without importing torch (``dpcl/methods/<name>/spec.py`` for a built-in).
 
-    Optional attributes a spec may carry: ``summary`` (one line for ``dpcl methods``; else the first paragraph
-    of its class docstring) and ``data_parallel`` (True: ``dpcl run --nproc N`` may split its DP-SGD steps over
-    N processes; default False).
+    Optional attributes a spec may carry:
+
+    * ``summary``: one line for ``dpcl methods`` (else the first paragraph of its class docstring);
+    * ``data_parallel``: True when ``dpcl run --nproc N`` may split its DP-SGD steps over N processes (default
+      False);
+    * ``trains_encoder(method) -> bool``: True when the method runs the stream's ``[stream] encoder`` itself, so
+      the stream hands it the encoder's inputs (pixel rows, texts) instead of its features (default False);
+    * ``cost_estimator``: ``"module:function"`` estimating the training cost ``dpcl audit`` reports
+      (:func:`dpcl.runner.cost.estimate_training_cost` calls it; imported only then); without one the audit
+      says the cost is unavailable and neither it nor ``dpcl run`` refuses the config for memory.
     """
 
     name: str
@@ -174,6 +181,13 @@ class MethodSpec(Protocol):
 #: method name -> "module:attribute" of its MethodSpec: a read-only view of the method registry
 #: (:mod:`dpcl.guarantees.method_registry`), built-in methods and installed plugins.
 METHOD_SPECS: Mapping[str, str] = RegistryView("spec")
+
+
+def spec_trains_encoder(spec: MethodSpec, method: Mapping[str, Any]) -> bool:
+    """Whether the method of ``spec``, configured by ``method``, runs the stream's ``[stream] encoder`` itself (the
+    spec's optional ``trains_encoder``; default False): its stream then gives the encoder's inputs, not features."""
+    trains_encoder = getattr(spec, "trains_encoder", None)
+    return bool(trains_encoder(method)) if trains_encoder is not None else False
 
 
 def get_method_spec(name: str) -> MethodSpec:

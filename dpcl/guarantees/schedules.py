@@ -205,6 +205,8 @@ class DpSgdSpec:
     data_parallel: bool = False
     #: one line on what the method does (``dpcl methods``)
     summary: str = ""
+    #: ``"module:function"`` of its training-cost estimate (``dpcl audit``); empty: none
+    cost_estimator: str = ""
 
     def plan_task(
         self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int

@@ -37,6 +37,7 @@ unavailable and why (:func:`training_cost` returns a :class:`CostUnavailable`).
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -191,16 +192,24 @@ def _largest_key(memory: Mapping[str, int], keys: Mapping[str, str]) -> str:
 
 def estimate_training_cost(config: Any, sizes: Sequence[int], input_dim: int, device: str = "cpu") -> TrainingCost:
     """The cost of training ``config`` on tasks of ``sizes`` examples with ``input_dim`` features (torch needed)."""
-    name = str(config.method["name"])
+    path = cost_estimator_path(config)
+    if not path:
+        raise ConfigError(f"method {name_of(config)!r} has no training-cost estimate (its spec names no "
+                          "cost_estimator)")
+    module, _, function = path.partition(":")
+    estimator = getattr(importlib.import_module(module), function)
     sizes = [int(n) for n in sizes]
-    n_outputs = _n_outputs(config, len(sizes))
-    estimator = _ESTIMATORS.get(name)
-    if estimator is None:
-        raise ConfigError(f"no cost estimate for method {name!r}")  # a plugin: reported as unavailable
-    return estimator(config, sizes, int(input_dim), n_outputs, device)
+    return estimator(config, sizes, int(input_dim), _n_outputs(config, len(sizes)), device)
 
 
-def _cosine(config: Any, sizes: list[int], d: int, labels: int, device: str) -> TrainingCost:
+def cost_estimator_path(config: Any) -> str:
+    """The ``"module:function"`` estimating the cost of ``config``'s method (its spec's ``cost_estimator``), or
+    ``""`` when the spec names none (:class:`dpcl.guarantees.method_schema.MethodSpec`)."""
+    return str(getattr(config.spec, "cost_estimator", "") or "")
+
+
+def cosine_cost(config: Any, sizes: list[int], d: int, labels: int, device: str) -> TrainingCost:
+    """The DP Cosine Classifier: one noisy class-sum release per task (the ``cosine`` spec's estimate)."""
     largest = max(sizes, default=0)
     memory = {
         "model": labels * d * FLOAT64,  # the released class sums
@@ -218,25 +227,37 @@ def name_of(config: Any) -> str:
     return str(config.method["name"])
 
 
-def _adapter_dpsgd(config: Any, sizes: list[int], d: int, labels: int, device: str) -> TrainingCost:
-    name = name_of(config)
+def peft_ensemble_cost(config: Any, sizes: list[int], d: int, labels: int, device: str) -> TrainingCost:
+    """PEFT Ensemble: one DP-SGD member per task, adapters on features or members inside a transformer."""
     method = config.method
-    adapter_dim = int(method.get("adapter_dim") if method.get("adapter_dim") is not None else 64)
-    notes: list[str] = []
-    if name == "peft_ensemble":
-        variant = _peft_variant(config)
-        if variant == "film" or d == 0:
-            return _transformer_peft(config, sizes, d, labels, device, variant)
-        head = labels if method.get("head", "label_space") == "label_space" else max(
-            (len(g) for g in (config.stream.get("tasks") or [[0]])), default=labels)
-        trainable, member = _meta_adapter_parameters(d, head, adapter_dim)
-        members = len(sizes)
-        total = member * members
-        notes.append(f"one member per task: {members} members of {member:,} parameters after the last task")
-    else:
-        if d == 0:
-            raise ConfigError(f"method {name!r} needs encoder features, but the stream gives raw texts")
-        trainable, total = _meta_adapter_parameters(d, labels, adapter_dim)
+    variant = _peft_variant(config)
+    if variant == "film" or d == 0:
+        return _transformer_peft(config, sizes, d, labels, device, variant)
+    adapter_dim = _adapter_dim(method)
+    head = labels if method.get("head", "label_space") == "label_space" else max(
+        (len(g) for g in (config.stream.get("tasks") or [[0]])), default=labels)
+    trainable, member = _meta_adapter_parameters(d, head, adapter_dim)
+    members = len(sizes)
+    notes = (f"one member per task: {members} members of {member:,} parameters after the last task",)
+    return _adapter_cost(config, sizes, d, labels, device, adapter_dim, trainable, member * members, notes)
+
+
+def single_adapter_cost(config: Any, sizes: list[int], d: int, labels: int, device: str) -> TrainingCost:
+    """One adapter and head trained with DP-SGD through the stream (Naive, Non-CL)."""
+    if d == 0:
+        raise ConfigError(f"method {name_of(config)!r} needs encoder features, but the stream gives raw texts")
+    adapter_dim = _adapter_dim(config.method)
+    trainable, total = _meta_adapter_parameters(d, labels, adapter_dim)
+    return _adapter_cost(config, sizes, d, labels, device, adapter_dim, trainable, total, ())
+
+
+def _adapter_dim(method: Mapping[str, Any]) -> int:
+    return int(method.get("adapter_dim") if method.get("adapter_dim") is not None else 64)
+
+
+def _adapter_cost(config: Any, sizes: list[int], d: int, labels: int, device: str, adapter_dim: int,
+                  trainable: int, total: int, notes: tuple[str, ...]) -> TrainingCost:
+    """The DP-SGD memory and steps of adapter models (residual adapter + head) with these parameter counts."""
     rows, steps, examples = _dpsgd_schedule(config, sizes)
     # kept for backpropagation, per example: the input row, D v, relu(D v), U h, v + U h, the logits
     per_example = d + (2 * adapter_dim + 2 * d if adapter_dim > 0 else 0) + labels
@@ -248,7 +269,7 @@ def _adapter_dpsgd(config: Any, sizes: list[int], d: int, labels: int, device: s
         "per_example_gradients": "[method] adapter_dim or batch_size" if adapter_heavy else "[method] batch_size",
         "activations": "[method] batch_size", "data": "[stream] dataset or tasks (the task sizes)",
     })
-    return TrainingCost(name, device, d, trainable, total, memory, steps, examples, key, tuple(notes))
+    return TrainingCost(name_of(config), device, d, trainable, total, memory, steps, examples, key, notes)
 
 
 def _transformer_peft(config: Any, sizes: list[int], d: int, labels: int, device: str, variant: str) -> TrainingCost:
@@ -286,7 +307,8 @@ def _transformer_peft(config: Any, sizes: list[int], d: int, labels: int, device
                          "activations are an upper estimate for sequences of max_seq_len tokens",))
 
 
-def _l2dpml(config: Any, sizes: list[int], d: int, labels: int, device: str) -> TrainingCost:
+def l2dpml_cost(config: Any, sizes: list[int], d: int, labels: int, device: str) -> TrainingCost:
+    """L2DP-ML: the auto-encoder and classifier of Lai et al. with their per-batch coefficient matrices."""
     method = config.method
     hidden = [int(v) for v in method.get("hidden_sizes") or [16, 16]]
     batch_size, epochs = int(method["batch_size"]), int(method["epochs"])
@@ -320,7 +342,8 @@ def _l2dpml(config: Any, sizes: list[int], d: int, labels: int, device: str) -> 
                          "and the output layer; each example is read once, when its batch's coefficients are computed",))
 
 
-def _pecl(config: Any, sizes: list[int], d: int, labels: int, device: str) -> TrainingCost:
+def pecl_cost(config: Any, sizes: list[int], d: int, labels: int, device: str) -> TrainingCost:
+    """PeCL: a LoRA adapter per task on a frozen language model."""
     method = config.method
     rank = int(method.get("lora_rank") or 8)
     seq = int(method.get("max_seq_len") or 64)
@@ -370,23 +393,15 @@ def _pecl(config: Any, sizes: list[int], d: int, labels: int, device: str) -> Tr
                          "public pre-training before the first task is not counted",))
 
 
-_ESTIMATORS = {
-    "cosine": _cosine,
-    "peft_ensemble": _adapter_dpsgd,
-    "naive": _adapter_dpsgd,
-    "non_cl": _adapter_dpsgd,
-    "l2dpml": _l2dpml,
-    "pecl": _pecl,
-}
-
 
 def training_cost(config: Any, sizes: Sequence[int], *, input_dim: int | None = None,
                   device: str | None = None) -> "TrainingCost | CostUnavailable":
     """:func:`estimate_training_cost`, or :class:`CostUnavailable` saying why none can be made (never raises for
     a missing torch, a plugin method or a stream whose feature dimension is unknown)."""
     device = device or str(config.method.get("device") or "cpu")
-    if str(config.method["name"]) not in _ESTIMATORS:  # checked first: a plugin's audit never imports torch
-        return CostUnavailable(f"dpcl has no cost estimate for the plugin method {config.method['name']!r}")
+    if not cost_estimator_path(config):  # checked first: the audit of a method without one never imports torch
+        return CostUnavailable(f"method {name_of(config)!r} has no training-cost estimate (its spec names no "
+                               "cost_estimator)")
     if input_dim is None:
         input_dim, why = stream_input_dim(config)
         if input_dim is None:

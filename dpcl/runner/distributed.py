@@ -219,7 +219,7 @@ def _follow(config_path: Any, out_dir: Any, *, device: str, seed: int, reproduci
         config = load_config(Path(config_path), data_stream_keys=STREAM_KEYS)
         options = run_options(config)
         cls = method_class(config.method["name"])
-        stream = build_run_stream(config, cls, seed=seed, device=device)
+        stream = build_run_stream(config, seed=seed, device=device)
         sets = label_sets(config, len(stream))
         prepared, _ = prepare_tasks(stream, sets, bool(getattr(cls, "needs_texts", False)))
         across, _ = resolve_across_tasks(config.settings.across_tasks, config.settings.disjoint_units)

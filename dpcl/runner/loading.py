@@ -138,7 +138,7 @@ def prepare_stream(run: LoadedRun) -> PreparedStream:
     (``[stream] task_sizes``) and declared disjointness."""
     if run.config.stream.get("encoder") is not None:  # the encoder runs now, on torch
         use_usable_cores()
-    stream = build_run_stream(run.config, run.method_class, seed=run.seed, device=run.device, quiet=run.quiet)
+    stream = build_run_stream(run.config, seed=run.seed, device=run.device, quiet=run.quiet)
     sets = label_sets(run.config, len(stream))
     tasks, reports = prepare_tasks(stream, sets, bool(getattr(run.method_class, "needs_texts", False)))
     prepared = PreparedStream(stream=stream, label_sets=sets, tasks=tasks, filter_reports=reports)

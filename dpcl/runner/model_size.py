@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from dpcl.data.idx import find_idx_files
+from dpcl.guarantees.method_schema import spec_trains_encoder
 from dpcl.guarantees.public_encoder import _read_json, encoder_directory, packaged_encoder
 from dpcl.methods.peft_ensemble.spec import peft_variant
 
@@ -17,8 +18,7 @@ def stream_input_dim(config: Any) -> tuple[int | None, str]:
     encoder = stream.get("encoder")
     dataset = stream.get("dataset")
     options = dict(stream.get("dataset_options") or {})
-    method_class_trains_encoder = config.method.get("name") == "peft_ensemble" and _peft_variant(config) == "film"
-    if encoder is not None and not method_class_trains_encoder:
+    if encoder is not None and not spec_trains_encoder(config.spec, config.method):
         return _encoder_feature_dim(encoder)
     if dataset == "digits":
         return 64, ""

@@ -25,7 +25,7 @@ from dpcl.data import build_stream
 from dpcl.errors import ConfigError
 from dpcl.guarantees.config import RUN_KEYS  # the [run] keys, validated with the rest of the config
 from dpcl.guarantees.label_space import filter_task, output_label_sets
-from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan
+from dpcl.guarantees.method_schema import ReleaseCoverage, TaskPlan, spec_trains_encoder
 from dpcl.methods.base import MethodSetup, TrainingData
 
 NON_PRIVATE_STATEMENT = (
@@ -39,16 +39,17 @@ def run_options(config: Any) -> dict[str, Any]:
     return {key: config.run.get(key, default) for key, (_kind, default, _help) in RUN_KEYS.items()}
 
 
-def build_run_stream(config: Any, method_class: Any, *, seed: int, device: str, quiet: bool = True) -> Any:
+def build_run_stream(config: Any, *, seed: int, device: str, quiet: bool = True) -> Any:
     """The task stream of ``config``: ``seed`` drives it unless ``[stream] seed`` is set explicitly.
 
-    ``[stream] encoder`` features are computed on ``device``; a method that trains inside the encoder (PEFT
-    Ensemble's film variant) gets the images as pixel rows instead of the encoder's features.
+    ``[stream] encoder`` features are computed on ``device``; a method whose spec says it trains inside the
+    encoder (:func:`spec_trains_encoder`: PEFT Ensemble's film variant) gets the images as pixel rows instead
+    of the encoder's features.
     """
     stream_options = dict(config.raw["stream"])
     stream_options.setdefault("seed", seed)
-    trains_encoder = bool(getattr(method_class, "trains_encoder", lambda _method: False)(config.method))
-    return build_stream(stream_options, encode=not trains_encoder, device=device, progress=not quiet)
+    encode = not spec_trains_encoder(config.spec, config.method)
+    return build_stream(stream_options, encode=encode, device=device, progress=not quiet)
 
 
 def label_sets(config: Any, n_tasks: int) -> list[tuple[int, ...]]:

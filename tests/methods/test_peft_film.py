@@ -46,7 +46,7 @@ def test_film_trains_only_layer_norm_scale_shift_and_head_on_the_planned_schedul
     method = method_section(encoder)
     ensemble = peft_module.PeftEnsemble(MethodSetup(method=method, privacy=PRIVACY, label_space=(0, 1, 2, 3),
                                                     input_dim=stream[0].train.n_features, seed=0))
-    assert ensemble.variant == "film" and peft_module.PeftEnsemble.trains_encoder(method)
+    assert ensemble.variant == "film" and PEFT_ENSEMBLE.trains_encoder(method)
     backbone, _, initial = ensemble._film_backbone()
     pretrained = {k: v.clone() for k, v in backbone.state_dict().items()}
     film_names = film_parameter_names(backbone)
@@ -132,7 +132,7 @@ def test_text_film_trains_only_layer_norms_and_head_with_opacus_per_example_grad
     setup = MethodSetup(method=method, privacy=PRIVACY, label_space=(0, 1), input_dim=0, seed=0)
     ensemble = peft_module.PeftEnsemble(setup)
     assert ensemble.variant == "film" and ensemble.encoder_modality == "text" and not ensemble.text_mode
-    assert peft_module.PeftEnsemble.trains_encoder(method)
+    assert PEFT_ENSEMBLE.trains_encoder(method)
     backbone, tokenizer, initial = ensemble._film_backbone()
     film_names = film_parameter_names(backbone)
     layer_norms = {n for n, m in backbone.named_modules() if isinstance(m, torch.nn.LayerNorm)}

@@ -4,6 +4,8 @@ by ``dpcl audit`` and by ``dpcl run`` before anything is allocated."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import os
 import resource
@@ -92,6 +94,20 @@ def test_every_method_states_parameters_memory_steps_and_examples(method):
         assert cost.memory_bytes["per_example_gradients"] > cost.memory_bytes["gradients"]
     section = cost.to_dict()
     assert json.loads(json.dumps(section)) == section
+
+
+def test_each_spec_names_its_estimator_and_a_spec_without_one_gets_no_cost():
+    from dpcl.guarantees.method_registry import REGISTRY
+
+    named = {name: getattr(REGISTRY.spec(name), "cost_estimator", "") for name in REGISTRY.names()}
+    assert set(PER_METHOD) <= {name for name, path in named.items() if path}
+    for path in filter(None, named.values()):
+        module, _, function = path.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), path
+    config, _, sizes = _cost(CONFIGS / "cosine.toml")
+    no_estimate = type(config.spec)(cost_estimator="")  # the cosine spec, naming no estimator
+    cost = training_cost(dataclasses.replace(config, spec=no_estimate), sizes)
+    assert isinstance(cost, CostUnavailable) and "names no cost_estimator" in cost.reason
 
 
 @pytest.mark.parametrize("name", ["naive.toml", "non_cl.toml", "peft_ensemble.toml"])

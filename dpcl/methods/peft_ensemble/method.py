@@ -138,12 +138,6 @@ class PeftEnsemble(ContinualMethod):
 
     name = "peft_ensemble"
 
-    @staticmethod
-    def trains_encoder(method: Mapping[str, Any]) -> bool:
-        """True for the ``film`` variant: the runner then builds the stream with the encoder's inputs (pixel
-        rows, or raw texts for a text encoder), not its features."""
-        return peft_variant(method) == "film"
-
     def __init__(self, setup: MethodSetup) -> None:
         super().__init__(setup)
         method = setup.method

@@ -92,6 +92,11 @@ class PeftEnsembleSpec(DpSgdSpec):
     """PEFT Ensemble's DP-SGD plan (the same events and calibration as :class:`DpSgdSpec`), recording the
     variant (:func:`peft_variant`) in the plan's noise (``peft_variant``) and notes."""
 
+    def trains_encoder(self, method: Mapping[str, Any]) -> bool:
+        """True for the ``film`` variant: its members run the encoder, so the stream hands them the encoder's
+        inputs (pixel rows, or raw texts for a text encoder), not its features."""
+        return peft_variant(method) == "film"
+
     def plan_task(
         self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int
     ) -> TaskPlan:
@@ -131,4 +136,5 @@ PEFT_ENSEMBLE = PeftEnsembleSpec(
     method_class="dpcl.methods.peft_ensemble.method:PeftEnsemble",
     data_parallel=True,
     summary="PEFT Ensemble (Tobaben et al., Alg. 2): one DP-SGD member per task",
+    cost_estimator="dpcl.runner.cost:peft_ensemble_cost",
 )
