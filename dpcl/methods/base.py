@@ -184,6 +184,14 @@ class ContinualMethod(ABC):
             )
         return positions
 
+    def require_encoder_features(self, what: str = "encoder features") -> None:
+        """Refuse a stream of raw texts (``setup.input_dim == 0``) for a method that trains on ``what``."""
+        if int(self.setup.input_dim) == 0:
+            raise ConfigError(
+                f"method {self.name!r} needs {what}, but the stream gives raw texts; use dataset = 'fortunes' "
+                "(MiniLM features) instead of 'fortunes_texts'."
+            )
+
     @property
     def compute_device(self) -> str:
         """The device this method computes on (recorded in metrics and certificates): ``setup.device`` by default."""

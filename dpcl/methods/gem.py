@@ -31,7 +31,6 @@ otherwise projects onto the half-space's boundary in closed form (eq. 11):
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from dpcl.errors import InvalidParameterError

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.errors import InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingData, TrainingTask
 from dpcl.methods.dpsgd_training import (
@@ -38,11 +38,7 @@ class SingleModelDPSGD(ContinualMethod):
 
     def __init__(self, setup: MethodSetup) -> None:
         super().__init__(setup)
-        if int(setup.input_dim) == 0:
-            raise ConfigError(
-                f"method {self.name!r} needs encoder features, but the stream gives raw texts; "
-                "use dataset = 'fortunes' (MiniLM features) instead of 'fortunes_texts'."
-            )
+        self.require_encoder_features()
         self.device = torch.device(setup.device)
         self.adapter_dim = int(method_option(setup.method, "adapter_dim", 64))
         self.learning_rate = float(method_option(setup.method, "learning_rate", 1e-3))

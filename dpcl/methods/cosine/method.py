@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from dpcl.errors import ConfigError, InvalidParameterError
+from dpcl.errors import InvalidParameterError
 from dpcl.guarantees.method_schema import TaskPlan
 from dpcl.methods.base import ContinualMethod, MethodSetup, ProgressCallback, TrainingTask
 
@@ -70,11 +70,7 @@ class CosineClassifier(ContinualMethod):
 
     def __init__(self, setup: MethodSetup) -> None:
         super().__init__(setup)
-        if int(setup.input_dim) == 0:
-            raise ConfigError(
-                "the cosine classifier needs encoder features, but the stream gives raw texts; "
-                "use dataset = 'fortunes' (MiniLM features) instead of 'fortunes_texts'."
-            )
+        self.require_encoder_features()
         self.device = torch.device(setup.device)
         self.class_sums = torch.zeros(len(self.label_space), int(setup.input_dim), dtype=torch.float64, device=self.device)
 

@@ -55,7 +55,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from dpcl.errors import ConfigError, DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
+from dpcl.errors import DisjointnessViolationError, InvalidParameterError, PrivacyViolationError
 from dpcl.guarantees.lifelong import (
     INPUT_RANGES,
     Precondition,
@@ -120,11 +120,7 @@ class L2DPMLMethod(ContinualMethod):
 
     def __init__(self, setup: MethodSetup) -> None:
         super().__init__(setup)
-        if int(setup.input_dim) == 0:
-            raise ConfigError(
-                "l2dpml needs encoder features in a declared box, but the stream gives raw texts; "
-                "use dataset = 'fortunes' (MiniLM features) instead of 'fortunes_texts'."
-            )
+        self.require_encoder_features("encoder features in a declared box")
         m = dict(setup.method)
         self.hidden_sizes = [int(v) for v in m.get("hidden_sizes", [16, 16])]
         self.input_range = str(m.get("input_range", "unit"))
