@@ -23,11 +23,10 @@ from dpcl.accounting.events import (
     Adjacency,
     ComposedEvent,
     EpsilonDeltaEvent,
-    GaussianEvent,
-    HeterogeneousGaussianEvent,
     LaplaceEvent,
     PoissonSampledGaussianEvent,
     PrivacyEvent,
+    unsampled_gaussian_mu,
 )
 from dpcl.errors import InvalidParameterError, UnsupportedEventError
 
@@ -146,22 +145,14 @@ def collect(events: "PrivacyEvent | Sequence[PrivacyEvent] | Mechanisms") -> Mec
                 f"steps (repetitions of a Poisson-subsampled Gaussian step) must be at most {MAX_SAMPLED_STEPS:.0e}, "
                 f"got {count:.3g}; {STEPS_HINT}."
             )
-        if isinstance(leaf, GaussianEvent):
-            mech.gauss_mus.append(np.array([leaf.mu]))
-            mech.gauss_counts.append(count)
-        elif isinstance(leaf, HeterogeneousGaussianEvent):
-            mech.gauss_mus.append(np.asarray(leaf.mus, dtype=np.float64).ravel())
+        mu = unsampled_gaussian_mu(leaf)  # Gaussians, and subsampled Gaussians at sample rate 1
+        if mu is not None:
+            mech.gauss_mus.append(np.asarray(mu, dtype=np.float64).ravel())
             mech.gauss_counts.append(count)
         elif isinstance(leaf, LaplaceEvent):
             mech.laplace.append((leaf.epsilon, count))
         elif isinstance(leaf, PoissonSampledGaussianEvent):
-            if leaf.sample_rate == 1.0:
-                # no sampling: a Gaussian with sensitivity C (add/remove) or 2C (replace-one)
-                factor = 2.0 if leaf.adjacency is Adjacency.REPLACE_ONE else 1.0
-                mech.gauss_mus.append(np.array([factor / leaf.noise_multiplier]))
-                mech.gauss_counts.append(count)
-            else:
-                mech.sampled.append((leaf.noise_multiplier, leaf.sample_rate, count))
+            mech.sampled.append((leaf.noise_multiplier, leaf.sample_rate, count))
         elif isinstance(leaf, EpsilonDeltaEvent):
             mech.eps_delta.append((leaf.epsilon, leaf.delta, count))
         else:
