@@ -132,13 +132,13 @@ class PrivacyFilter:
                 raise InvalidParameterError("the gdp rule charges mu, not delta; do not pass delta.")
             total = 0.0
             for leaf, count in leaves:
-                mu = unsampled_gaussian_mu(leaf)  # one mu, or a heterogeneous event's array of them
-                if mu is None:
+                leaf_mu = unsampled_gaussian_mu(leaf)  # one mu, or a heterogeneous event's array of them
+                if leaf_mu is None:
                     raise UnsupportedEventError(
                         f"the gdp filter admits only Gaussian mechanisms (Smith & Thakurta 2022); got a {leaf.kind!r} "
                         "event. Use a filter with rule='basic'."
                     )
-                total += count * (math.fsum(mu**2) if isinstance(mu, np.ndarray) else mu**2)
+                total += count * (math.fsum(leaf_mu**2) if isinstance(leaf_mu, np.ndarray) else leaf_mu**2)
             mu = math.sqrt(total)
             return FilterCharge(epsilon=float(gdp_epsilon(mu, self.delta_budget)), delta=self.delta_budget, mu=mu)
         pure = all(isinstance(leaf, (EpsilonDeltaEvent, LaplaceEvent)) for leaf, _ in leaves)
