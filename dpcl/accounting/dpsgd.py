@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from dpcl.accounting.accountants import AccountingResult, compute_epsilon, get_accountant, settings_key
 from dpcl.accounting.accountants.auto import _auto_pld_start, _pld_refined
-from dpcl.accounting.accountants.base import _collect
+from dpcl.accounting.accountants.base import collect
 from dpcl.accounting.accountants.compute import _auto_epsilon, _check_accountant
 from dpcl.accounting.accountants.memo import _Memo
 from dpcl.accounting.accountants.pld import _pld
@@ -283,7 +283,7 @@ class _Epsilon:
 
 
 def _mechanisms(z: float, q: float, steps: int, relation: Adjacency) -> Any:
-    return _collect(dpsgd_events(z, q, steps, relation))
+    return collect(dpsgd_events(z, q, steps, relation))
 
 
 def _coarse_interval(target: float) -> float:

@@ -228,6 +228,25 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
         object.__setattr__(self, "sample_rate", q)
 
 
+def unsampled_gaussian_mu(leaf: PrivacyEvent) -> "float | np.ndarray | None":
+    """The Gaussian-DP parameter of an elementary event that is a Gaussian mechanism without subsampling (mu-GDP,
+    Dong, Roth & Su 2022), or None for any other event.
+
+    ``mu`` of a :class:`GaussianEvent`; of a :class:`PoissonSampledGaussianEvent` at sample rate 1 (no sampling: a
+    Gaussian with sensitivity C under add/remove, 2C under replace-one, noise z C), ``factor / noise_multiplier``;
+    the array ``mus`` of a :class:`HeterogeneousGaussianEvent`. None for Laplace, subsampled-Gaussian and
+    (epsilon, delta) events (and for composites: pass their :meth:`~PrivacyEvent.leaves`).
+    """
+    if isinstance(leaf, GaussianEvent):
+        return leaf.mu
+    if isinstance(leaf, HeterogeneousGaussianEvent):
+        return leaf.mus
+    if isinstance(leaf, PoissonSampledGaussianEvent) and leaf.sample_rate == 1.0:
+        factor = 2.0 if leaf.adjacency is Adjacency.REPLACE_ONE else 1.0
+        return factor / leaf.noise_multiplier
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class EpsilonDeltaEvent(PrivacyEvent):
     """A mechanism known only through an (epsilon, delta)-DP guarantee (delta may be 0: pure DP).

@@ -34,16 +34,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from dpcl.accounting.accountants import compute_epsilon
-from dpcl.accounting.events import (
-    EpsilonDeltaEvent,
-    GaussianEvent,
-    HeterogeneousGaussianEvent,
-    LaplaceEvent,
-    PoissonSampledGaussianEvent,
-    PrivacyEvent,
-    Adjacency,
-)
+from dpcl.accounting.events import Adjacency, EpsilonDeltaEvent, LaplaceEvent, PrivacyEvent, unsampled_gaussian_mu
 from dpcl.accounting.gaussian import gdp_epsilon, gdp_mu
 from dpcl.accounting.validation import check_delta_scalar, check_positive_scalar
 from dpcl.errors import BudgetExceededError, InvalidParameterError, UnsupportedEventError
@@ -138,18 +132,13 @@ class PrivacyFilter:
                 raise InvalidParameterError("the gdp rule charges mu, not delta; do not pass delta.")
             total = 0.0
             for leaf, count in leaves:
-                if isinstance(leaf, GaussianEvent):
-                    total += count * leaf.mu**2
-                elif isinstance(leaf, HeterogeneousGaussianEvent):
-                    total += count * math.fsum(leaf.mus**2)
-                elif isinstance(leaf, PoissonSampledGaussianEvent) and leaf.sample_rate == 1.0:
-                    factor = 2.0 if leaf.adjacency is Adjacency.REPLACE_ONE else 1.0
-                    total += count * (factor / leaf.noise_multiplier) ** 2
-                else:
+                leaf_mu = unsampled_gaussian_mu(leaf)  # one mu, or a heterogeneous event's array of them
+                if leaf_mu is None:
                     raise UnsupportedEventError(
                         f"the gdp filter admits only Gaussian mechanisms (Smith & Thakurta 2022); got a {leaf.kind!r} "
                         "event. Use a filter with rule='basic'."
                     )
+                total += count * (math.fsum(leaf_mu**2) if isinstance(leaf_mu, np.ndarray) else leaf_mu**2)
             mu = math.sqrt(total)
             return FilterCharge(epsilon=float(gdp_epsilon(mu, self.delta_budget)), delta=self.delta_budget, mu=mu)
         pure = all(isinstance(leaf, (EpsilonDeltaEvent, LaplaceEvent)) for leaf, _ in leaves)

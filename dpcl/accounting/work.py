@@ -79,7 +79,7 @@ def checkpoint() -> None:
 
 def epsilon_budget(described: str, accountant: str, delta: float) -> contextlib.AbstractContextManager[None]:
     """:func:`time_budget` of :func:`~dpcl.accounting.accountants.compute_epsilon` (``described``: the events, as
-    ``_Mechanisms.describe`` says them)."""
+    ``Mechanisms.describe`` says them)."""
     hint = (
         "use accountant 'advanced' or 'basic', or give equal mechanisms equal parameters so that they compose as one"
         if accountant == "rdp" else

@@ -102,25 +102,30 @@ class AuditResult:
         return asdict(self)
 
 
-def _check_delta(delta: Any) -> float:
+def check_unit_interval(name: str, value: Any, *, zero_allowed: bool = False, example: str | None = None) -> float:
+    """``value`` as a float in (0, 1) (``[0, 1)`` with ``zero_allowed``). A boolean, a non-number, NaN/inf or a
+    number outside raises :class:`InvalidParameterError` naming ``name`` and the interval (and ``example``, where
+    given, for a value that is not a number in it)."""
+    interval = "[0, 1)" if zero_allowed else "(0, 1)"
     try:
-        d = float(delta)
+        x = float(value)
     except (TypeError, ValueError):
-        raise InvalidParameterError(f"delta must be a number in [0, 1), got {delta!r}.") from None
-    if isinstance(delta, bool) or not math.isfinite(d) or not 0.0 <= d < 1.0:
-        raise InvalidParameterError(f"delta must be a number in [0, 1), got {delta!r}.")
-    return d
+        raise InvalidParameterError(f"{name} must be a number in {interval}, got {value!r}.") from None
+    inside = (0.0 <= x if zero_allowed else 0.0 < x) and x < 1.0
+    if isinstance(value, bool) or not math.isfinite(x) or not inside:
+        hint = f", e.g. {example};" if example else ","
+        raise InvalidParameterError(f"{name} must be a number in {interval}{hint} got {value!r}.")
+    return x
+
+
+def check_audit_delta(delta: Any) -> float:
+    """The delta at which an audit bounds epsilon, in [0, 1) (0: pure DP); returns it as a float."""
+    return check_unit_interval("delta", delta, zero_allowed=True)
 
 
 def check_confidence(confidence: Any) -> float:
     """Confidence level in (0, 1); returns it as a float."""
-    try:
-        c = float(confidence)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(f"confidence must be a number in (0, 1), got {confidence!r}.") from None
-    if isinstance(confidence, bool) or not math.isfinite(c) or not 0.0 < c < 1.0:
-        raise InvalidParameterError(f"confidence must be a number in (0, 1), e.g. 0.95; got {confidence!r}.")
-    return c
+    return check_unit_interval("confidence", confidence, example="0.95")
 
 
 def check_trials(trials: Any, *, minimum: int = 4) -> int:
@@ -155,7 +160,7 @@ def epsilon_from_error_rates(false_positive_rate: Any, false_negative_rate: Any,
     """
     fpr = np.asarray(false_positive_rate, dtype=np.float64)
     fnr = np.asarray(false_negative_rate, dtype=np.float64)
-    d = _check_delta(delta)
+    d = check_audit_delta(delta)
     if np.any(~np.isfinite(fpr)) or np.any(~np.isfinite(fnr)) or np.any((fpr < 0) | (fpr > 1) | (fnr < 0) | (fnr > 1)):
         raise InvalidParameterError("false_positive_rate and false_negative_rate must lie in [0, 1].")
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -299,7 +304,7 @@ def audit_scores(
     docstring). With ``thresholds`` (fixed before looking at the scores) every
     sample is used and the confidence is Bonferroni-corrected over the grid.
     """
-    d = _check_delta(delta)
+    d = check_audit_delta(delta)
     conf = check_confidence(confidence)
     alpha = 1.0 - conf
     s_d = _as_scores("scores_d", scores_d, None)
@@ -380,7 +385,7 @@ def audit_sampler(
     any further trials go to the bounding part.
     """
     n = check_trials(trials)
-    d = _check_delta(delta)
+    d = check_audit_delta(delta)
     conf = check_confidence(confidence)
     seed = check_seed(seed)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:

@@ -53,7 +53,7 @@ import torch
 
 from dpcl.accounting.dpsgd import dpsgd_epsilon
 from dpcl.accounting.validation import check_positive_scalar
-from dpcl.audit.blackbox import AuditResult, audit_scores, check_confidence
+from dpcl.audit.blackbox import AuditResult, audit_scores, check_confidence, check_unit_interval
 from dpcl.audit.one_run import check_integer_count
 from dpcl.errors import InvalidParameterError
 
@@ -136,6 +136,26 @@ def batched_dpsgd_step(
     return weights - learning_rate * noisy_sum / expected_batch_size, noisy_sum, clipped
 
 
+def step_likelihood_ratio(
+    noisy_sum: torch.Tensor, canary_grad: torch.Tensor, *, sample_rate: float, noise_std: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a white-box adversary learns about a canary from one DP-SGD step (over the last axis, batched).
+
+    ``noisy_sum`` is the step's noisy clipped sum, ``canary_grad`` the canary's clipped gradient ``g`` at the current
+    model (known to an adversary who sees the model), ``noise_std`` = noise_multiplier * clip_norm. Returns the
+    projection ``a = <noisy_sum, g / |g|>`` and the log likelihood ratio of a Poisson-subsampled Gaussian,
+    ``log(1 - q + q exp((|g| a - |g|^2 / 2) / s^2))`` (0 where ``g`` = 0): the Neyman–Pearson statistic of the step.
+    """
+    log_q = math.log(sample_rate)
+    log_1mq = math.log1p(-sample_rate) if sample_rate < 1 else -math.inf
+    g_norm = canary_grad.norm(dim=-1)
+    a = (noisy_sum * canary_grad).sum(-1) / g_norm.clamp(min=1e-300)
+    llr = torch.logaddexp(
+        torch.full_like(a, log_1mq), log_q + (g_norm * a - 0.5 * g_norm * g_norm) / (noise_std * noise_std)
+    )
+    return a, torch.where(g_norm > 0, llr, torch.zeros_like(llr))
+
+
 def canary_dataset(
     n_examples: int, dim: int, canary_norm: float, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -184,8 +204,6 @@ def shadow_run_scores(
     has_canary = torch.cat([torch.zeros(half), torch.ones(half)]).to(torch.float64).to(device)
     weights = torch.zeros(runs, dim + 1, dtype=torch.float64, device=device)
     s = noise_multiplier * clip_norm
-    log_q = math.log(sample_rate)
-    log_1mq = math.log1p(-sample_rate) if sample_rate < 1 else -math.inf
     llr = torch.zeros(runs, dtype=torch.float64, device=device)
     for _ in range(steps):  # steps are sequential; models and examples are vectorised
         mask = (torch.rand(runs, n_examples + 1, generator=gen, dtype=torch.float64) < sample_rate).to(torch.float64)
@@ -196,13 +214,8 @@ def shadow_run_scores(
             weights, all_x, all_y, mask, noise,
             clip_norm=clip_norm, learning_rate=learning_rate, expected_batch_size=sample_rate * n_examples,
         )
-        g_c = clipped[:, -1, :]
-        m = g_c.norm(dim=-1)
-        a = (noisy_sum * g_c).sum(-1) / m.clamp(min=1e-300)
-        step_llr = torch.logaddexp(
-            torch.full_like(m, log_1mq), log_q + (m * a - 0.5 * m * m) / (s * s)
-        )
-        llr += torch.where(m > 0, step_llr, torch.zeros_like(step_llr))
+        _, step_llr = step_likelihood_ratio(noisy_sum, clipped[:, -1, :], sample_rate=sample_rate, noise_std=s)
+        llr += step_llr
     final_loss = torch.nn.functional.binary_cross_entropy_with_logits(
         weights @ canary, canary_label.expand(runs), reduction="none"
     )
@@ -248,12 +261,7 @@ def audit_dpsgd_canary(
     b = check_positive_scalar("canary_norm", canary_norm)
     conf = check_confidence(confidence)
     seed_ = check_integer_count("seed", seed, 0)
-    try:
-        dlt = float(delta)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(f"delta must be a number in (0, 1), got {delta!r}.") from None
-    if isinstance(delta, bool) or not math.isfinite(dlt) or not 0 < dlt < 1:
-        raise InvalidParameterError(f"delta must be a number in (0, 1), got {delta!r}.")
+    dlt = check_unit_interval("delta", delta)
 
     accounting = dpsgd_epsilon(z, q, t, dlt, accountant=accountant)
     scores = shadow_run_scores(

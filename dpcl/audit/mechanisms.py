@@ -17,7 +17,6 @@ the high-confidence lower bound on epsilon exceeds the claimed epsilon.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -26,20 +25,8 @@ import numpy as np
 from dpcl.accounting.gaussian import gaussian_epsilon, gaussian_sigma
 from dpcl.accounting.laplace import laplace_epsilon, laplace_scale
 from dpcl.accounting.validation import check_delta_scalar, check_positive_scalar
-from dpcl.audit.blackbox import AuditResult, ScoreFunction, audit_sampler, check_trials
+from dpcl.audit.blackbox import AuditResult, ScoreFunction, audit_sampler, check_audit_delta, check_trials
 from dpcl.errors import InvalidParameterError
-
-
-def _nonneg_delta(value: Any) -> float:
-    if isinstance(value, bool):
-        raise InvalidParameterError(f"delta must be a number in [0, 1), got {value!r}.")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(f"delta must be a number in [0, 1), got {value!r}.") from None
-    if not math.isfinite(v) or not 0.0 <= v < 1.0:
-        raise InvalidParameterError(f"delta must be a number in [0, 1), got {value!r}.")
-    return v
 
 
 @runtime_checkable
@@ -49,8 +36,26 @@ class SamplingMechanism(Protocol):
     def sample(self, data: Any, size: int, rng: np.random.Generator) -> np.ndarray: ...
 
 
+class _AdditiveNoiseMechanism:
+    """What the Gaussian and Laplace mechanisms share: ``M(x) = x + noise`` drawn by :meth:`_noise`, and the
+    worst-case neighbouring pair of a query of sensitivity ``sensitivity``."""
+
+    sensitivity: float
+
+    def _noise(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        raise NotImplementedError
+
+    def sample(self, data: Any, size: int, rng: np.random.Generator) -> np.ndarray:
+        value = np.asarray(data, dtype=np.float64)
+        return value + self._noise(rng, (int(size), *value.shape))
+
+    def neighbouring_values(self) -> tuple[np.ndarray, np.ndarray]:
+        """Worst-case pair of query values: ``0`` and ``sensitivity``."""
+        return np.float64(0.0), np.float64(self.sensitivity)
+
+
 @dataclass(frozen=True)
-class GaussianMechanism:
+class GaussianMechanism(_AdditiveNoiseMechanism):
     """``M(x) = x + N(0, sigma^2 I)`` for a query value ``x`` of l2 sensitivity ``sensitivity``."""
 
     sigma: float
@@ -65,13 +70,8 @@ class GaussianMechanism:
         """Analytic calibration (Balle & Wang 2018, Thm 8) through :func:`dpcl.accounting.gaussian.gaussian_sigma`."""
         return cls(sigma=float(gaussian_sigma(epsilon, delta, sensitivity)), sensitivity=sensitivity)
 
-    def sample(self, data: Any, size: int, rng: np.random.Generator) -> np.ndarray:
-        value = np.asarray(data, dtype=np.float64)
-        return value + rng.normal(0.0, self.sigma, size=(int(size), *value.shape))
-
-    def neighbouring_values(self) -> tuple[np.ndarray, np.ndarray]:
-        """Worst-case pair of query values: ``0`` and ``sensitivity``."""
-        return np.float64(0.0), np.float64(self.sensitivity)
+    def _noise(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        return rng.normal(0.0, self.sigma, size=shape)
 
     def epsilon(self, delta: float) -> float:
         """The mechanism's exact epsilon at ``delta`` (Balle & Wang 2018, Thm 8), from the accounting core.
@@ -84,7 +84,7 @@ class GaussianMechanism:
 
 
 @dataclass(frozen=True)
-class LaplaceMechanism:
+class LaplaceMechanism(_AdditiveNoiseMechanism):
     """``M(x) = x + Lap(scale)`` per coordinate for a query value ``x`` of l1 sensitivity ``sensitivity``."""
 
     scale: float
@@ -99,13 +99,8 @@ class LaplaceMechanism:
         """``scale = sensitivity / epsilon`` (Dwork & Roth 2014, Thm 3.6) via :func:`dpcl.accounting.laplace.laplace_scale`."""
         return cls(scale=float(laplace_scale(epsilon, sensitivity)), sensitivity=sensitivity)
 
-    def sample(self, data: Any, size: int, rng: np.random.Generator) -> np.ndarray:
-        value = np.asarray(data, dtype=np.float64)
-        return value + rng.laplace(0.0, self.scale, size=(int(size), *value.shape))
-
-    def neighbouring_values(self) -> tuple[np.ndarray, np.ndarray]:
-        """Worst-case pair of query values: ``0`` and ``sensitivity``."""
-        return np.float64(0.0), np.float64(self.sensitivity)
+    def _noise(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        return rng.laplace(0.0, self.scale, size=shape)
 
     def epsilon(self, delta: float = 0.0) -> float:
         """Pure epsilon ``sensitivity / scale`` (valid at every delta in [0, 1)), from the accounting core.
@@ -163,7 +158,7 @@ def audit_mechanism(
         _sampler_for(mechanism, d_0),
         _sampler_for(mechanism, d_1),
         check_trials(trials),
-        _nonneg_delta(delta),
+        check_audit_delta(delta),
         score=score,
         confidence=confidence,
         seed=seed,

@@ -43,7 +43,6 @@ The steps are sequential; examples and canaries are vectorised.
 
 from __future__ import annotations
 
-import math
 import secrets
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -54,6 +53,7 @@ import torch
 from dpcl.accounting.dpsgd import dpsgd_epsilon
 from dpcl.accounting.validation import check_positive_scalar, check_sample_rate
 from dpcl.audit.blackbox import check_confidence
+from dpcl.audit.canary import step_likelihood_ratio
 from dpcl.audit.one_run import OneRunAuditResult, audit_one_run, check_integer_count
 from dpcl.errors import InvalidParameterError
 
@@ -154,8 +154,6 @@ def _train(
     canary_target[:, 0] = 1.0
     x_norm = x.norm(dim=1)
     expected_batch = sample_rate * (n + float(included.sum()))
-    log_q = math.log(sample_rate)
-    log_1mq = math.log1p(-sample_rate) if sample_rate < 1 else -math.inf
     likelihood = torch.zeros(m, dtype=torch.float64)
     variation = torch.zeros(m, dtype=torch.float64)
     previous = None
@@ -175,10 +173,8 @@ def _train(
         noisy_real = x.T @ (sampled_real.unsqueeze(1) * f_real.unsqueeze(1) * residual) + noise[:d]
         noisy_canary = sampled_canary.unsqueeze(1) * g + noise[d:]
         # the white-box adversary sees every noisy sum and knows each canary's clipped gradient g at this model
-        g_norm = g.norm(dim=1)
-        a = (noisy_canary * g).sum(1) / g_norm.clamp(min=1e-300)
-        step_llr = torch.logaddexp(torch.full_like(a, log_1mq), log_q + (g_norm * a - 0.5 * g_norm**2) / (s * s))
-        likelihood += torch.where(g_norm > 0, step_llr, torch.zeros_like(step_llr))
+        a, step_llr = step_likelihood_ratio(noisy_canary, g, sample_rate=sample_rate, noise_std=s)
+        likelihood += step_llr
         if previous is not None:
             variation += (a - previous).abs()
         previous = a

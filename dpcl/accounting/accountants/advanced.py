@@ -13,8 +13,7 @@ import numpy as np
 from dpcl.accounting.accountants.base import (
     AccountantBase,
     Mechanisms,
-    _Mechanisms,
-    _refuse_replace_one_sampling,
+    _raise_refusal,
     replace_one_sampling_refusal,
 )
 from dpcl.accounting.accountants.basic import _profile_epsilons, _profile_pieces
@@ -35,8 +34,8 @@ def _kov(eps: np.ndarray, weights: np.ndarray, log_slack: np.ndarray) -> np.ndar
     return np.minimum(np.minimum(total, second), third)
 
 
-def _advanced(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
-    _refuse_replace_one_sampling(mech, "advanced")
+def _advanced(mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    _raise_refusal(replace_one_sampling_refusal(mech, "advanced"))
     fixed = [(e, d, c) for e, d, c in mech.eps_delta] + [(e, 0.0, c) for e, c in mech.laplace]
     fixed_eps = np.array([e for e, _, _ in fixed], dtype=np.float64)
     fixed_w = np.array([c for *_, c in fixed], dtype=np.float64)

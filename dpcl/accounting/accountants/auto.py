@@ -29,9 +29,8 @@ from dpcl.accounting.accountants.base import (
     AccountingResult,
     Mechanisms,
     _check_result,
-    _collect,
-    _Mechanisms,
     _RELATION_NOTE,
+    collect,
 )
 from dpcl.accounting.accountants.basic import ACCOUNTANT as _BASIC
 from dpcl.accounting.accountants.basic import _basic
@@ -49,7 +48,7 @@ from dpcl.errors import UnsupportedEventError
 __all__ = ["ACCOUNTANT", "AutoAccountant"]
 
 
-def _loss_variance(mech: _Mechanisms) -> tuple[float, int]:
+def _loss_variance(mech: Mechanisms) -> tuple[float, int]:
     """V, the summed variance of the steps' privacy losses, and N, the number of steps (see :func:`_auto_pld_start`).
 
     V of a Poisson-subsampled Gaussian step is its chi^2 divergence q^2 (e^(1/z^2) - 1) (the mu^2 / T of the
@@ -72,7 +71,7 @@ def _loss_variance(mech: _Mechanisms) -> tuple[float, int]:
     return variance, steps
 
 
-def _predicted_interval(mech: _Mechanisms, tolerance: float, kappa: float) -> float | None:
+def _predicted_interval(mech: Mechanisms, tolerance: float, kappa: float) -> float | None:
     """The interval h whose first refinement (2 h -> h) is predicted to change epsilon by half ``tolerance`` when
     the relative error at h is ``kappa N h^2 / V`` (see :func:`_auto_pld_start`); None where V or N says nothing."""
     variance, steps = _loss_variance(mech)
@@ -82,7 +81,7 @@ def _predicted_interval(mech: _Mechanisms, tolerance: float, kappa: float) -> fl
 
 
 def _auto_pld_start(
-    mech: _Mechanisms, epsilon_scale: float | None, tolerance: float = settings.AUTO_PLD_TOLERANCE, interval: float | None = None,
+    mech: Mechanisms, epsilon_scale: float | None, tolerance: float = settings.AUTO_PLD_TOLERANCE, interval: float | None = None,
 ) -> float:
     """The interval auto's PLD refinement starts from: ``epsilon_scale`` (the RDP epsilon) / :data:`AUTO_PLD_RESOLUTION`
     clipped to :data:`AUTO_PLD_INTERVAL_RANGE`, or finer where the events predict a larger discretisation error.
@@ -114,7 +113,7 @@ def _auto_pld_start(
 
 
 def _auto_pld_fast_start(
-    mech: _Mechanisms, start: float, epsilon_scale: float | None, tolerance: float = settings.AUTO_PLD_TOLERANCE,
+    mech: Mechanisms, start: float, epsilon_scale: float | None, tolerance: float = settings.AUTO_PLD_TOLERANCE,
 ) -> float:
     """``start``, or a coarser interval where the PLD at ``start`` would need more than :data:`AUTO_PLD_FAST_POINTS`
     grid points and the events predict that a coarser one converges.
@@ -156,7 +155,7 @@ class _PldRefinement:
 
 
 def _pld_refined(
-    mech: _Mechanisms, delta: float, start_interval: float, budget_points: float | None = None,
+    mech: Mechanisms, delta: float, start_interval: float, budget_points: float | None = None,
     tolerance: float = settings.AUTO_PLD_TOLERANCE,
 ) -> tuple[float, tuple[str, ...], _PldRefinement]:
     """Pessimistic PLD, refined from ``start_interval`` until it has converged (see :data:`AUTO_PLD_TOLERANCE`).
@@ -230,7 +229,7 @@ def _pld_refined(
 
 
 def _auto(
-    mech: _Mechanisms, delta: float, base: dict[str, Any], pld_interval: float | None = None,
+    mech: Mechanisms, delta: float, base: dict[str, Any], pld_interval: float | None = None,
     tolerance: float = settings.AUTO_PLD_TOLERANCE, used: dict[str, float] | None = None,
 ) -> AccountingResult:
     """The tightest sound bound of the accountants dpcl runs (see the module docstring).
@@ -329,7 +328,7 @@ class AutoAccountant(AccountantBase):
         return result.epsilon, result.notes
 
     def cost(self, events: Any) -> float:
-        mech = _collect(events)
+        mech = collect(events)
         return math.fsum(a.cost(mech) for a in (_EXACT, _RDP, _PLD, _ADVANCED, _BASIC, _PRV) if a.supports(mech))
 
 

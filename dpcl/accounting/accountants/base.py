@@ -23,11 +23,10 @@ from dpcl.accounting.events import (
     Adjacency,
     ComposedEvent,
     EpsilonDeltaEvent,
-    GaussianEvent,
-    HeterogeneousGaussianEvent,
     LaplaceEvent,
     PoissonSampledGaussianEvent,
     PrivacyEvent,
+    unsampled_gaussian_mu,
 )
 from dpcl.errors import InvalidParameterError, UnsupportedEventError
 
@@ -94,6 +93,20 @@ class Mechanisms:
             n += mus.size + 1
         return math.sqrt(total * (1.0 + 2.0 * (n + 4) * _UNIT_ROUNDOFF))
 
+    def laplace_groups(self) -> list[tuple[float, int]]:
+        """The Laplace mechanisms as ``(epsilon0, count)``, equal epsilons merged (counts added), in first-seen order."""
+        out: dict[float, int] = {}
+        for value, count in self.laplace:
+            out[value] = out.get(value, 0) + count
+        return list(out.items())
+
+    def sampled_groups(self) -> list[tuple[tuple[float, float], int]]:
+        """The Poisson-subsampled Gaussian steps as ``((z, q), count)``, equal (z, q) merged, in first-seen order."""
+        out: dict[tuple[float, float], int] = {}
+        for a, b, count in self.sampled:
+            out[(a, b)] = out.get((a, b), 0) + count
+        return list(out.items())
+
     def describe(self) -> str:
         parts = []
         if self.gauss_mus:
@@ -132,31 +145,19 @@ def collect(events: "PrivacyEvent | Sequence[PrivacyEvent] | Mechanisms") -> Mec
                 f"steps (repetitions of a Poisson-subsampled Gaussian step) must be at most {MAX_SAMPLED_STEPS:.0e}, "
                 f"got {count:.3g}; {STEPS_HINT}."
             )
-        if isinstance(leaf, GaussianEvent):
-            mech.gauss_mus.append(np.array([leaf.mu]))
-            mech.gauss_counts.append(count)
-        elif isinstance(leaf, HeterogeneousGaussianEvent):
-            mech.gauss_mus.append(np.asarray(leaf.mus, dtype=np.float64).ravel())
+        mu = unsampled_gaussian_mu(leaf)  # Gaussians, and subsampled Gaussians at sample rate 1
+        if mu is not None:
+            mech.gauss_mus.append(np.asarray(mu, dtype=np.float64).ravel())
             mech.gauss_counts.append(count)
         elif isinstance(leaf, LaplaceEvent):
             mech.laplace.append((leaf.epsilon, count))
         elif isinstance(leaf, PoissonSampledGaussianEvent):
-            if leaf.sample_rate == 1.0:
-                # no sampling: a Gaussian with sensitivity C (add/remove) or 2C (replace-one)
-                factor = 2.0 if leaf.adjacency is Adjacency.REPLACE_ONE else 1.0
-                mech.gauss_mus.append(np.array([factor / leaf.noise_multiplier]))
-                mech.gauss_counts.append(count)
-            else:
-                mech.sampled.append((leaf.noise_multiplier, leaf.sample_rate, count))
+            mech.sampled.append((leaf.noise_multiplier, leaf.sample_rate, count))
         elif isinstance(leaf, EpsilonDeltaEvent):
             mech.eps_delta.append((leaf.epsilon, leaf.delta, count))
         else:
             raise UnsupportedEventError(f"no accountant handles events of kind {leaf.kind!r}.")
     return mech
-
-
-_Mechanisms = Mechanisms  # the names the accountants' modules use
-_collect = collect
 
 
 def eps_delta_refusal(mech: Mechanisms, name: str) -> str | None:
@@ -180,14 +181,9 @@ def replace_one_sampling_refusal(mech: Mechanisms, name: str) -> str | None:
     return None
 
 
-def _refuse_eps_delta(mech: Mechanisms, name: str) -> None:
-    why = eps_delta_refusal(mech, name)
-    if why is not None:
-        raise UnsupportedEventError(why)
-
-
-def _refuse_replace_one_sampling(mech: Mechanisms, name: str) -> None:
-    why = replace_one_sampling_refusal(mech, name)
+def _raise_refusal(why: str | None) -> None:
+    """Raise :class:`UnsupportedEventError` with ``why``, an accountant's reason for refusing events (None: no
+    refusal, nothing raised)."""
     if why is not None:
         raise UnsupportedEventError(why)
 
@@ -196,20 +192,6 @@ _RELATION_NOTE = (
     "Gaussian/Laplace events use their stated sensitivity under the stated relation; "
     "subsampled-Gaussian noise multipliers are relative to the clipping norm."
 )
-
-
-def _grouped(pairs: list[tuple[float, int]]) -> list[tuple[float, int]]:
-    out: dict[float, int] = {}
-    for value, count in pairs:
-        out[value] = out.get(value, 0) + count
-    return list(out.items())
-
-
-def _grouped_pairs(triples: list[tuple[float, float, int]]) -> list[tuple[tuple[float, float], int]]:
-    out: dict[tuple[float, float], int] = {}
-    for a, b, count in triples:
-        out[(a, b)] = out.get((a, b), 0) + count
-    return list(out.items())
 
 
 def _check_result(eps: float, name: str) -> None:
@@ -271,9 +253,7 @@ class AccountantBase:
 
     def epsilon(self, events: Any, delta: float) -> tuple[float, tuple[str, ...]]:
         mech = collect(events)
-        why = self.refusal(mech)
-        if why is not None:
-            raise UnsupportedEventError(why)
+        _raise_refusal(self.refusal(mech))
         return self.epsilon_of(mech, delta)
 
     def epsilon_of(self, mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
@@ -286,9 +266,7 @@ class AccountantBase:
 
     def delta(self, events: Any, epsilon: float) -> float:
         mech = collect(events)
-        why = self.refusal(mech)
-        if why is not None:
-            raise UnsupportedEventError(why)
+        _raise_refusal(self.refusal(mech))
         return self.delta_of(mech, float(epsilon))
 
     def delta_of(self, mech: Mechanisms, epsilon: float) -> float:

@@ -15,9 +15,7 @@ import numpy as np
 from dpcl.accounting.accountants.base import (
     AccountantBase,
     Mechanisms,
-    _grouped_pairs,
-    _Mechanisms,
-    _refuse_replace_one_sampling,
+    _raise_refusal,
     replace_one_sampling_refusal,
 )
 from dpcl.accounting.gaussian import gdp_epsilon
@@ -26,7 +24,7 @@ from dpcl.errors import InvalidParameterError, UnsupportedEventError
 __all__ = ["ACCOUNTANT", "BasicAccountant"]
 
 
-def _profile_pieces(mech: _Mechanisms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _profile_pieces(mech: Mechanisms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Mechanisms that need a delta share: unique (kind, parameter) rows with counts.
 
     Returns (mus, qs, counts, is_sampled): Gaussians have q = 1; a subsampled
@@ -38,7 +36,7 @@ def _profile_pieces(mech: _Mechanisms) -> tuple[np.ndarray, np.ndarray, np.ndarr
         mus.append(u)
         qs.append(np.ones_like(u))
         counts.append(k * c)
-    for (z, q), c in _grouped_pairs(mech.sampled):
+    for (z, q), c in mech.sampled_groups():
         mus.append(np.array([1.0 / z]))
         qs.append(np.array([q]))
         counts.append(np.array([c]))
@@ -66,8 +64,8 @@ def _profile_epsilons(mu: np.ndarray, q: np.ndarray, deltas: np.ndarray) -> np.n
     return np.where(q < 1.0, np.where(base <= 1.0, small, large), base)
 
 
-def _basic(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
-    _refuse_replace_one_sampling(mech, "basic")
+def _basic(mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+    _raise_refusal(replace_one_sampling_refusal(mech, "basic"))
     fixed_eps = math.fsum([e * c for e, _, c in mech.eps_delta] + [e * c for e, c in mech.laplace])
     fixed_delta = math.fsum([d * c for _, d, c in mech.eps_delta])
     mu, q, counts, _ = _profile_pieces(mech)

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from dpcl.accounting import work as _work
 from dpcl.accounting.accountants import settings
 from dpcl.accounting.accountants.auto import _auto
-from dpcl.accounting.accountants.base import AccountingResult, _collect, _Mechanisms, accounting_result
+from dpcl.accounting.accountants.base import AccountingResult, Mechanisms, accounting_result, collect
 from dpcl.accounting.accountants.memo import EPSILON_MEMO, _mech_key
 from dpcl.accounting.accountants.registry import get_accountant
 from dpcl.accounting.events import PrivacyEvent
@@ -28,7 +28,7 @@ def settings_key() -> tuple[Any, ...]:
     return settings.snapshot()
 
 
-def _memo_key(accountant: Any, mech: _Mechanisms, delta: float, *options: Any) -> tuple[Any, ...]:
+def _memo_key(accountant: Any, mech: Mechanisms, delta: float, *options: Any) -> tuple[Any, ...]:
     """The memo key: the accountant object itself (its type and parameters: a frozen dataclass compares by
     value), delta, the options, the collected events and the settings."""
     return (type(accountant), accountant, float(delta), options, _mech_key(mech), settings_key())
@@ -57,7 +57,7 @@ def compute_epsilon(
     acc = get_accountant(accountant)
     name = acc.name
     delta = check_delta_scalar("delta", delta)
-    mech = _collect(events)
+    mech = collect(events)
     key = _memo_key(acc, mech, delta)
     cached = EPSILON_MEMO.get(key)
     if cached is not None:
@@ -79,7 +79,7 @@ def _auto_epsilon(
 ) -> tuple[AccountingResult, float | None]:
     """``compute_epsilon(events, delta, "auto")`` with calibration's knobs; also returns the PLD interval used."""
     delta = check_delta_scalar("delta", delta)
-    mech = _collect(events)
+    mech = collect(events)
     key = _memo_key("auto-options", mech, delta, pld_interval, tolerance)
     cached = EPSILON_MEMO.get(key)
     if cached is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpcl.accounting.accountants.base import AccountantBase, Mechanisms, _Mechanisms
+from dpcl.accounting.accountants.base import AccountantBase, Mechanisms
 from dpcl.accounting.gaussian import gdp_delta, gdp_epsilon
 from dpcl.accounting.laplace import laplace_delta, laplace_epsilon_for_delta
 from dpcl.errors import UnsupportedEventError
@@ -30,7 +30,7 @@ def _exact_refusal(mech: Mechanisms) -> str | None:
     )
 
 
-def _exact(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+def _exact(mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     if mech.only_gaussian:
         mu = mech.gaussian_mu_total()
         eps = float(gdp_epsilon(mu, delta))

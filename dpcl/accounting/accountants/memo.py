@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from dpcl.accounting.accountants import settings
-from dpcl.accounting.accountants.base import _Mechanisms
+from dpcl.accounting.accountants.base import Mechanisms
 
 __all__ = ["EPSILON_MEMO", "PLD_MEMO", "clear_memo"]
 
@@ -119,7 +119,7 @@ def _array_key(values: np.ndarray) -> tuple[Any, ...]:
     return (data.size, hashlib.sha256(raw).hexdigest())
 
 
-def _mech_key(mech: _Mechanisms) -> tuple[Any, ...]:
+def _mech_key(mech: Mechanisms) -> tuple[Any, ...]:
     """Canonical representation of collected events: every value the accountants read, in collection order.
 
     Two event lists with the same key are accounted by exactly the same computation (the accountants

@@ -34,11 +34,8 @@ from dpcl.accounting.accountants._pld_grid import (
 from dpcl.accounting.accountants.base import (
     AccountantBase,
     Mechanisms,
-    _collect,
-    _grouped,
-    _grouped_pairs,
-    _Mechanisms,
-    _refuse_eps_delta,
+    _raise_refusal,
+    collect,
     eps_delta_refusal,
 )
 from dpcl.accounting.events import Adjacency, PrivacyEvent
@@ -47,7 +44,7 @@ from dpcl.errors import UnsupportedEventError
 __all__ = ["ACCOUNTANT", "PldAccountant", "check_pld_fits"]
 
 
-def _pld(mech: _Mechanisms, delta: float, interval: float, work: list[float] | None = None) -> tuple[float, tuple[str, ...]]:
+def _pld(mech: Mechanisms, delta: float, interval: float, work: list[float] | None = None) -> tuple[float, tuple[str, ...]]:
     """dp-accounting pessimistic PLD at ``interval``; refuses (before allocating) a grid that would not fit.
 
     ``work``, where given, receives the grid points of the composed PLD (its PMFs' sizes: what its
@@ -58,7 +55,7 @@ def _pld(mech: _Mechanisms, delta: float, interval: float, work: list[float] | N
     on a proxy grid with at most ~5e4 points and scaled by proxy interval / interval (the loss
     range it spans does not depend on the interval), so that a PLD which will be refused is never built.
     """
-    _refuse_eps_delta(mech, "pld")
+    _raise_refusal(eps_delta_refusal(mech, "pld"))
     pieces, piece_keys, notes = _pld_pieces(mech)
     notes.insert(0, f"pld: dp-accounting PLD, pessimistic estimate, value discretisation interval {interval:g}.")
     singles = _sized_single_steps_or_refuse(pieces, interval)
@@ -86,7 +83,7 @@ def check_pld_fits(events: "PrivacyEvent | Sequence[PrivacyEvent]", interval: fl
     (the same pieces and dp-accounting's own Chernoff bound on each composed grid). For callers that compose
     the events with dp-accounting themselves, such as ``dpcl verify --cross-check``
     (:mod:`dpcl.guarantees.cross_check`), whose memory it bounds."""
-    pieces, _, _ = _pld_pieces(_collect(events))
+    pieces, _, _ = _pld_pieces(collect(events))
     _sized_single_steps_or_refuse(pieces, interval, max_points)
 
 
@@ -105,7 +102,7 @@ def _sized_single_steps_or_refuse(
 
 
 def _pld_pieces(
-    mech: _Mechanisms,
+    mech: Mechanisms,
 ) -> tuple[list[tuple[Callable[[float], Any], int, float, str]], list[tuple[Any, ...]], list[str]]:
     """The pieces of ``mech``'s PLD: (builder(interval) -> single-step PLD, repetitions, single-step size
     estimate at interval 1, description), what each piece is by value (for the memo of partial
@@ -129,7 +126,7 @@ def _pld_pieces(
         ))
         piece_keys.append(("gaussian", float(mu), 1))
         notes.append(f"pld: Gaussian mechanisms merged exactly into one with mu = {mu:.6g} (Dong, Roth & Su 2022, Cor. 3.3).")
-    for eps0, count in _grouped(mech.laplace):
+    for eps0, count in mech.laplace_groups():
         pieces.append((
             lambda h, eps0=eps0: pld_lib.from_laplace_mechanism(
                 parameter=1.0, sensitivity=eps0, pessimistic_estimate=True, value_discretization_interval=h,
@@ -137,7 +134,7 @@ def _pld_pieces(
             count, 2.0 * eps0, f"Laplace mechanisms with epsilon0 = {eps0:.3g}",
         ))
         piece_keys.append(("laplace", float(eps0), int(count)))
-    for (z, q), count in _grouped_pairs(mech.sampled):
+    for (z, q), count in mech.sampled_groups():
         # replace-one moves a clipped gradient by up to 2C: size it as noise z / 2
         z_size = z / 2.0 if mech.adjacency is Adjacency.REPLACE_ONE else z
         pieces.append((
@@ -223,7 +220,7 @@ class PldAccountant(AccountantBase):
             raise _pld_library_error(exc) from exc
 
     def cost(self, events: Any) -> float:
-        pieces, _, _ = _pld_pieces(_collect(events))
+        pieces, _, _ = _pld_pieces(collect(events))
         interval = self._interval()
         return float(sum(count * (width / interval + 1.0) for _, count, width, _ in pieces))  # convolution supports
 

@@ -20,11 +20,7 @@ from dpcl.accounting.accountants import settings
 from dpcl.accounting.accountants.base import (
     AccountantBase,
     Mechanisms,
-    _grouped,
-    _grouped_pairs,
-    _Mechanisms,
-    _refuse_eps_delta,
-    _refuse_replace_one_sampling,
+    _raise_refusal,
 )
 from dpcl.accounting.accountants.rdp import (
     _dp_accounting_warnings_dropped,
@@ -38,11 +34,10 @@ from dpcl.errors import UnsupportedEventError
 __all__ = ["ACCOUNTANT", "PrvAccountant"]
 
 
-def _prv(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+def _prv(mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     from prv_accountant import PRVAccountant
 
-    _refuse_eps_delta(mech, "prv")
-    _refuse_replace_one_sampling(mech, "prv")
+    _raise_refusal(_rdp_like_refusal(mech, "prv"))
     eps_rdp = _rdp_epsilon(mech, delta)
     eps_error = max(settings.PRV_RELATIVE_EPS_ERROR * eps_rdp, settings.PRV_MIN_EPS_ERROR)
     delta_error = settings.PRV_RELATIVE_DELTA_ERROR * delta
@@ -123,7 +118,7 @@ def _check_prv_composition(singles: Sequence[Any], counts: Sequence[int], compos
         )
 
 
-def _prv_safe_domain(mech: _Mechanisms, counts: list[int], eps_error: float, delta_error: float) -> float:
+def _prv_safe_domain(mech: Mechanisms, counts: list[int], eps_error: float, delta_error: float) -> float:
     """prv-accountant's safe domain size L (its remark 5.6, ``compute_safe_domain_size``), from dp-accounting's RDP.
 
     prv-accountant takes L from an RDP epsilon of the composition at delta_error / 4 and of each
@@ -134,13 +129,13 @@ def _prv_safe_domain(mech: _Mechanisms, counts: list[int], eps_error: float, del
     total = sum(counts)
     with _dp_accounting_warnings_dropped(), np.errstate(all="ignore"):
         domain = float(_rdp_accountant(mech).get_epsilon(delta_error / 4.0))
-        pieces: list[_Mechanisms] = []
+        pieces: list[Mechanisms] = []
         if mech.gauss_mus:
-            pieces.append(_Mechanisms(adjacency=mech.adjacency, unit=mech.unit, gauss_mus=mech.gauss_mus, gauss_counts=mech.gauss_counts))
-        for eps0, _ in _grouped(mech.laplace):
-            pieces.append(_Mechanisms(adjacency=mech.adjacency, unit=mech.unit, laplace=[(eps0, 1)]))
-        for (z, q), _ in _grouped_pairs(mech.sampled):
-            pieces.append(_Mechanisms(adjacency=mech.adjacency, unit=mech.unit, sampled=[(z, q, 1)]))
+            pieces.append(Mechanisms(adjacency=mech.adjacency, unit=mech.unit, gauss_mus=mech.gauss_mus, gauss_counts=mech.gauss_counts))
+        for eps0, _ in mech.laplace_groups():
+            pieces.append(Mechanisms(adjacency=mech.adjacency, unit=mech.unit, laplace=[(eps0, 1)]))
+        for (z, q), _ in mech.sampled_groups():
+            pieces.append(Mechanisms(adjacency=mech.adjacency, unit=mech.unit, sampled=[(z, q, 1)]))
         for piece in pieces:
             domain = max(domain, float(_rdp_accountant(piece).get_epsilon(delta_error / 8.0 / total)))
     return max(domain, eps_error) + 3.0

@@ -22,11 +22,7 @@ from dpcl.accounting import work as _work
 from dpcl.accounting.accountants.base import (
     AccountantBase,
     Mechanisms,
-    _grouped,
-    _grouped_pairs,
-    _Mechanisms,
-    _refuse_eps_delta,
-    _refuse_replace_one_sampling,
+    _raise_refusal,
     collect,
     eps_delta_refusal,
     replace_one_sampling_refusal,
@@ -76,20 +72,19 @@ def _dp_accounting_warnings_dropped() -> Any:
         logger.removeFilter(dropper)
 
 
-def _rdp_accountant(mech: _Mechanisms) -> Any:
+def _rdp_accountant(mech: Mechanisms) -> Any:
     from dp_accounting import dp_event
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    _refuse_eps_delta(mech, "rdp")
-    _refuse_replace_one_sampling(mech, "rdp")
+    _raise_refusal(_rdp_like_refusal(mech, "rdp"))
     acc = rdp_privacy_accountant.RdpAccountant()
     if mech.gauss_mus:
         acc.compose(dp_event.GaussianDpEvent(1.0 / mech.gaussian_mu_total()))
-    for eps0, count in _grouped(mech.laplace):
+    for eps0, count in mech.laplace_groups():
         # dp-accounting takes the noise multiplier b and uses eps0 = 1 / b: step b down one ulp so that
         # the round trip 1 / fl(1 / eps0) can never come out below eps0 (rounding on the safe side)
         acc.compose(dp_event.LaplaceDpEvent(math.nextafter(1.0 / eps0, 0.0)), count)
-    for (z, q), count in _grouped_pairs(mech.sampled):
+    for (z, q), count in mech.sampled_groups():
         _work.checkpoint()  # the caller's processor-time budget (dpcl.accounting.work)
         # acc.compose(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count) adds count x the step's RDP at
         # each order; the step's RDP vector is memoised, so that a ledger composing the same steps again
@@ -115,7 +110,7 @@ def _sampled_step_rdp(z: float, q: float) -> np.ndarray:
     return vector
 
 
-def _rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
+def _rdp_epsilon(mech: Mechanisms, delta: float) -> float:
     if delta not in mech.rdp_cache:
         try:
             with _dp_accounting_warnings_dropped() as dropped, np.errstate(all="ignore"):
@@ -141,7 +136,7 @@ def _rdp_epsilon(mech: _Mechanisms, delta: float) -> float:
     return mech.rdp_cache[delta]
 
 
-def _prv_rdp_epsilon(mech: _Mechanisms, delta: float, orders: list[float]) -> float:
+def _prv_rdp_epsilon(mech: Mechanisms, delta: float, orders: list[float]) -> float:
     """prv-accountant's RDP accountant on the same events at the ``orders`` dp-accounting dropped.
 
     dp-accounting gives up on a fractional order after 1000 terms of its series (e.g. q = 0.1,
@@ -163,7 +158,7 @@ def _prv_rdp_epsilon(mech: _Mechanisms, delta: float, orders: list[float]) -> fl
     return eps if math.isfinite(eps) and eps >= 0 else math.inf
 
 
-def _prv_mechanisms(mech: _Mechanisms) -> tuple[list[Any], list[int]]:
+def _prv_mechanisms(mech: Mechanisms) -> tuple[list[Any], list[int]]:
     """prv-accountant's privacy random variables of ``mech`` and their counts (Gaussians merged into one by
     their total mu, equal Laplace and sampled-Gaussian mechanisms grouped)."""
     from prv_accountant.privacy_random_variables import (
@@ -177,16 +172,16 @@ def _prv_mechanisms(mech: _Mechanisms) -> tuple[list[Any], list[int]]:
     if mech.gauss_mus:
         prvs.append(GaussianMechanism(noise_multiplier=1.0 / mech.gaussian_mu_total()))
         counts.append(1)
-    for eps0, count in _grouped(mech.laplace):
+    for eps0, count in mech.laplace_groups():
         prvs.append(LaplaceMechanism(mu=eps0))
         counts.append(count)
-    for (z, q), count in _grouped_pairs(mech.sampled):
+    for (z, q), count in mech.sampled_groups():
         prvs.append(PoissonSubsampledGaussianMechanism(noise_multiplier=z, sampling_probability=q))
         counts.append(count)
     return prvs, counts
 
 
-def _rdp(mech: _Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
+def _rdp(mech: Mechanisms, delta: float) -> tuple[float, tuple[str, ...]]:
     eps = _rdp_epsilon(mech, delta)
     notes = ["rdp: dp-accounting RdpAccountant, default orders, its RDP-to-(epsilon, delta) conversion."]
     if mech.rdp_excluded_orders:
@@ -227,7 +222,7 @@ class RdpAccountant(AccountantBase):
             return float(_rdp_accountant(mech).get_delta(epsilon))
 
     def cost(self, events: Any) -> float:
-        return 1.0 + 1000.0 * len(_grouped_pairs(collect(events).sampled))  # a series of <= 1000 terms per step kind
+        return 1.0 + 1000.0 * len(collect(events).sampled_groups())  # a series of <= 1000 terms per step kind
 
 
 #: The instance dpcl registers (:mod:`~dpcl.accounting.accountants.registry`).
