@@ -71,8 +71,8 @@ from dpcl.guarantees.signing import load_private_key
 from dpcl.guarantees.settings import ACROSS_TASKS_CHOICES, PrivacySettings
 # the Certifier's parts (dpcl.certification); the names users import from here are re-exported
 from dpcl.certification.arguments import (
-    _DRY_RUN, _METADATA_KEY, _UNSET, _certifier_settings, _check_run_options, _composition, _label_space, _plain,
-    _refuse_existing_run, _task_index, _task_sizes, _uncommitted_charge, check_reproducible_seed,
+    _DRY_RUN, _METADATA_KEY, _UNSET, _certifier_settings, _charge_or_reuse, _check_run_options, _composition,
+    _label_space, _plain, _refuse_existing_run, _task_index, _task_sizes, check_reproducible_seed,
     existing_run_files,
 )
 from dpcl.certification.assumptions import (
@@ -403,10 +403,9 @@ class Certifier(ScopedStatements, DpsgdPlans, NoiseSources, Releases):
                 "charged to a headline ledger. Charge statements about narrower releases with charge_scoped."
             )
         indices, event_list = self._charge_arguments(task, events, self.ledger)
-        if reuse_uncommitted and _uncommitted_charge(self.ledger, indices, event_list) is not None:
-            return self.ledger.charges[-1]
         name = label or (f"{self.method} task {indices[0]}" if len(indices) == 1 else f"{self.method} tasks {indices}")
-        return self.ledger.charge(indices, event_list, unit_ids=unit_ids, label=name)
+        return _charge_or_reuse(self.ledger, indices, event_list, unit_ids=unit_ids, label=name,
+                                reuse_uncommitted=reuse_uncommitted)
 
     def _charge_arguments(self, task: Any, events: Any, ledger: TaskLedger) -> tuple[list[int], list[Any]]:
         tasks = [task] if isinstance(task, (int, np.integer)) and not isinstance(task, bool) else list(task)

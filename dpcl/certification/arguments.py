@@ -38,6 +38,19 @@ def _uncommitted_charge(ledger: TaskLedger, tasks: Sequence[int], events: Sequen
     return last if last.tasks == tuple(int(t) for t in tasks) and last.events == compress_events(events) else None
 
 
+def _charge_or_reuse(
+    ledger: TaskLedger, tasks: Sequence[int], events: Sequence[Any], *, unit_ids: Any, label: str,
+    reuse_uncommitted: bool,
+) -> Charge:
+    """Charge ``events`` on ``tasks`` to ``ledger``. With ``reuse_uncommitted`` (resuming after a crash), the
+    ledger's last charge is returned instead when it is these events on these tasks with no release after it."""
+    if reuse_uncommitted:
+        uncommitted = _uncommitted_charge(ledger, tasks, events)
+        if uncommitted is not None:
+            return uncommitted
+    return ledger.charge(tasks, events, unit_ids=unit_ids, label=label)
+
+
 def check_reproducible_seed(seed: Any) -> None:
     """Refuse a ``reproducible_seed`` that is neither None (noise from OS entropy) nor an integer in [0, 2**64)."""
     if seed is not None and (

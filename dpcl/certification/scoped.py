@@ -8,7 +8,7 @@ from typing import Any, Iterable, Sequence
 from dpcl.accounting.events import Adjacency, PrivacyEvent
 from dpcl.errors import InvalidParameterError, LedgerCorruptError
 from dpcl.guarantees.ledger import Charge, TaskLedger
-from dpcl.certification.arguments import _SCOPE_NAME, _task_index, _uncommitted_charge
+from dpcl.certification.arguments import _SCOPE_NAME, _charge_or_reuse, _task_index
 
 
 class ScopedStatements:
@@ -61,10 +61,9 @@ class ScopedStatements:
         ledger = self.open_scoped(name, adjacency=event_list[0].adjacency, unit=event_list[0].unit)
         indices, event_list = self._charge_arguments(task, event_list, ledger)
         self._scopes[name] = scope.strip()
-        if reuse_uncommitted and _uncommitted_charge(ledger, indices, event_list) is not None:
-            return ledger.charges[-1]
         name_label = label or f"{self.method} task {indices[0]} ({name})"
-        return ledger.charge(indices, event_list, unit_ids=unit_ids, label=name_label)
+        return _charge_or_reuse(ledger, indices, event_list, unit_ids=unit_ids, label=name_label,
+                                reuse_uncommitted=reuse_uncommitted)
 
     def scoped_statements(self) -> dict[str, tuple[str, TaskLedger]]:
         """Every scoped statement charged in this process: name -> (scope sentence, its ledger), in charge order."""

@@ -75,7 +75,7 @@ from dpcl.guarantees.certificate_model import (
     Release,
     ScopedGuarantee,
 )
-from dpcl.guarantees.ledger import Charge, StreamGuarantee, TaskLedger, charges_to_list, compact_indices
+from dpcl.guarantees.ledger import Charge, ReleaseRecord, StreamGuarantee, TaskLedger, charges_to_list, compact_indices
 from dpcl.guarantees.method_schema import ReleaseCoverage
 # writing and reading certificates, and verifying them, live in their own modules; their names are re-exported
 from dpcl.guarantees.certificate_files import (
@@ -377,32 +377,10 @@ def certificate_from_ledger(
     if not ledger.releases:
         raise InvalidParameterError("the ledger has no release yet; call ledger.release(task) first.")
     record = ledger.releases[release_index]
-    if not release.covered:
-        return non_private_certificate(
-            release_task=record.task_index,
-            method=method,
-            label_space=label_space,
-            assumptions=assumptions,
-            reasons=release.reasons,
-            scoped=scoped,
-            checkpoint=checkpoint,
-            checkpoint_sha256=record.checkpoint_sha256,
-            config=config if config is not None else ledger.metadata.get("config"),
-            label_filtering=label_filtering,
-            extra=extra,
-            fields=fields,
-            model=model,
-        )
-    filter_state = ledger.filter_state()
-    if ledger.uses_filter and record.n_charges < len(ledger.charges):
-        # an earlier release: its filter state is that of the charges it covers, not of later ones
-        replay = TaskLedger(**ledger.settings())
-        for c in ledger.charges[: record.n_charges]:
-            replay._admit(c)
-        filter_state = replay.filter_state()
+    covered = release.covered  # if not, the ledger supplies only the release's task index and checkpoint hash
     return build_certificate(
-        guarantee=record.guarantee,
-        charges=ledger.charges[: record.n_charges],
+        guarantee=record.guarantee if covered else None,
+        charges=ledger.charges[: record.n_charges] if covered else (),
         release_task=record.task_index,
         method=method,
         label_space=label_space,
@@ -412,12 +390,23 @@ def certificate_from_ledger(
         checkpoint=checkpoint,
         checkpoint_sha256=record.checkpoint_sha256,
         config=config if config is not None else ledger.metadata.get("config"),
-        filter_state=filter_state or None,
+        filter_state=(_filter_state_at(ledger, record) or None) if covered else None,
         label_filtering=label_filtering,
         extra=extra,
         fields=fields,
         model=model,
     )
+
+
+def _filter_state_at(ledger: TaskLedger, record: ReleaseRecord) -> dict[str, Any]:
+    """The ledger's filter state as of ``record``: an earlier release's is that of the charges it covers, not
+    of later ones."""
+    if ledger.uses_filter and record.n_charges < len(ledger.charges):
+        replay = TaskLedger(**ledger.settings())
+        for c in ledger.charges[: record.n_charges]:
+            replay._admit(c)
+        return replay.filter_state()
+    return ledger.filter_state()
 
 
 def non_private_certificate(

@@ -146,7 +146,11 @@ def generate_key_pair(out: "str | os.PathLike[str]", *, force: bool = False) -> 
     return KeyPair(private_key=private_path, public_key=public_path, fingerprint=public_key_fingerprint(key))
 
 
-def _read_key_file(path: Path, what: str, option: str) -> bytes:
+def _read_key_file(key: Any, what: str, option: str) -> tuple[Path, bytes]:
+    """The path and bytes of the ``what`` file that ``key`` names (a path given for ``option``)."""
+    if not isinstance(key, (str, os.PathLike)):
+        raise KeyFileError(f"{option} must be a key file path or an Ed25519 {what}, got {type(key).__name__}.")
+    path = Path(key)
     try:
         size = path.stat().st_size
         if not path.is_file():
@@ -157,7 +161,7 @@ def _read_key_file(path: Path, what: str, option: str) -> bytes:
                 f"give the {what} file written by dpcl keygen."
             )
         with open(path, "rb") as handle:
-            return handle.read(MAX_KEY_FILE_BYTES + 1)
+            return path, handle.read(MAX_KEY_FILE_BYTES + 1)
     except FileNotFoundError:
         raise KeyFileError(f"{option} {str(path)!r} does not exist; create a key pair with dpcl keygen --out KEY.") from None
     except OSError as exc:
@@ -169,10 +173,7 @@ def load_private_key(key: Any, *, option: str = "--key") -> Any:
     serialization, ed25519 = _crypto()
     if isinstance(key, ed25519.Ed25519PrivateKey):
         return key
-    if not isinstance(key, (str, os.PathLike)):
-        raise KeyFileError(f"{option} must be a key file path or an Ed25519 private key, got {type(key).__name__}.")
-    path = Path(key)
-    data = _read_key_file(path, "private key", option)
+    path, data = _read_key_file(key, "private key", option)
     try:
         loaded = serialization.load_pem_private_key(data, password=None)
     except TypeError:
@@ -198,10 +199,7 @@ def load_public_key(key: Any, *, option: str = "--public-key") -> Any:
     serialization, ed25519 = _crypto()
     if isinstance(key, ed25519.Ed25519PublicKey):
         return key
-    if not isinstance(key, (str, os.PathLike)):
-        raise KeyFileError(f"{option} must be a key file path or an Ed25519 public key, got {type(key).__name__}.")
-    path = Path(key)
-    data = _read_key_file(path, "public key", option)
+    path, data = _read_key_file(key, "public key", option)
     try:
         loaded = serialization.load_pem_public_key(data)
     except (ValueError, binascii.Error):

@@ -142,6 +142,13 @@ def embedding_sensitivity(clip_norm: float) -> float:
     return 2.0 * float(check_positive("clip_norm", clip_norm))
 
 
+def _perturbations_sensitivity(clip_norm: float, releases: int) -> float:
+    """``2C sqrt(releases)``: the sensitivity of one Gaussian mechanism equal to ``releases`` independent Gaussian
+    perturbations of the same clipped embedding (Dong, Roth & Su 2022, Cor. 3.3)."""
+    n = check_count("releases", releases)
+    return embedding_sensitivity(clip_norm) * math.sqrt(n)
+
+
 def paper_token_sigmas(epsilons: Any, delta: float, clip_norm: float) -> np.ndarray | float:
     """The paper's noise scale ``sigma_i = C sqrt(2 log(1.25/delta)) / eps_i`` (eq. 5 / eq. 7).
 
@@ -175,8 +182,7 @@ def analytic_token_sigmas(
     """
     eps = check_positive("epsilons", epsilons)
     d = check_delta("delta", delta)
-    n = check_count("releases", releases)
-    sens = embedding_sensitivity(clip_norm) * math.sqrt(n)
+    sens = _perturbations_sensitivity(clip_norm, releases)
     if np.ndim(eps) == 0:
         return float(gaussian_sigma(float(eps), d, sensitivity=sens))
     # blockwise, so the working memory stays bounded (the sigmas are gaussian_sigma's, bit for bit)
@@ -198,8 +204,7 @@ def true_token_epsilons(sigmas: Any, delta: float, clip_norm: float, releases: i
     """
     sig = check_positive("sigmas", sigmas)
     d = check_delta("delta", delta)
-    n = check_count("releases", releases)
-    sens = embedding_sensitivity(clip_norm) * math.sqrt(n)
+    sens = _perturbations_sensitivity(clip_norm, releases)
     if np.ndim(sig) == 0:
         return float(gaussian_epsilon(float(sig), d, sensitivity=sens))
     unique, inverse = np.unique(np.asarray(sig), return_inverse=True)

@@ -350,7 +350,7 @@ def test_released_groups_never_change_when_a_task_is_charged_again(tmp_path):
 
 
 def test_resume_recognises_a_pending_charge_whose_equal_events_the_ledger_compressed():
-    from dpcl.certifier import _uncommitted_charge
+    from dpcl.certification.arguments import _uncommitted_charge
 
     ledger = TaskLedger(delta=DELTA, across_tasks="parallel", accountant="rdp")
     charge = ledger.charge(0, [STEP] * 3)  # stored as RepeatedEvent(STEP, 3)
