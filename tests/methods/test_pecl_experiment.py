@@ -289,3 +289,30 @@ def test_pair_probe_script_scores_every_task_pair_on_random_splits_and_on_the_ta
     stream = report["stream_split"]["60"]
     assert [(s["train"], s["test"]) for s in stream] == [(96, 24)] * 5
     assert np.mean([s["accuracy"] for s in stream]) > 0.6
+
+
+def test_olora_collapse_script_records_accuracy_spread_and_frozen_adapters(tmp_path, monkeypatch):
+    """scripts/pecl_olora_collapse.py on the small bundled model (the plumbing, not MiniLM): after each task the TI
+    accuracy of every task so far, a finite feature spread and one adapter norm per task, each earlier adapter
+    frozen (its norm unchanged) while the new one trains."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "pecl_olora_collapse.py"
+    spec = importlib.util.spec_from_file_location("pecl_olora_collapse", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "MINILM", {"n_layer": 1, "n_embd": 32, "n_head": 2, "max_seq_len": 48,
+                                           "pretrain_steps": 10})
+    monkeypatch.setattr(module, "MINILM_SETTINGS", {"epochs": 1, "learning_rate": 3e-3, "head_learning_rate": 5e-3,
+                                                    "batch_size": 16})
+    assert module.main(["--out", str(tmp_path), "--seeds", "0", "--lrs", "0.003", "--max-per-class", "20"]) == 0
+    (run,) = json.loads((tmp_path / "collapse.json").read_text())["runs"]
+    after = run["after_task"]
+    assert [len(a["ti"]) for a in after] == [1, 2, 3, 4, 5]
+    assert all(0.0 <= v <= 1.0 for a in after for v in a["ti"])
+    assert all(math.isfinite(a["spread"]) and a["spread"] > 0 for a in after)
+    assert [len(a["adapter_norms"]) for a in after] == [1, 2, 3, 4, 5]
+    assert all(norm > 0 for norm in after[-1]["adapter_norms"])  # every task's adapter was trained
+    for k in range(4):  # and frozen once its task was over
+        assert {round(a["adapter_norms"][k], 9) for a in after[k:]} == {round(after[k]["adapter_norms"][k], 9)}
+    assert "| 0.003 | 0 |" in (tmp_path / "collapse.md").read_text()
