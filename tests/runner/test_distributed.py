@@ -29,6 +29,7 @@ if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover -
 
 from dpcl.errors import ConfigError, InvalidParameterError  # noqa: E402
 from dpcl.guarantees.certificates import verify_certificate  # noqa: E402
+from dpcl.guarantees.ledger import TaskLedger  # noqa: E402
 from dpcl.runner import run_training  # noqa: E402
 from dpcl.runner.distributed import run_data_parallel  # noqa: E402
 from dpcl.runner.ranks import refuse_on_other_ranks  # noqa: E402
@@ -151,13 +152,14 @@ def test_a_rank_that_dies_leaves_a_consistent_ledger_and_a_rerun_resumes(tmp_pat
     assert proc.returncode != 0
     state = json.loads((out / "run.json").read_text())
     assert [r["task_index"] for r in state["releases"]] == [0]
-    ledger = json.loads((out / "ledger.json").read_text())
-    assert [c["tasks"] for c in ledger["charges"]] == [[0], [1]]  # task 1 stays charged, it was not released
+    # the ledger's file and its journal of appended charges, read as the library reads them
+    charged = [list(c.tasks) for c in TaskLedger.load(out / "ledger.json").charges]
+    assert charged == [[0], [1]]  # task 1 stays charged, it was not released
     verify_certificate(out / "certificates" / "task001.cert.json").raise_if_invalid()
     resumed = run_data_parallel(config, out, nproc=2, seed=3, quiet=True, resume=True)
     assert resumed.resumed_after == 0 and resumed.complete
     # the attempt at task 1 committed nothing: the retrained task reuses its charge (charged once, never twice)
-    assert [c["tasks"] for c in json.loads((out / "ledger.json").read_text())["charges"]] == [[0], [1]]
+    assert [list(c.tasks) for c in TaskLedger.load(out / "ledger.json").charges] == [[0], [1]]
     verify_certificate(resumed.last_certificate).raise_if_invalid()
 
 
