@@ -273,6 +273,37 @@ def test_naive_estimate_is_within_the_stated_factor_of_the_measured_peak(tmp_pat
     assert 1 / FACTOR <= result["measured"] / result["estimate"] <= FACTOR, result
 
 
+def _agem_config(tmp_path: Path, **changes: str) -> Path:
+    """naive.toml's stream and schedule, trained by DP-SGD A-GEM (no bundled config of its own)."""
+    path = _write(tmp_path, "naive.toml", **changes)
+    path.write_text(path.read_text(encoding="utf-8").replace('name = "naive"', 'name = "agem"'), encoding="utf-8")
+    return path
+
+
+def test_agem_adds_its_episodic_memory_and_reference_sample_to_the_single_model_estimate(tmp_path):
+    naive_config, naive, sizes = _cost(CONFIGS / "naive.toml")
+    agem_config, agem, agem_sizes = _cost(_agem_config(tmp_path))
+    assert isinstance(agem, TrainingCost) and agem.method == "agem" and agem_sizes == sizes
+    assert (agem.trainable_parameters, agem.total_parameters, agem.optimizer_steps) == (
+        naive.trainable_parameters, naive.total_parameters, naive.optimizer_steps)
+    kept = [min(256, n) for n in sizes]  # memory_per_task's default, of every task but the last
+    assert agem.memory_bytes["episodic_memory"] == sum(kept[:-1]) * (64 * 4 + 8)
+    assert agem.memory_bytes["optimizer_state"] == 0  # A-GEM's projected SGD step keeps no state
+    assert agem.memory_bytes["per_example_gradients"] >= naive.memory_bytes["per_example_gradients"]
+    assert agem.examples_processed > naive.examples_processed  # the memory samples are read too
+    assert agem.peak_memory_bytes > naive.peak_memory_bytes
+
+
+@pytest.mark.thorough
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_agem_estimate_is_within_the_stated_factor_of_the_measured_peak(tmp_path):
+    """The wide-adapter naive config of the fast test, trained by A-GEM: its memory samples (up to 1,024 examples
+    at the task's rate) set the peak."""
+    result = _measure(_agem_config(tmp_path, adapter_dim="4096", epochs="1"), tmp_path)
+    assert result["measured"] > 50 * 2**20, result
+    assert 1 / FACTOR <= result["measured"] / result["estimate"] <= FACTOR, result
+
+
 @pytest.mark.thorough
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
 @pytest.mark.parametrize("name", ["fmnist_cosine.toml", "fmnist_l2dpml_split.toml"])
