@@ -121,6 +121,6 @@ class AGemSpec(DpSgdSpec):
 
 #: ``[method] name = "agem"``
 AGEM = AGemSpec("agem", AGEM_KEYS, False, AGEM_ASSUMPTION, method_class="dpcl.methods.agem.method:AGemFineTuning",
-                cost_estimator="dpcl.runner.cost:agem_cost",
+                cost_estimator="dpcl.runner.method_costs:agem_cost",
                 summary="DP-SGD A-GEM: naive fine-tuning whose steps are projected against a noisy gradient of an "
                 "episodic memory (Chaudhry et al. 2019)")

@@ -69,7 +69,7 @@ class CosineSpec:
     reuses_past_tasks: bool = False
     method_class: str = "dpcl.methods.cosine.method:CosineClassifier"
     summary: str = "DP Cosine Classifier (Tobaben et al., Alg. 1): Gaussian-noised per-class feature sums"
-    cost_estimator: str = "dpcl.runner.cost:cosine_cost"
+    cost_estimator: str = "dpcl.runner.method_costs:cosine_cost"
 
     def plan_task(
         self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int

@@ -134,7 +134,7 @@ class L2DPMLSpec:
     reuses_past_tasks: bool = False
     method_class: str = "dpcl.methods.l2dpml.method:L2DPMLMethod"
     summary: str = "L2DP-ML (Lai et al., Lifelong DP): Laplace functional mechanism with an episodic memory (A-GEM)"
-    cost_estimator: str = "dpcl.runner.cost:l2dpml_cost"
+    cost_estimator: str = "dpcl.runner.method_costs:l2dpml_cost"
 
     def plan_task(
         self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int

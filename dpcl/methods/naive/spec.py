@@ -21,5 +21,5 @@ NAIVE_ASSUMPTION = (
 
 #: ``[method] name = "naive"``
 NAIVE = DpSgdSpec("naive", DPSGD_KEYS, False, NAIVE_ASSUMPTION, method_class="dpcl.methods.naive.method:NaiveFineTuning",
-                  data_parallel=True, cost_estimator="dpcl.runner.cost:single_adapter_cost",
+                  data_parallel=True, cost_estimator="dpcl.runner.method_costs:single_adapter_cost",
                   summary="one adapter and head fine-tuned with DP-SGD on each task in turn (Alg. A2)")

@@ -23,5 +23,5 @@ NON_CL_ASSUMPTION = (
 #: ``[method] name = "non_cl"``
 NON_CL = DpSgdSpec("non_cl", DPSGD_KEYS, True, NON_CL_ASSUMPTION,
                    method_class="dpcl.methods.non_cl.method:NonContinualTraining", data_parallel=True,
-                   cost_estimator="dpcl.runner.cost:single_adapter_cost",
+                   cost_estimator="dpcl.runner.method_costs:single_adapter_cost",
                    summary="a fresh DP-SGD model on the union of the tasks so far at each release (Alg. A3)")

@@ -246,7 +246,7 @@ class PeCLSpec:
     reuses_past_tasks: bool = False
     method_class: str = "dpcl.methods.pecl.method:PeCLMethod"
     summary: str = "PeCL (Zhan et al.): continual language model with per-token noise on the input embeddings"
-    cost_estimator: str = "dpcl.runner.cost:pecl_cost"
+    cost_estimator: str = "dpcl.runner.method_costs:pecl_cost"
 
     def plan_task(
         self, method: Mapping[str, Any], privacy: "PrivacySettings | Mapping[str, Any]", n_examples: int, task_index: int

@@ -136,5 +136,5 @@ PEFT_ENSEMBLE = PeftEnsembleSpec(
     method_class="dpcl.methods.peft_ensemble.method:PeftEnsemble",
     data_parallel=True,
     summary="PEFT Ensemble (Tobaben et al., Alg. 2): one DP-SGD member per task",
-    cost_estimator="dpcl.runner.cost:peft_ensemble_cost",
+    cost_estimator="dpcl.runner.method_costs:peft_ensemble_cost",
 )
