@@ -124,28 +124,25 @@ def agem_cost(config: Any, sizes: list[int], d: int, labels: int, device: str) -
     """DP-SGD A-GEM: Naive's single adapter and head, plus the episodic memory (``memory_per_task`` examples of
     every earlier task) and, at every step from the second task on, a second released gradient on a Poisson
     sample of that memory (per-example gradients and activations of the larger of the two samples)."""
-    if d == 0:
-        raise ConfigError(f"method {name_of(config)!r} needs encoder features, but the stream gives raw texts")
-    method = config.method
-    adapter_dim = _adapter_dim(method)
-    trainable, total = _meta_adapter_parameters(d, labels, adapter_dim)
-    cost = _adapter_cost(config, sizes, d, labels, device, adapter_dim, trainable, total, ())
+    cost = single_adapter_cost(config, sizes, d, labels, device)
+    method = config.method  # validated: every key's default filled in
+    adapter_dim, trainable = _adapter_dim(method), cost.trainable_parameters
     rows, _, _ = _dpsgd_schedule(config, sizes)
-    kept = [min(int(method.get("memory_per_task") or 256), n) for n in sizes]
+    kept = [min(int(method["memory_per_task"]), n) for n in sizes]
     memory_sizes = [sum(kept[:t]) for t in range(len(sizes))]  # the memory while task t trains
     configured = method.get("memory_sample_rate")
     reference = [(m, float(configured) if configured is not None else q, steps) if m else (0, 0.0, 0)
                  for m, (_, q, steps) in zip(memory_sizes, rows)]
     reference_batch = max((_poisson_batch(m, q) for m, q, _ in reference), default=0)
-    per_example = d + (2 * adapter_dim + 2 * d if adapter_dim > 0 else 0) + labels  # as _adapter_cost
     memory = dict(cost.memory_bytes)
     # the two samples' per-example gradients are not held at once: DpSgdEngine.release clears the task sample's
     # (the optimiser's zero_grad) before the memory sample's backward pass, so the larger sample sets the peak
     memory["per_example_gradients"] = max(memory["per_example_gradients"],
                                           OPACUS_COPIES * reference_batch * trainable * FLOAT32)
-    memory["activations"] = max(memory["activations"], reference_batch * per_example * FLOAT32)
+    memory["activations"] = max(memory["activations"],
+                                reference_batch * _adapter_activation_floats(d, adapter_dim, labels) * FLOAT32)
     memory["episodic_memory"] = max(memory_sizes, default=0) * (d * FLOAT32 + INT64)
-    if str(method.get("optimizer") or "sgd") == "sgd":
+    if method["optimizer"] == "sgd":
         memory["optimizer_state"] = 0  # plain SGD (A-GEM's projected step) keeps no state
     examples = cost.examples_processed + int(round(sum(q * m * steps for m, q, steps in reference)))
     key = _largest_key(memory, {**_adapter_keys(adapter_dim, d, labels), "episodic_memory": "[method] memory_per_task",
@@ -153,7 +150,8 @@ def agem_cost(config: Any, sizes: list[int], d: int, labels: int, device: str) -
     notes = (f"the episodic memory holds up to {max(memory_sizes, default=0):,} examples (memory_per_task of "
              "every earlier task); each step from the second task on releases a second gradient on a Poisson "
              "sample of it",)
-    return TrainingCost(cost.method, device, d, trainable, total, memory, cost.optimizer_steps, examples, key, notes)
+    return TrainingCost(cost.method, device, d, trainable, cost.total_parameters, memory, cost.optimizer_steps,
+                        examples, key, notes)
 
 
 def _adapter_dim(method: Mapping[str, Any]) -> int:
@@ -164,11 +162,15 @@ def _adapter_cost(config: Any, sizes: list[int], d: int, labels: int, device: st
                   trainable: int, total: int, notes: tuple[str, ...]) -> TrainingCost:
     """The DP-SGD memory and steps of adapter models (residual adapter + head) with these parameter counts."""
     rows, steps, examples = _dpsgd_schedule(config, sizes)
-    # kept for backpropagation, per example: the input row, D v, relu(D v), U h, v + U h, the logits
-    per_example = d + (2 * adapter_dim + 2 * d if adapter_dim > 0 else 0) + labels
-    memory = _dpsgd_memory(trainable, total, rows, per_example, d)
+    memory = _dpsgd_memory(trainable, total, rows, _adapter_activation_floats(d, adapter_dim, labels), d)
     key = _largest_key(memory, _adapter_keys(adapter_dim, d, labels))
     return TrainingCost(name_of(config), device, d, trainable, total, memory, steps, examples, key, notes)
+
+
+def _adapter_activation_floats(d: int, adapter_dim: int, labels: int) -> int:
+    """Floats an adapter model keeps per example for backpropagation: the input row, D v, relu(D v), U h, v + U h
+    and the logits."""
+    return d + (2 * adapter_dim + 2 * d if adapter_dim > 0 else 0) + labels
 
 
 def _adapter_keys(adapter_dim: int, d: int, labels: int) -> dict[str, str]:
